@@ -1,0 +1,45 @@
+# Everything runs from a fresh Debian machine as root: `make demo`, `make test`, `make bench`.
+# Each target installs what it needs first (apt packages, a virtualenv, the package).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DEMO   ?= demo-host
+APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids
+
+.PHONY: setup demo test lint bench clean
+
+# pystemd builds from source against libsystemd; pci.ids gives detect real product names.
+$(VENV)/.apt-done:
+	@if command -v dpkg >/dev/null && ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
+	@mkdir -p $(VENV) && touch $@
+
+$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@# The environment may forbid writing bytecode; compile once so timings match a real install.
+	$(BIN)/python -m compileall -q $(VENV)/lib gpunode >/dev/null
+	@touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	rm -rf $(DEMO)
+	$(BIN)/python -m gpunode.fixtures build nc4as-t4-v3 --state ready $(DEMO)
+	$(BIN)/gpunode --root $(DEMO) detect
+	@echo
+	$(BIN)/gpunode --root $(DEMO) --log-format console status
+
+lint: setup
+	$(BIN)/ruff check gpunode tests benchmarks
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from gpunode.cli import main
+
+sys.exit(main())

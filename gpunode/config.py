@@ -1,0 +1,150 @@
+"""The agent config (/etc/gpunode/config.toml): typed, validated once, refused with a reason.
+
+A missing file means defaults. Every refusal names the file, the key, the line where it can be
+found, and what would be valid; nothing else in gpunode re-checks these values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpunode.errors import ConfigError, HostError
+from gpunode.host import Host
+from gpunode.tomlread import error_line, key_line
+
+DEFAULT_CONFIG_PATH = "/etc/gpunode/config.toml"
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class ContainerdConfig:
+    runtime_name: str = "nvidia"
+    config_path: str | None = None  # None: ask containerd.service which file it uses
+
+
+@dataclass(frozen=True)
+class KubeletConfig:
+    device_plugin_socket: str = "/var/lib/kubelet/device-plugins/nvidia-gpu.sock"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    log: LogConfig = field(default_factory=LogConfig)
+    containerd: ContainerdConfig = field(default_factory=ContainerdConfig)
+    kubelet: KubeletConfig = field(default_factory=KubeletConfig)
+    source: str = "defaults"  # the file it was read from, for `status` and logs
+
+
+def _one_of(*allowed: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in allowed else f"must be one of {', '.join(allowed)}"
+
+    return check
+
+
+def _absolute_path(value: Any) -> str | None:
+    return None if str(value).startswith("/") else "must be an absolute path (starting with /)"
+
+
+_RUNTIME_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def _runtime_name(value: Any) -> str | None:
+    if _RUNTIME_NAME_RE.fullmatch(str(value)):
+        return None
+    return "must be letters, digits, '.', '_' or '-', starting with a letter or digit"
+
+
+# (section, key) → check returning the problem, or None when the value is fine.
+_VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
+    ("log", "level"): _one_of(*LOG_LEVELS),
+    ("containerd", "runtime_name"): _runtime_name,
+    ("containerd", "config_path"): _absolute_path,
+    ("kubelet", "device_plugin_socket"): _absolute_path,
+}
+
+
+def load_config(host: Host, path: str | None = None) -> AgentConfig:
+    """Read and validate the agent config; `path` is a host path (default under the root)."""
+    path = path or DEFAULT_CONFIG_PATH
+    shown = host.display(path)
+    try:
+        text = host.read_optional(path)
+    except HostError as exc:
+        raise ConfigError(shown, None, f"cannot be read: {exc.reason}") from exc
+    if text is None:
+        if path != DEFAULT_CONFIG_PATH:
+            raise ConfigError(shown, None, "does not exist (omit --config to use defaults)")
+        return AgentConfig()
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(shown, None, f"not valid TOML: {exc}", error_line(exc)) from exc
+    return parse_config(doc, text, shown)
+
+
+def parse_config(doc: dict[str, Any], text: str, shown: str) -> AgentConfig:
+    sections: dict[str, Any] = {}
+    section_types = typing.get_type_hints(AgentConfig)
+    known_sections = [f.name for f in dataclasses.fields(AgentConfig) if f.name != "source"]
+    for name, value in doc.items():
+        if name not in known_sections:
+            raise ConfigError(shown, name, f"unknown section; valid sections are "
+                              f"{', '.join(known_sections)}", key_line(text, "", name)
+                              or _header_line(text, name))
+        if not isinstance(value, dict):
+            raise ConfigError(shown, name, f"must be a table ([{name}]), not "
+                              f"{_type_name(value)}", key_line(text, "", name))
+        sections[name] = _parse_section(section_types[name], name, value, text, shown)
+    return AgentConfig(**sections, source=shown)
+
+
+def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, shown: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    for key, value in values.items():
+        dotted = f"{section}.{key}"
+        line = key_line(text, section, key)
+        if key not in known:
+            raise ConfigError(shown, dotted, f"unknown key; valid keys in [{section}] are "
+                              f"{', '.join(known)}", line)
+        expected = _expected_type(hints[key])
+        if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+            raise ConfigError(shown, dotted, f"must be a {_type_name(expected())}, not "
+                              f"{_type_name(value)} ({value!r})", line)
+        check = _VALUE_CHECKS.get((section, key))
+        problem = check(value) if check else None
+        if problem:
+            raise ConfigError(shown, dotted, f"{value!r} {problem}", line)
+    return cls(**values)
+
+
+def _expected_type(hint: Any) -> type:
+    """`str | None` → str: None is only ever the absence of the key."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def _type_name(value: Any) -> str:
+    names = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+             dict: "table"}
+    return next((n for t, n in names.items() if isinstance(value, t)), type(value).__name__)
+
+
+def _header_line(text: str, section: str) -> int | None:
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if raw.strip().replace(" ", "") in (f"[{section}]", f'["{section}"]'):
+            return number
+    return None

@@ -1,0 +1,1 @@
+"""containerd: where its config is, and how the nvidia runtime lives in it."""

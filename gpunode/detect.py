@@ -1,0 +1,243 @@
+"""Detection: the NVIDIA PCI functions of a host, as plain records.
+
+Two readers yield the same records: pyudev on a live host (`--root /`), plain sysfs files under
+any other root. Parsing is shared and pure, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpunode.errors import HostError
+from gpunode.host import Host
+from gpunode.pciids import NVIDIA_VENDOR_ID, nvidia_names
+
+SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"
+
+KINDS = ("gpu", "nvswitch", "audio", "other")
+
+
+@dataclass(frozen=True)
+class PciFunction:
+    address: str
+    vendor_id: str
+    device_id: str | None
+    subsystem_vendor_id: str | None
+    subsystem_device_id: str | None
+    class_code: str | None  # six hex digits, e.g. "030200"; None when unreadable
+    kind: str  # one of KINDS
+    product_name: str | None
+    numa_node: int | None
+    driver: str | None
+    iommu_group: int | None
+
+
+@dataclass(frozen=True)
+class Detection:
+    functions: tuple[PciFunction, ...]
+    nouveau_loaded: bool
+    names_source: str  # the pci.ids path the names came from, or "builtin"
+    source: str  # "udev" or "sysfs"
+    problems: tuple[str, ...] = field(default=())  # attributes that could not be read or parsed
+
+    @property
+    def gpus(self) -> tuple[PciFunction, ...]:
+        return tuple(f for f in self.functions if f.kind == "gpu")
+
+    @property
+    def nvswitches(self) -> tuple[PciFunction, ...]:
+        return tuple(f for f in self.functions if f.kind == "nvswitch")
+
+    @property
+    def vfio_gpus(self) -> tuple[PciFunction, ...]:
+        return tuple(f for f in self.gpus if f.driver == "vfio-pci")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "names_source": self.names_source,
+            "gpu_count": len(self.gpus),
+            "nvswitch_count": len(self.nvswitches),
+            "nouveau_loaded": self.nouveau_loaded,
+            "vfio_gpus": [f.address for f in self.vfio_gpus],
+            "problems": list(self.problems),
+            "functions": [asdict(f) for f in self.functions],
+        }
+
+
+def classify(class_code: str | None) -> str:
+    """gpu (VGA 0300xx or 3D 0302xx), nvswitch (bridge 0680xx), audio (0403xx) or other."""
+    if class_code is None:
+        return "other"
+    prefix = class_code[:4]
+    if prefix in ("0300", "0302"):
+        return "gpu"
+    if prefix == "0680":
+        return "nvswitch"
+    if prefix == "0403":
+        return "audio"
+    return "other"
+
+
+# An attribute reader: name → stripped text or None when the attribute does not exist.
+ReadAttr = Callable[[str], str | None]
+ReadLink = Callable[[str], str | None]
+
+
+def parse_function(
+    address: str,
+    read: ReadAttr,
+    read_link: ReadLink,
+    names: dict[str, str],
+    problems: list[str],
+) -> PciFunction:
+    """One PCI function from its sysfs attributes; unparseable values become None + a problem."""
+    vendor = _hex_id(address, "vendor", read("vendor"), 4, problems) or "unknown"
+    device = _hex_id(address, "device", read("device"), 4, problems)
+    class_code = _hex_id(address, "class", read("class"), 6, problems)
+    product = names.get(device) if vendor == NVIDIA_VENDOR_ID and device else None
+    return PciFunction(
+        address=address,
+        vendor_id=vendor,
+        device_id=device,
+        subsystem_vendor_id=_hex_id(address, "subsystem_vendor", read("subsystem_vendor"), 4,
+                                    problems),
+        subsystem_device_id=_hex_id(address, "subsystem_device", read("subsystem_device"), 4,
+                                    problems),
+        class_code=class_code,
+        kind=classify(class_code),
+        product_name=product,
+        numa_node=_numa(address, read("numa_node"), problems),
+        driver=_link_name(read_link("driver")),
+        iommu_group=_int_or_none(_link_name(read_link("iommu_group"))),
+    )
+
+
+def _hex_id(address: str, name: str, raw: str | None, width: int, problems: list[str]) -> str | None:
+    if raw is None:
+        problems.append(f"{address}: no '{name}' attribute")
+        return None
+    text = raw.lower().removeprefix("0x")
+    if len(text) != width or any(c not in "0123456789abcdef" for c in text):
+        problems.append(f"{address}: '{name}' is {raw!r}, expected 0x and {width} hex digits")
+        return None
+    return text
+
+
+def _numa(address: str, raw: str | None, problems: list[str]) -> int | None:
+    if raw is None:
+        return None  # kernels without NUMA support have no numa_node attribute
+    try:
+        node = int(raw)
+    except ValueError:
+        problems.append(f"{address}: 'numa_node' is {raw!r}, expected an integer")
+        return None
+    return None if node < 0 else node
+
+
+def _link_name(target: str | None) -> str | None:
+    return target.rstrip("/").rpartition("/")[2] if target else None
+
+
+def _int_or_none(text: str | None) -> int | None:
+    return int(text) if text is not None and text.isdigit() else None
+
+
+# -- readers -------------------------------------------------------------------------------------
+
+
+def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID, use_udev: bool | None = None) -> Detection:
+    """PCI functions of `vendor` (None: all), via udev on a live host, else via sysfs files."""
+    if use_udev is None:
+        use_udev = host.is_live
+    names, names_source = nvidia_names(host)
+    problems: list[str] = []
+    udev = _load_pyudev() if use_udev else None
+    if udev is not None:
+        functions = list(_from_udev(udev, vendor, names, problems))
+        source = "udev"
+    else:
+        functions = list(_from_sysfs(host, vendor, names, problems))
+        source = "sysfs"
+    functions.sort(key=lambda f: f.address)
+    return Detection(
+        functions=tuple(functions),
+        nouveau_loaded=module_loaded(host, "nouveau"),
+        names_source=names_source,
+        source=source,
+        problems=tuple(problems),
+    )
+
+
+def _from_sysfs(host: Host, vendor: str | None, names: dict[str, str],
+                problems: list[str]) -> Iterable[PciFunction]:
+    for address in host.list_dir(SYSFS_PCI_DEVICES):
+        try:
+            device = host.directory(f"{SYSFS_PCI_DEVICES}/{address}")
+            if not _wanted(address, device.read("vendor"), vendor, problems):
+                continue
+            yield parse_function(address, device.read, device.read_link, names, problems)
+        except HostError as exc:
+            problems.append(f"{address}: {exc}")
+
+
+def _load_pyudev() -> Any:
+    """pyudev, or None where it or libudev is missing: sysfs then gives the same records."""
+    try:
+        import pyudev  # only a live host pays for loading libudev
+
+        pyudev.Context()
+    except ImportError as exc:
+        from gpunode import log
+
+        log.get().warning("detect.udev_unavailable", reason=str(exc), fallback="sysfs")
+        return None
+    return pyudev
+
+
+def _from_udev(pyudev: Any, vendor: str | None, names: dict[str, str],
+               problems: list[str]) -> Iterable[PciFunction]:
+    for dev in pyudev.Context().list_devices(subsystem="pci"):
+        attrs = dev.attributes
+
+        def read(name: str, attrs: Any = attrs) -> str | None:
+            try:
+                return attrs.asstring(name).strip()
+            except KeyError:
+                return None
+            except OSError as exc:
+                raise HostError("read", f"{dev.sys_path}/{name}", exc.strerror or str(exc)) from exc
+
+        def read_link(name: str, path: str = dev.sys_path) -> str | None:
+            try:
+                return os.readlink(os.path.join(path, name))
+            except OSError as exc:
+                if exc.errno in (errno.EINVAL, errno.ENOENT):
+                    return None  # not a link / not bound: the same answer sysfs gives
+                raise HostError("read link", f"{path}/{name}", exc.strerror or str(exc)) from exc
+
+        try:
+            if not _wanted(dev.sys_name, read("vendor"), vendor, problems):
+                continue
+            yield parse_function(dev.sys_name, read, read_link, names, problems)
+        except HostError as exc:
+            problems.append(f"{dev.sys_name}: {exc}")
+
+
+def _wanted(address: str, raw_vendor: str | None, vendor: str | None, problems: list[str]) -> bool:
+    if vendor is None:
+        return True
+    if not raw_vendor:
+        problems.append(f"{address}: no 'vendor' attribute; cannot tell whether it is NVIDIA")
+        return False
+    return raw_vendor.lower().removeprefix("0x") == vendor
+
+
+def module_loaded(host: Host, name: str) -> bool:
+    """Whether a kernel module is loaded, from /proc/modules (what lsmod reads)."""
+    text = host.read_optional("/proc/modules") or ""
+    return any(line.split(" ", 1)[0] == name for line in text.splitlines())

@@ -1,0 +1,40 @@
+"""The few exceptions gpunode raises; each carries what failed, where, and what to do.
+
+`main()` turns any of them into one log event and an exit code, so nothing below the CLI
+prints or exits on its own.
+"""
+
+from __future__ import annotations
+
+
+class GpunodeError(Exception):
+    """Base of every error gpunode reports on purpose."""
+
+    hint: str = ""
+
+
+class ConfigError(GpunodeError):
+    """The agent config file is unreadable or invalid (exit 2)."""
+
+    def __init__(self, file: str, key: str | None, reason: str, line: int | None = None) -> None:
+        self.file = file
+        self.key = key
+        self.reason = reason
+        self.line = line
+        where = file if line is None else f"{file}:{line}"
+        what = f"key '{key}': " if key else ""
+        super().__init__(f"{where}: {what}{reason}")
+
+
+class HostError(GpunodeError):
+    """A read or write on the host tree failed: 'Failed to <op> '<path>': <reason>'."""
+
+    def __init__(self, op: str, path: str, reason: str) -> None:
+        self.op = op
+        self.path = path
+        self.reason = reason
+        super().__init__(f"Failed to {op} '{path}': {reason}")
+
+
+class UsageError(GpunodeError):
+    """The command line asks for something that cannot be done as asked (exit 2)."""

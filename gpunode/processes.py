@@ -1,0 +1,34 @@
+"""Which daemons run on the host and when it booted, through psutil reading the host's /proc."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpunode.host import Host
+
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    boot_time: float | None  # seconds since the epoch
+    running: dict[str, list[int]]  # process name → pids (empty when not running)
+
+
+def observe(host: Host, names: tuple[str, ...]) -> ProcessFacts:
+    import psutil  # ~50 ms to import; only status needs it
+
+    # psutil reads a module-wide procfs path; pointing it at the host root keeps --root honest.
+    psutil.PROCFS_PATH = str(host.path("/proc"))
+    running: dict[str, list[int]] = {name: [] for name in names}
+    # Listing pids here, not with psutil.pids(), because psutil fails on a /proc with no pids.
+    for pid in (int(e) for e in host.list_dir("/proc") if e.isdigit()):
+        try:
+            name = psutil.Process(pid).name()
+        except psutil.NoSuchProcess:
+            continue  # it exited between the listing and the read: it is not running
+        if name in running:
+            running[name].append(pid)
+    try:
+        boot_time: float | None = psutil.boot_time()
+    except (OSError, RuntimeError):
+        boot_time = None  # a /proc without /proc/stat (a bare fixture): status shows "unknown"
+    return ProcessFacts(boot_time=boot_time, running=running)

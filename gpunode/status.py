@@ -1,0 +1,411 @@
+"""`gpunode status`: live checks of everything a GPU node needs, each with a verdict and a hint.
+
+`observe()` reads the host into `StatusFacts`; `evaluate()` is pure and turns facts into checks,
+so every verdict can be tested from data alone.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpunode import driverinfo
+from gpunode.config import AgentConfig
+from gpunode.containerd import discover
+from gpunode.detect import Detection, PciFunction, detect, module_loaded
+from gpunode.errors import GpunodeError
+from gpunode.host import Host
+from gpunode.processes import ProcessFacts
+from gpunode.processes import observe as observe_processes
+from gpunode.state import BootRecord, RecordError, read_record
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+
+BLACKLIST_HINT = ("blacklist it: write 'blacklist nouveau' and 'options nouveau modeset=0' to "
+                  "/etc/modprobe.d/blacklist-nouveau.conf, then reboot")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    state: str  # ok | warn | fail | skip
+    detail: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class DevNode:
+    path: str
+    kind: str  # "char", "missing" or "other" (exists but is not a character device)
+    major: int | None = None
+    minor: int | None = None
+
+
+@dataclass(frozen=True)
+class ContainerdFacts:
+    config_path: str | None
+    config_reason: str
+    runtime_file: str | None = None  # the file that defines the runtime (main or an import)
+    binary_name: str | None = None
+    binary_ok: bool = False
+    error: str | None = None
+    runtime_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StatusFacts:
+    root: str
+    detection: Detection | None
+    detection_error: str | None
+    driver_version_text: str | None
+    gpu_infos: dict[str, driverinfo.GpuInfo]
+    char_majors: dict[str, int]
+    modeset_loaded: bool
+    dev_nodes: dict[str, DevNode]
+    containerd: ContainerdFacts
+    device_plugin_socket: DevNode
+    processes: ProcessFacts
+    last_boot: BootRecord | None
+    last_boot_error: str | None
+    config_source: str
+    runtime_name: str = "nvidia"
+
+
+@dataclass(frozen=True)
+class Report:
+    checks: tuple[Check, ...]
+    verdict: str  # "ready", "not-ready" or "no-gpu"
+
+    @property
+    def ready(self) -> bool:
+        return self.verdict != "not-ready"
+
+
+# -- observation ---------------------------------------------------------------------------------
+
+
+def observe(host: Host, config: AgentConfig) -> StatusFacts:
+    try:
+        detection: Detection | None = detect(host)
+        detection_error = None
+    except GpunodeError as exc:
+        detection, detection_error = None, str(exc)
+    version_text = host.read_optional(f"{driverinfo.PROC_NVIDIA}/version")
+    gpu_infos = driverinfo.read_gpu_infos(host) if version_text is not None else {}
+    majors = driverinfo.parse_char_majors(host.read_optional("/proc/devices") or "")
+    modeset = module_loaded(host, "nvidia_modeset")
+    paths = expected_dev_nodes(gpu_infos, modeset)
+    last_boot, last_boot_error = _last_boot(host)
+    return StatusFacts(
+        root=str(host.root),
+        detection=detection,
+        detection_error=detection_error,
+        driver_version_text=version_text,
+        gpu_infos=gpu_infos,
+        char_majors=majors,
+        modeset_loaded=modeset,
+        dev_nodes={p: _dev_node(host, p) for p in paths},
+        containerd=_containerd(host, config),
+        device_plugin_socket=_dev_node(host, config.kubelet.device_plugin_socket),
+        processes=observe_processes(host, ("containerd", "kubelet")),
+        last_boot=last_boot,
+        last_boot_error=last_boot_error,
+        config_source=config.source,
+        runtime_name=config.containerd.runtime_name,
+    )
+
+
+def expected_dev_nodes(gpu_infos: dict[str, driverinfo.GpuInfo], modeset: bool) -> list[str]:
+    """The nodes containers need: control, one per GPU minor, UVM (+ modeset when loaded)."""
+    paths = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    if modeset:
+        paths.append("/dev/nvidia-modeset")
+    minors = sorted(i.minor for i in gpu_infos.values() if i.minor is not None)
+    return paths + [f"/dev/nvidia{m}" for m in minors]
+
+
+def _dev_node(host: Host, path: str) -> DevNode:
+    st = host.stat(path)
+    if st is None:
+        return DevNode(path, "missing")
+    if stat.S_ISCHR(st.st_mode):
+        return DevNode(path, "char", os.major(st.st_rdev), os.minor(st.st_rdev))
+    return DevNode(path, "socket" if stat.S_ISSOCK(st.st_mode) else "other")
+
+
+def _containerd(host: Host, config: AgentConfig) -> ContainerdFacts:
+    try:
+        if config.containerd.config_path:
+            active = discover.ActiveConfig(config.containerd.config_path,
+                                           f"containerd.config_path in {config.source}")
+        else:
+            active = discover.active_config(host)
+        tables = discover.runtime_tables(host, active.path)
+    except GpunodeError as exc:
+        return ContainerdFacts(config_path=None, config_reason="", error=str(exc))
+    found = tables.get(config.containerd.runtime_name)
+    if found is None:
+        return ContainerdFacts(active.path, active.reason, runtime_names=tuple(sorted(tables)))
+    file, table = found
+    binary = discover.schema.binary_name(table)
+    return ContainerdFacts(
+        config_path=active.path,
+        config_reason=active.reason,
+        runtime_file=file,
+        binary_name=binary,
+        binary_ok=binary is not None and host.is_executable_file(binary),
+        runtime_names=tuple(sorted(tables)),
+    )
+
+
+def _last_boot(host: Host) -> tuple[BootRecord | None, str | None]:
+    try:
+        return read_record(host), None
+    except (RecordError, GpunodeError) as exc:
+        return None, str(exc)
+
+
+# -- evaluation (pure) ---------------------------------------------------------------------------
+
+
+def evaluate(facts: StatusFacts) -> Report:
+    detection = facts.detection
+    if detection is None:
+        checks = [Check("gpus", FAIL, f"PCI detection failed: {facts.detection_error}",
+                        "check that sysfs is mounted and readable")]
+        return Report(tuple(checks), "not-ready")
+    if not detection.gpus:
+        checks = [_gpus(detection), _pci_scan(detection)]
+        checks += [Check(name, SKIP, "no NVIDIA GPU on this host") for name in _GPU_CHECKS]
+        checks.append(_last_boot_check(facts))
+        verdict = "not-ready" if any(c.state == FAIL for c in checks) else "no-gpu"
+        return Report(tuple(checks), verdict)
+    driver = driverinfo.parse_version(facts.driver_version_text or "")
+    checks = [
+        _gpus(detection),
+        _pci_scan(detection),
+        _nouveau(detection),
+        _binding(detection),
+        _driver(facts, driver),
+        _driver_gpus(facts, detection, driver),
+        _device_nodes(facts, driver),
+        _containerd_runtime(facts),
+        _process(facts, "containerd"),
+        _process(facts, "kubelet"),
+        _device_plugin(facts),
+        _last_boot_check(facts),
+    ]
+    verdict = "not-ready" if any(c.state == FAIL for c in checks) else "ready"
+    return Report(tuple(checks), verdict)
+
+
+_GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
+               "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin")
+
+
+def _describe(functions: tuple[PciFunction, ...]) -> str:
+    products: dict[str, int] = {}
+    for f in functions:
+        name = f.product_name or f"10de:{f.device_id}"
+        products[name] = products.get(name, 0) + 1
+    return ", ".join(f"{n}× {p}" for p, n in products.items())
+
+
+def _gpus(d: Detection) -> Check:
+    if not d.gpus:
+        return Check("gpus", SKIP, "no NVIDIA GPU on this host; gpunode has nothing to do")
+    detail = f"{len(d.gpus)} GPU{'s' if len(d.gpus) > 1 else ''}: {_describe(d.gpus)}"
+    if d.nvswitches:
+        detail += f"; {len(d.nvswitches)} NVSwitch"
+    return Check("gpus", OK, detail)
+
+
+def _pci_scan(d: Detection) -> Check:
+    if not d.problems:
+        return Check("pci_scan", OK, f"{len(d.functions)} NVIDIA PCI functions read via "
+                     f"{d.source}; names from {d.names_source}")
+    nvidia = {f.address for f in d.functions}
+    serious = [p for p in d.problems if p.split(":", 1)[0] in nvidia or "NVIDIA" in p]
+    return Check("pci_scan", FAIL if serious else WARN, "; ".join(d.problems),
+                 "a PCI function's sysfs attributes could not be read or parsed: check the "
+                 "device with 'lspci -vvv -s ADDRESS' and the kernel log")
+
+
+def _nouveau(d: Detection) -> Check:
+    if d.nouveau_loaded:
+        return Check("nouveau", FAIL, "the nouveau module is loaded and blocks the NVIDIA driver",
+                     BLACKLIST_HINT)
+    return Check("nouveau", OK, "nouveau not loaded")
+
+
+def _binding(d: Detection) -> Check:
+    by_driver: dict[str, list[str]] = {}
+    for gpu in d.gpus:
+        by_driver.setdefault(gpu.driver or "none", []).append(gpu.address)
+    if set(by_driver) <= {"nvidia", "none"}:
+        return Check("gpu_binding", OK, _bindings(by_driver))
+    if "nouveau" in by_driver:
+        return Check("gpu_binding", FAIL, _bindings(by_driver), BLACKLIST_HINT)
+    if set(by_driver) == {"vfio-pci"}:
+        return Check("gpu_binding", FAIL, _bindings(by_driver) + "; no GPU is left for containers",
+                     "these GPUs are reserved for VM passthrough; unbind them from vfio-pci "
+                     "(driver_override) if this node should run GPU pods")
+    return Check("gpu_binding", WARN, _bindings(by_driver),
+                 "GPUs bound to another driver are not usable by containers; bind them to nvidia "
+                 "if that is not intended")
+
+
+def _bindings(by_driver: dict[str, list[str]]) -> str:
+    return "; ".join(f"{drv}: {', '.join(addrs)}" for drv, addrs in sorted(by_driver.items()))
+
+
+def _driver(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
+    if facts.driver_version_text is None:
+        return Check("driver", FAIL, f"{driverinfo.PROC_NVIDIA}/version is missing: the NVIDIA "
+                     "driver is not loaded",
+                     "load the NVIDIA kernel modules ('modprobe nvidia'); if that fails, "
+                     "'dmesg | grep NVRM' says why")
+    if driver is None:
+        first = facts.driver_version_text.strip().splitlines()[:1] or ["(empty)"]
+        return Check("driver", FAIL, f"cannot parse {driverinfo.PROC_NVIDIA}/version: {first[0]!r}",
+                     "the loaded module is not an NVIDIA driver gpunode knows; check 'modinfo "
+                     "nvidia'")
+    return Check("driver", OK, f"NVIDIA {driver.version} ({driver.flavour} kernel modules)")
+
+
+def _usable_gpus(d: Detection) -> list[PciFunction]:
+    return [g for g in d.gpus if g.driver != "vfio-pci"]
+
+
+def _driver_gpus(facts: StatusFacts, d: Detection,
+                 driver: driverinfo.DriverVersion | None) -> Check:
+    if driver is None:
+        return Check("driver_gpus", SKIP, "driver not loaded")
+    missing = [g.address for g in _usable_gpus(d) if g.address not in facts.gpu_infos]
+    if missing:
+        return Check("driver_gpus", FAIL, f"the driver does not see {', '.join(missing)}",
+                     "look for NVRM errors about these addresses in 'dmesg'; the GPU may need a "
+                     "different driver flavour (open/proprietary) or be in a bad state")
+    return Check("driver_gpus", OK, f"driver sees all {len(_usable_gpus(d))} GPUs")
+
+
+def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
+    if driver is None:
+        return Check("device_nodes", SKIP, "driver not loaded")
+    wanted = _wanted_numbers(facts)
+    problems: list[str] = []
+    for path, node in facts.dev_nodes.items():
+        major, minor = wanted.get(path, (None, None))
+        if node.kind == "missing":
+            problems.append(f"{path} missing")
+        elif node.kind != "char":
+            problems.append(f"{path} is not a character device")
+        elif major is None:
+            problems.append(f"{path}: no major for it in /proc/devices")
+        elif (node.major, node.minor) != (major, minor):
+            problems.append(f"{path} is {node.major}:{node.minor}, expected {major}:{minor}")
+    if problems:
+        return Check("device_nodes", FAIL, "; ".join(problems),
+                     "create them with 'nvidia-modprobe -u -c=0' (or mknod, majors from "
+                     "/proc/devices)")
+    return Check("device_nodes", OK, f"{len(facts.dev_nodes)} device nodes present")
+
+
+def _wanted_numbers(facts: StatusFacts) -> dict[str, tuple[int | None, int | None]]:
+    nvidia = driverinfo.nvidia_major(facts.char_majors)
+    uvm = facts.char_majors.get("nvidia-uvm")
+    wanted: dict[str, tuple[int | None, int | None]] = {
+        "/dev/nvidiactl": (nvidia, 255),
+        "/dev/nvidia-modeset": (nvidia, 254),
+        "/dev/nvidia-uvm": (uvm, 0),
+        "/dev/nvidia-uvm-tools": (uvm, 1),
+    }
+    for info in facts.gpu_infos.values():
+        if info.minor is not None:
+            wanted[f"/dev/nvidia{info.minor}"] = (nvidia, info.minor)
+    return wanted
+
+
+def _containerd_runtime(facts: StatusFacts) -> Check:
+    c = facts.containerd
+    name = facts.runtime_name
+    if c.error is not None:
+        return Check("containerd_runtime", FAIL, c.error,
+                     "fix or restore containerd's config file; containerd will not start with it "
+                     "either")
+    where = f"{c.config_path} ({c.config_reason})"
+    if c.runtime_file is None:
+        have = ", ".join(c.runtime_names) or "none"
+        return Check("containerd_runtime", FAIL, f"no '{name}' runtime in {where}; runtimes: {have}",
+                     f"add a [...containerd.runtimes.{name}] table whose options.BinaryName is "
+                     "the NVIDIA container runtime, then restart containerd")
+    if c.binary_name is None:
+        return Check("containerd_runtime", FAIL, f"runtime '{name}' in {c.runtime_file} has no "
+                     "options.BinaryName, so it would run plain runc",
+                     "set options.BinaryName to the NVIDIA container runtime")
+    if not c.binary_ok:
+        return Check("containerd_runtime", FAIL, f"runtime '{name}' runs {c.binary_name}, which "
+                     "is not an executable file on this host",
+                     "install the NVIDIA container toolkit, or point BinaryName at its "
+                     "nvidia-container-runtime")
+    return Check("containerd_runtime", OK, f"runtime '{name}' → {c.binary_name} in {where}")
+
+
+def _process(facts: StatusFacts, name: str) -> Check:
+    pids = facts.processes.running.get(name, [])
+    if pids:
+        return Check(f"{name}_running", OK, f"{name} running (pid {', '.join(map(str, pids))})")
+    return Check(f"{name}_running", WARN, f"{name} is not running",
+                 f"'systemctl status {name}' says why; during boot it starts after gpunode")
+
+
+def _device_plugin(facts: StatusFacts) -> Check:
+    node = facts.device_plugin_socket
+    if node.kind == "socket":
+        return Check("device_plugin", OK, f"{node.path} present: the device plugin registered")
+    if node.kind == "missing":
+        return Check("device_plugin", WARN, f"{node.path} missing: no NVIDIA device plugin "
+                     "registered with the kubelet",
+                     "deploy the NVIDIA device plugin DaemonSet selecting "
+                     "nvidia.com/gpu.present=true")
+    return Check("device_plugin", WARN, f"{node.path} exists but is not a socket",
+                 "restart the device plugin pod on this node")
+
+
+def _last_boot_check(facts: StatusFacts) -> Check:
+    if facts.last_boot_error is not None:
+        return Check("last_boot", WARN, f"boot record unreadable: {facts.last_boot_error}",
+                     "run 'gpunode boot' again to rewrite it")
+    record = facts.last_boot
+    if record is None:
+        return Check("last_boot", SKIP, "no boot record: gpunode boot has not run since this "
+                     "host booted")
+    when = f" at {record.finished_at}" if record.finished_at else ""
+    if record.outcome == "failed":
+        failed = record.failed_steps
+        detail = "; ".join(f"{s.get('name')}: {s.get('error')}" for s in failed) or "no step named"
+        hints = [str(s["hint"]) for s in failed if s.get("hint")]
+        return Check("last_boot", WARN, f"last boot failed{when}: {detail}",
+                     hints[0] if hints else "see 'journalctl -u gpunode'")
+    return Check("last_boot", OK, f"last boot {record.outcome}{when}, {len(record.steps)} steps")
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def to_json(facts: StatusFacts, report: Report) -> dict[str, Any]:
+    driver = driverinfo.parse_version(facts.driver_version_text or "")
+    return {
+        "schema_version": 1,
+        "root": facts.root,
+        "verdict": report.verdict,
+        "ready": report.ready,
+        "config": facts.config_source,
+        "boot_time": facts.processes.boot_time,
+        "driver": asdict(driver) if driver else None,
+        "containerd_config": facts.containerd.config_path,
+        "checks": [asdict(c) for c in report.checks],
+        "last_boot": facts.last_boot.raw if facts.last_boot else None,
+    }

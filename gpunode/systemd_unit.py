@@ -1,0 +1,129 @@
+"""Read a systemd unit the way systemd would: main file, drop-ins, resets, variable expansion.
+
+Used under `--root`, where no systemd can be asked; settings are parsed from the unit files in
+systemd's search paths, highest priority first.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+from gpunode.errors import HostError
+from gpunode.host import Host
+
+SYSTEM_UNIT_PATHS = (
+    "/etc/systemd/system",
+    "/run/systemd/system",
+    "/usr/local/lib/systemd/system",
+    "/usr/lib/systemd/system",
+    "/lib/systemd/system",
+)
+
+
+@dataclass(frozen=True)
+class UnitSettings:
+    name: str
+    fragment: str | None  # the main unit file, None when the unit does not exist
+    dropins: tuple[str, ...] = ()
+    environment: dict[str, str] = field(default_factory=dict)
+    exec_start: tuple[str, ...] = ()  # argv of the last ExecStart=, variables expanded
+    masked: bool = False
+
+
+def read_unit(host: Host, name: str) -> UnitSettings:
+    fragment = next((f"{d}/{name}" for d in SYSTEM_UNIT_PATHS if host.exists(f"{d}/{name}")
+                     or host.read_link(f"{d}/{name}") is not None), None)
+    if fragment is None:
+        return UnitSettings(name=name, fragment=None)
+    if host.read_link(fragment) == "/dev/null":
+        return UnitSettings(name=name, fragment=fragment, masked=True)
+    dropins = _dropins(host, name)
+    env: dict[str, str] = {}
+    exec_lines: list[str] = []
+    for path in (fragment, *dropins):
+        try:
+            for key, value in _service_assignments(host.read_text(path)):
+                if key == "Environment":
+                    _apply_environment(env, value)
+                elif key == "EnvironmentFile":
+                    _apply_environment_file(host, env, value)
+                elif key == "ExecStart":
+                    exec_lines = [] if not value else [*exec_lines, value]
+        except ValueError as exc:  # shlex: unbalanced quotes
+            raise HostError("parse", host.display(path), str(exc)) from exc
+    try:
+        argv = expand_command(exec_lines[-1], env) if exec_lines else []
+    except ValueError as exc:
+        raise HostError("parse", host.display(fragment), f"ExecStart: {exc}") from exc
+    return UnitSettings(name=name, fragment=fragment, dropins=tuple(dropins), environment=env,
+                        exec_start=tuple(argv))
+
+
+def _dropins(host: Host, name: str) -> list[str]:
+    """`<unit>.d/*.conf` across the search paths; a higher-priority file shadows the same name."""
+    chosen: dict[str, str] = {}
+    for directory in SYSTEM_UNIT_PATHS:
+        for entry in host.list_dir(f"{directory}/{name}.d"):
+            if entry.endswith(".conf"):
+                chosen.setdefault(entry, f"{directory}/{name}.d/{entry}")
+    return [chosen[entry] for entry in sorted(chosen)]
+
+
+def _service_assignments(text: str) -> list[tuple[str, str]]:
+    """Key=value pairs of the [Service] section, continuation lines joined."""
+    pairs: list[tuple[str, str]] = []
+    section = ""
+    logical = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not logical and (not line or line[0] in "#;"):
+            continue
+        if line.endswith("\\"):
+            logical += line[:-1] + " "
+            continue
+        line, logical = logical + line, ""
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+        elif section == "Service" and "=" in line:
+            key, _, value = line.partition("=")
+            pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def _apply_environment(env: dict[str, str], value: str) -> None:
+    if not value:
+        env.clear()  # an empty assignment resets the list
+        return
+    for word in shlex.split(value):
+        key, sep, val = word.partition("=")
+        if sep:
+            env[key] = val
+
+
+def _apply_environment_file(host: Host, env: dict[str, str], value: str) -> None:
+    path = value.removeprefix("-")
+    text = host.read_optional(path) if path.startswith("/") else None
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", ";")) and "=" in line:
+            key, _, val = line.partition("=")
+            env[key.strip()] = val.strip().strip("'\"")
+
+
+_VAR_RE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
+
+
+def expand_command(line: str, env: dict[str, str]) -> list[str]:
+    """ExecStart argv: prefixes dropped, ${VAR} kept as one word, $VAR split on white space."""
+    words: list[str] = []
+    for word in shlex.split(line):
+        whole = _VAR_RE.fullmatch(word)
+        if whole and whole.group(2):
+            words.extend(env.get(whole.group(2), "").split())
+        else:
+            words.append(_VAR_RE.sub(lambda m: env.get(m.group(1) or m.group(2), ""), word))
+    if words:
+        words[0] = words[0].lstrip("-@+!:")
+    return words
