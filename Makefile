@@ -18,7 +18,8 @@ $(VENV)/.apt-done:
 $(VENV)/.installed: $(VENV)/.apt-done pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	@# compat mode: a plain path entry, not an import hook that every python start would pay for
+	$(BIN)/pip install -q --config-settings editable_mode=compat -e '.[test]'
 	@# The environment may forbid writing bytecode; compile once so timings match a real install.
 	$(BIN)/python -m compileall -q $(VENV)/lib gpunode >/dev/null
 	@touch $@

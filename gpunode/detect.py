@@ -42,7 +42,8 @@ class Detection:
     nouveau_loaded: bool
     names_source: str  # the pci.ids path the names came from, or "builtin"
     source: str  # "udev" or "sysfs"
-    problems: tuple[str, ...] = field(default=())  # attributes that could not be read or parsed
+    # "<address or path>: what could not be read or parsed", in the order found
+    problems: tuple[str, ...] = field(default=())
 
     @property
     def gpus(self) -> tuple[PciFunction, ...]:
@@ -95,32 +96,51 @@ def parse_function(
     names: dict[str, str],
     problems: list[str],
 ) -> PciFunction:
-    """One PCI function from its sysfs attributes; unparseable values become None + a problem."""
-    vendor = _hex_id(address, "vendor", read("vendor"), 4, problems) or "unknown"
-    device = _hex_id(address, "device", read("device"), 4, problems)
-    class_code = _hex_id(address, "class", read("class"), 6, problems)
+    """One PCI function from its sysfs attributes; unreadable or unparseable values become None
+    and a problem, so one bad attribute never hides a GPU."""
+
+    def attr(name: str, required: bool = True) -> str | None:
+        try:
+            value = read(name)
+        except HostError as exc:
+            problems.append(f"{address}: {exc}")
+            return None
+        if value is None and required:
+            problems.append(f"{address}: no '{name}' attribute")
+        return value
+
+    def link(name: str) -> str | None:
+        try:
+            return read_link(name)
+        except HostError as exc:
+            problems.append(f"{address}: {exc}")
+            return None
+
+    vendor = _hex_id(address, "vendor", attr("vendor"), 4, problems) or "unknown"
+    device = _hex_id(address, "device", attr("device"), 4, problems)
+    class_code = _hex_id(address, "class", attr("class"), 6, problems)
     product = names.get(device) if vendor == NVIDIA_VENDOR_ID and device else None
     return PciFunction(
         address=address,
         vendor_id=vendor,
         device_id=device,
-        subsystem_vendor_id=_hex_id(address, "subsystem_vendor", read("subsystem_vendor"), 4,
+        subsystem_vendor_id=_hex_id(address, "subsystem_vendor", attr("subsystem_vendor"), 4,
                                     problems),
-        subsystem_device_id=_hex_id(address, "subsystem_device", read("subsystem_device"), 4,
+        subsystem_device_id=_hex_id(address, "subsystem_device", attr("subsystem_device"), 4,
                                     problems),
         class_code=class_code,
         kind=classify(class_code),
         product_name=product,
-        numa_node=_numa(address, read("numa_node"), problems),
-        driver=_link_name(read_link("driver")),
-        iommu_group=_int_or_none(_link_name(read_link("iommu_group"))),
+        numa_node=_numa(address, attr("numa_node", required=False), problems),
+        driver=_link_name(link("driver")),
+        iommu_group=_int_or_none(_link_name(link("iommu_group"))),
     )
 
 
-def _hex_id(address: str, name: str, raw: str | None, width: int, problems: list[str]) -> str | None:
+def _hex_id(address: str, name: str, raw: str | None, width: int,
+            problems: list[str]) -> str | None:
     if raw is None:
-        problems.append(f"{address}: no '{name}' attribute")
-        return None
+        return None  # absent or unreadable: attr() has said so
     text = raw.lower().removeprefix("0x")
     if len(text) != width or any(c not in "0123456789abcdef" for c in text):
         problems.append(f"{address}: '{name}' is {raw!r}, expected 0x and {width} hex digits")
@@ -150,7 +170,8 @@ def _int_or_none(text: str | None) -> int | None:
 # -- readers -------------------------------------------------------------------------------------
 
 
-def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID, use_udev: bool | None = None) -> Detection:
+def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID,
+           use_udev: bool | None = None) -> Detection:
     """PCI functions of `vendor` (None: all), via udev on a live host, else via sysfs files."""
     if use_udev is None:
         use_udev = host.is_live
@@ -175,6 +196,10 @@ def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID, use_udev: bool | N
 
 def _from_sysfs(host: Host, vendor: str | None, names: dict[str, str],
                 problems: list[str]) -> Iterable[PciFunction]:
+    if not host.exists(SYSFS_PCI_DEVICES):
+        problems.append(f"{host.display(SYSFS_PCI_DEVICES)}: does not exist; is sysfs mounted "
+                        "(and --root the node's root)?")
+        return
     for address in host.list_dir(SYSFS_PCI_DEVICES):
         try:
             device = host.directory(f"{SYSFS_PCI_DEVICES}/{address}")
@@ -202,30 +227,38 @@ def _load_pyudev() -> Any:
 def _from_udev(pyudev: Any, vendor: str | None, names: dict[str, str],
                problems: list[str]) -> Iterable[PciFunction]:
     for dev in pyudev.Context().list_devices(subsystem="pci"):
-        attrs = dev.attributes
-
-        def read(name: str, attrs: Any = attrs) -> str | None:
-            try:
-                return attrs.asstring(name).strip()
-            except KeyError:
-                return None
-            except OSError as exc:
-                raise HostError("read", f"{dev.sys_path}/{name}", exc.strerror or str(exc)) from exc
-
-        def read_link(name: str, path: str = dev.sys_path) -> str | None:
-            try:
-                return os.readlink(os.path.join(path, name))
-            except OSError as exc:
-                if exc.errno in (errno.EINVAL, errno.ENOENT):
-                    return None  # not a link / not bound: the same answer sysfs gives
-                raise HostError("read link", f"{path}/{name}", exc.strerror or str(exc)) from exc
-
+        device = _UdevDevice(dev)
         try:
-            if not _wanted(dev.sys_name, read("vendor"), vendor, problems):
+            if not _wanted(dev.sys_name, device.read("vendor"), vendor, problems):
                 continue
-            yield parse_function(dev.sys_name, read, read_link, names, problems)
+            yield parse_function(dev.sys_name, device.read, device.read_link, names, problems)
         except HostError as exc:
             problems.append(f"{dev.sys_name}: {exc}")
+
+
+@dataclass(frozen=True)
+class _UdevDevice:
+    """A pyudev device read with the same answers HostDir gives for a sysfs directory."""
+
+    dev: Any
+
+    def read(self, name: str) -> str | None:
+        try:
+            return str(self.dev.attributes.asstring(name)).strip()
+        except KeyError:
+            return None
+        except OSError as exc:
+            path = f"{self.dev.sys_path}/{name}"
+            raise HostError("read", path, exc.strerror or str(exc)) from exc
+
+    def read_link(self, name: str) -> str | None:
+        path = os.path.join(self.dev.sys_path, name)
+        try:
+            return os.readlink(path)
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOENT):
+                return None  # not a link / not bound: the same answer sysfs gives
+            raise HostError("read link", path, exc.strerror or str(exc)) from exc
 
 
 def _wanted(address: str, raw_vendor: str | None, vendor: str | None, problems: list[str]) -> bool:

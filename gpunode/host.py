@@ -8,11 +8,12 @@ so a fixture tree or a mounted node image can never make gpunode touch the machi
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpunode.errors import HostError
@@ -23,52 +24,65 @@ _MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
 @dataclass(frozen=True)
 class Host:
     root: Path = Path("/")
+    _resolved: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+    # The root as a string: path handling is on the hot path of detection, pathlib is not.
+    _root: str = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_root", str(self.root))
 
     @property
     def is_live(self) -> bool:
-        return self.root == Path("/")
+        return self._root == "/"
 
     def display(self, path: str) -> str:
         """The path as the user should read it in messages: under the root they chose."""
-        return path if self.is_live else str(self.root) + path
+        return path if self._root == "/" else self._root + path
 
     def path(self, path: str) -> Path:
         """The real filesystem path of a host path, symlinks resolved inside the root."""
+        return Path(self._real(path))
+
+    def _real(self, path: str) -> str:
         if not path.startswith("/"):
             raise HostError("resolve", path, "host paths must be absolute")
-        if self.is_live:
-            return Path(path)
-        return Path(self._resolve_in_root(path))
+        return path if self._root == "/" else self._resolve_in_root(path)
 
     def _resolve_in_root(self, path: str) -> str:
-        root = str(self.root)
-        pending = [c for c in path.split("/") if c not in ("", ".")]
-        pending.reverse()
-        resolved: list[str] = []
-        links = 0
-        while pending:
-            name = pending.pop()
-            if name == "..":
-                if not resolved:
-                    raise HostError("resolve", self.display(path), "a symlink climbs above the root")
-                resolved.pop()
-                continue
-            real = root + "/" + "/".join([*resolved, name])
-            try:
-                target = os.readlink(real)
-            except OSError as exc:
-                # Not a link (EINVAL) or not there yet: either way the name stands as it is.
-                if exc.errno not in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
-                    raise HostError("resolve", self.display(path), _reason(exc)) from exc
-                resolved.append(name)
-                continue
-            links += 1
-            if links > _MAX_SYMLINKS:
-                raise HostError("resolve", self.display(path), "too many levels of symbolic links")
-            if target.startswith("/"):
-                resolved = []
-            pending.extend(reversed([c for c in target.split("/") if c not in ("", ".")]))
-        return root + "/" + "/".join(resolved) if resolved else root
+        shown = self.display(path)
+        resolved = self._resolve(_normalize("/", path, shown), 0, shown)
+        return self._root + resolved if resolved != "/" else self._root
+
+    def _resolve(self, path: str, links: int, shown: str) -> str:
+        """A normalized host path → the host path it names with every symlink followed.
+
+        Parents are resolved first and remembered: sysfs reads hundreds of paths that share
+        them, and a component walk per read would cost more than the rest of detection.
+        """
+        if path == "/":
+            return "/"
+        cached = self._resolved.get(path)
+        if cached is not None:
+            return cached
+        parent, _, name = path.rpartition("/")
+        real_parent = self._resolve(parent or "/", links, shown)
+        candidate = real_parent.rstrip("/") + "/" + name
+        try:
+            target = os.readlink(self._root + candidate)
+        except OSError as exc:
+            # Not a link (EINVAL) or not there yet: either way the name stands as it is.
+            if exc.errno not in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
+                raise HostError("resolve", shown, _reason(exc)) from exc
+            resolved = candidate
+        else:
+            if links >= _MAX_SYMLINKS:
+                raise HostError("resolve", shown, "too many levels of symbolic links")
+            base = "/" if target.startswith("/") else real_parent
+            resolved = self._resolve(_normalize(base, target, shown), links + 1, shown)
+        # Remembered for this Host's lifetime (one command): gpunode creates no symlinks, so
+        # what a name resolves to cannot change under it.
+        self._resolved.setdefault(path, resolved)
+        return resolved
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -125,7 +139,7 @@ class Host:
 
     def directory(self, path: str) -> HostDir:
         """A directory resolved once, for reading many of its entries cheaply (sysfs devices)."""
-        return HostDir(self.path(path), self.display(path))
+        return HostDir(self._real(path) + "/", self.display(path))
 
     def exists(self, path: str) -> bool:
         return self.stat(path) is not None
@@ -181,17 +195,32 @@ class Host:
             raise HostError("create directory", self.display(path), _reason(exc)) from exc
 
 
+def _normalize(base: str, path: str, shown: str) -> str:
+    """`path` (absolute, or relative to the host directory `base`) with . and .. applied."""
+    parts: list[str] = [] if path.startswith("/") else [c for c in base.split("/") if c]
+    for name in path.split("/"):
+        if name in ("", "."):
+            continue
+        if name == "..":
+            if not parts:
+                raise HostError("resolve", shown, "a symlink climbs above the root")
+            parts.pop()
+        else:
+            parts.append(name)
+    return "/" + "/".join(parts)
+
+
 @dataclass(frozen=True)
 class HostDir:
     """A resolved directory; its entries are read without following a final symlink."""
 
-    real: Path
+    real: str  # with a trailing slash
     shown: str
 
     def read(self, name: str) -> str | None:
         """The entry's text, stripped; None when it does not exist."""
         try:
-            fd = os.open(self.real / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(self.real + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         except OSError as exc:
@@ -205,7 +234,7 @@ class HostDir:
 
     def read_link(self, name: str) -> str | None:
         try:
-            return os.readlink(self.real / name)
+            return os.readlink(self.real + name)
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.ENOENT):
                 return None
@@ -215,15 +244,13 @@ class HostDir:
 def _reason(exc: OSError) -> str:
     if exc.errno == errno.ELOOP:
         return "is a symlink where a file was expected"
-    return _reason(exc)
+    return exc.strerror or str(exc)
 
 
 def _unlink_quietly(path: str) -> None:
     # The temp file is ours and the write already failed; the original error is what matters.
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -7,6 +7,7 @@ so every verdict can be tested from data alone.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -210,7 +211,7 @@ def _describe(functions: tuple[PciFunction, ...]) -> str:
     for f in functions:
         name = f.product_name or f"10de:{f.device_id}"
         products[name] = products.get(name, 0) + 1
-    return ", ".join(f"{n}× {p}" for p, n in products.items())
+    return ", ".join(f"{n}x {p}" for p, n in products.items())
 
 
 def _gpus(d: Detection) -> Check:
@@ -226,11 +227,16 @@ def _pci_scan(d: Detection) -> Check:
     if not d.problems:
         return Check("pci_scan", OK, f"{len(d.functions)} NVIDIA PCI functions read via "
                      f"{d.source}; names from {d.names_source}")
+    # A problem with an NVIDIA function, or with the PCI tree as a whole, can hide a GPU.
     nvidia = {f.address for f in d.functions}
-    serious = [p for p in d.problems if p.split(":", 1)[0] in nvidia or "NVIDIA" in p]
+    where = [p.split(": ", 1)[0] for p in d.problems]
+    serious = [w for w in where if w in nvidia or not _PCI_ADDRESS.fullmatch(w)]
     return Check("pci_scan", FAIL if serious else WARN, "; ".join(d.problems),
                  "a PCI function's sysfs attributes could not be read or parsed: check the "
                  "device with 'lspci -vvv -s ADDRESS' and the kernel log")
+
+
+_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
 
 def _nouveau(d: Detection) -> Check:
@@ -338,7 +344,8 @@ def _containerd_runtime(facts: StatusFacts) -> Check:
     where = f"{c.config_path} ({c.config_reason})"
     if c.runtime_file is None:
         have = ", ".join(c.runtime_names) or "none"
-        return Check("containerd_runtime", FAIL, f"no '{name}' runtime in {where}; runtimes: {have}",
+        return Check("containerd_runtime", FAIL,
+                     f"no '{name}' runtime in {where}; runtimes: {have}",
                      f"add a [...containerd.runtimes.{name}] table whose options.BinaryName is "
                      "the NVIDIA container runtime, then restart containerd")
     if c.binary_name is None:

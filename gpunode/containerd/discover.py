@@ -40,7 +40,8 @@ class ActiveConfig:
 def active_config(host: Host) -> ActiveConfig:
     unit = read_unit(host, CONTAINERD_UNIT)
     if unit.fragment is None:
-        return ActiveConfig(CONTAINERD_DEFAULT_CONFIG, f"no {CONTAINERD_UNIT}; containerd's default")
+        return ActiveConfig(CONTAINERD_DEFAULT_CONFIG,
+                            f"no {CONTAINERD_UNIT}; containerd's default")
     flag = config_flag(list(unit.exec_start))
     if flag is None:
         return ActiveConfig(CONTAINERD_DEFAULT_CONFIG,

@@ -1,0 +1,130 @@
+"""Benchmarks for gpunode's time budgets, measured in one run on this machine.
+
+Run from the repository root as `.venv/bin/python benchmarks/run.py` (`make bench`).
+
+What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4: 8 GPUs,
+6 NVSwitches and a NIC) plus 200 other PCI functions, as a busy bare-metal PCI tree would have:
+
+1. `gpunode.detect.detect` in-process. The design budget is 20 ms: detect runs on every boot and
+   on every `status`, so it must stay cheap even where sysfs lists hundreds of functions.
+2. `gpunode --root <fixture> status --json` as a whole process, against `python -c pass` on the
+   same interpreter. A boot that finds nothing to do is later budgeted at 3x `python -c pass`;
+   `status` does the same observation, so its ratio is reported here for information.
+3. `gpunode --root <fixture> detect --json` as a whole process, with the same comparison.
+
+Whole-process timings alternate the commands so drift on the machine hits both alike, and report
+medians rather than means so one slow run does not move the result. The subprocesses run without
+PYTHONDONTWRITEBYTECODE, so they use the bytecode `make setup` compiled, as a real install would.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from gpunode.detect import detect
+from gpunode.fixtures import MACHINES, Options, build, with_extra_functions
+from gpunode.host import Host
+
+DETECT_BUDGET_MS = 20.0
+DETECT_WARMUP = 5
+DETECT_RUNS = 50
+PROCESS_RUNS = 15
+EXTRA_FUNCTIONS = 200
+
+
+def median_ms(samples: Sequence[float]) -> float:
+    return statistics.median(samples) * 1000.0
+
+
+def time_call(call: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def bench_detect_in_process(host: Host) -> list[float]:
+    """Seconds per detect(host) call, after a sanity check that it finds the real hardware."""
+    result = detect(host)
+    if len(result.gpus) != 8 or len(result.nvswitches) != 6:
+        raise SystemExit(f"detect found {len(result.gpus)} GPUs and {len(result.nvswitches)} "
+                         "NVSwitches on the fixture, expected 8 and 6")
+    for _ in range(DETECT_WARMUP):
+        detect(host)
+    return [time_call(lambda: detect(host)) for _ in range(DETECT_RUNS)]
+
+
+def gpunode_command() -> list[str]:
+    """The venv's console script next to the interpreter, else `python -m gpunode`."""
+    script = Path(sys.executable).with_name("gpunode")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "gpunode"]
+
+
+def subprocess_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def run_once(argv: Sequence[str], env: dict[str, str]) -> int:
+    return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, env=env, check=False).returncode
+
+
+def check_exit_zero(argv: Sequence[str], env: dict[str, str]) -> None:
+    result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            env=env, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} exited {result.returncode}, expected 0\n"
+                         f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}")
+
+
+def bench_processes(commands: dict[str, list[str]],
+                    env: dict[str, str]) -> dict[str, list[float]]:
+    """Seconds per run of each command, run alternately, after one untimed checked round."""
+    for argv in commands.values():
+        check_exit_zero(argv, env)
+    samples: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(PROCESS_RUNS):
+        for name, argv in commands.items():
+            samples[name].append(time_call(lambda argv=argv: run_once(argv, env)))
+    return samples
+
+
+def main() -> int:
+    machine = with_extra_functions(MACHINES["nd96amsr-a100-v4"], EXTRA_FUNCTIONS)
+    print(f"gpunode benchmarks: {sys.executable} (Python {sys.version.split()[0]}); "
+          "subprocesses run with bytecode writing allowed (PYTHONDONTWRITEBYTECODE unset)")
+    with tempfile.TemporaryDirectory(prefix="gpunode-bench-") as tmp:
+        root = build(machine, Path(tmp) / "host", Options(state="ready"))
+
+        detect_ms = median_ms(bench_detect_in_process(Host(root)))
+        verdict = "OK" if detect_ms <= DETECT_BUDGET_MS else "OVER"
+        print(f"  detect in-process (ND96 + {EXTRA_FUNCTIONS} other functions): median "
+              f"{detect_ms:.1f} ms over {DETECT_RUNS} runs "
+              f"(budget {DETECT_BUDGET_MS:.0f} ms: {verdict})")
+
+        gpunode = [*gpunode_command(), "--root", str(root)]
+        samples = bench_processes({
+            "pass": [sys.executable, "-c", "pass"],
+            "status": [*gpunode, "status", "--json"],
+            "detect": [*gpunode, "detect", "--json"],
+        }, subprocess_env())
+
+    base = median_ms(samples["pass"])
+    print(f"  python -c pass: median {base:.1f} ms over {PROCESS_RUNS} runs")
+    for name in ("status", "detect"):
+        ms = median_ms(samples[name])
+        print(f"  gpunode {name} --json (whole process): median {ms:.1f} ms, "
+              f"{ms / base:.1f}x python -c pass")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The host boundary: paths resolve inside the root, and writes are atomic and faithful."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from gpunode.errors import HostError
+from gpunode.host import Host
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    (tmp_path / "usr/share/containerd").mkdir(parents=True)
+    (tmp_path / "usr/share/containerd/config.toml").write_text("version = 2\n")
+    (tmp_path / "etc").mkdir()
+    return tmp_path
+
+
+def test_absolute_symlink_is_followed_inside_the_root(root: Path) -> None:
+    (root / "etc/containerd").symlink_to("/usr/share/containerd")
+    assert Host(root).read_text("/etc/containerd/config.toml") == "version = 2\n"
+
+
+def test_relative_symlink_that_climbs_out_of_the_root_is_refused(root: Path) -> None:
+    (root / "etc/escape").symlink_to("../../../../../../../../etc/passwd")
+    with pytest.raises(HostError, match="climbs above the root"):
+        Host(root).read_text("/etc/escape")
+
+
+def test_symlink_loop_is_refused_not_followed_forever(root: Path) -> None:
+    (root / "etc/a").symlink_to("/etc/b")
+    (root / "etc/b").symlink_to("/etc/a")
+    with pytest.raises(HostError, match="too many levels"):
+        Host(root).read_text("/etc/a")
+
+
+def test_errors_name_the_path_under_the_root(root: Path) -> None:
+    with pytest.raises(HostError) as info:
+        Host(root).read_text("/etc/missing.toml")
+    assert str(info.value) == f"Failed to read '{root}/etc/missing.toml': No such file or directory"
+
+
+def test_missing_optional_file_reads_as_none(root: Path) -> None:
+    assert Host(root).read_optional("/etc/gpunode/config.toml") is None
+
+
+def test_write_atomic_creates_file_with_requested_mode(root: Path) -> None:
+    Host(root).write_atomic("/etc/new.toml", b"a = 1\n", mode=0o600)
+    assert (root / "etc/new.toml").read_bytes() == b"a = 1\n"
+    assert (root / "etc/new.toml").stat().st_mode & 0o777 == 0o600
+
+
+def test_write_atomic_keeps_mode_and_owner_of_existing_file(root: Path) -> None:
+    target = root / "etc/config.toml"
+    target.write_text("old\n")
+    target.chmod(0o640)
+    if os.geteuid() == 0:
+        os.chown(target, 1234, 5678)
+    Host(root).write_atomic("/etc/config.toml", b"new\n")
+    st = target.stat()
+    assert target.read_text() == "new\n"
+    assert st.st_mode & 0o777 == 0o640
+    if os.geteuid() == 0:
+        assert (st.st_uid, st.st_gid) == (1234, 5678)
+
+
+def test_write_through_symlink_replaces_the_target_inside_the_root(root: Path) -> None:
+    (root / "etc/link.toml").symlink_to("/usr/share/containerd/config.toml")
+    Host(root).write_atomic("/etc/link.toml", b"version = 3\n")
+    assert (root / "usr/share/containerd/config.toml").read_text() == "version = 3\n"
+    assert (root / "etc/link.toml").is_symlink()
+
+
+def test_failed_write_leaves_original_bytes_and_no_temp_file(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = root / "etc/config.toml"
+    target.write_bytes(b"original\n")
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(HostError, match="No space left on device"):
+        Host(root).write_atomic("/etc/config.toml", b"new content\n")
+    assert target.read_bytes() == b"original\n"
+    assert sorted(p.name for p in (root / "etc").iterdir()) == ["config.toml"]
+
+
+def test_write_refuses_to_replace_a_directory(root: Path) -> None:
+    with pytest.raises(HostError, match="not a regular file"):
+        Host(root).write_atomic("/usr/share/containerd", b"x")
+
+
+def test_directory_entries_are_read_without_following_a_final_symlink(root: Path) -> None:
+    device = root / "sys/devices/pci0000:00/0000:00:01.0"
+    device.mkdir(parents=True)
+    (device / "vendor").symlink_to("/etc/passwd")
+    with pytest.raises(HostError, match="is a symlink where a file was expected"):
+        Host(root).directory("/sys/devices/pci0000:00/0000:00:01.0").read("vendor")
+
+
+def test_live_host_uses_paths_as_they_are() -> None:
+    assert Host().path("/proc/modules") == Path("/proc/modules")
