@@ -26,12 +26,17 @@ $(VENV)/.installed: $(VENV)/.apt-done pyproject.toml
 
 setup: $(VENV)/.installed
 
+# The example node twice: ready, then as it is before containerd has the nvidia runtime, so
+# status shows what it says when something is missing (exit 1 there is the expected verdict).
 demo: setup
-	rm -rf $(DEMO)
+	rm -rf $(DEMO) $(DEMO)-driver
 	$(BIN)/python -m gpunode.fixtures build nc4as-t4-v3 --state ready $(DEMO)
-	$(BIN)/gpunode --root $(DEMO) detect
+	$(BIN)/gpunode --root $(DEMO) --log-format console detect
 	@echo
 	$(BIN)/gpunode --root $(DEMO) --log-format console status
+	@echo
+	$(BIN)/python -m gpunode.fixtures build nc4as-t4-v3 --state driver $(DEMO)-driver
+	$(BIN)/gpunode --root $(DEMO)-driver --log-format console status; test $$? -eq 1
 
 lint: setup
 	$(BIN)/ruff check gpunode tests benchmarks

@@ -217,7 +217,7 @@ def _describe(functions: tuple[PciFunction, ...]) -> str:
 def _gpus(d: Detection) -> Check:
     if not d.gpus:
         return Check("gpus", SKIP, "no NVIDIA GPU on this host; gpunode has nothing to do")
-    detail = f"{len(d.gpus)} GPU{'s' if len(d.gpus) > 1 else ''}: {_describe(d.gpus)}"
+    detail = f"{_count(len(d.gpus), 'GPU')}: {_describe(d.gpus)}"
     if d.nvswitches:
         detail += f"; {len(d.nvswitches)} NVSwitch"
     return Check("gpus", OK, detail)
@@ -225,7 +225,7 @@ def _gpus(d: Detection) -> Check:
 
 def _pci_scan(d: Detection) -> Check:
     if not d.problems:
-        return Check("pci_scan", OK, f"{len(d.functions)} NVIDIA PCI functions read via "
+        return Check("pci_scan", OK, f"{_count(len(d.functions), 'NVIDIA PCI function')} read via "
                      f"{d.source}; names from {d.names_source}")
     # A problem with an NVIDIA function, or with the PCI tree as a whole, can hide a GPU.
     nvidia = {f.address for f in d.functions}
@@ -294,7 +294,8 @@ def _driver_gpus(facts: StatusFacts, d: Detection,
         return Check("driver_gpus", FAIL, f"the driver does not see {', '.join(missing)}",
                      "look for NVRM errors about these addresses in 'dmesg'; the GPU may need a "
                      "different driver flavour (open/proprietary) or be in a bad state")
-    return Check("driver_gpus", OK, f"driver sees all {len(_usable_gpus(d))} GPUs")
+    return Check("driver_gpus", OK, f"driver sees {_count(len(_usable_gpus(d)), 'GPU')}, all "
+                 "it should")
 
 
 def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
@@ -316,7 +317,7 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
         return Check("device_nodes", FAIL, "; ".join(problems),
                      "create them with 'nvidia-modprobe -u -c=0' (or mknod, majors from "
                      "/proc/devices)")
-    return Check("device_nodes", OK, f"{len(facts.dev_nodes)} device nodes present")
+    return Check("device_nodes", OK, f"{_count(len(facts.dev_nodes), 'device node')} present")
 
 
 def _wanted_numbers(facts: StatusFacts) -> dict[str, tuple[int | None, int | None]]:
@@ -344,10 +345,14 @@ def _containerd_runtime(facts: StatusFacts) -> Check:
     where = f"{c.config_path} ({c.config_reason})"
     if c.runtime_file is None:
         have = ", ".join(c.runtime_names) or "none"
+        hint = (f"add a [...containerd.runtimes.{name}] table whose options.BinaryName is the "
+                "NVIDIA container runtime, then restart containerd")
+        if (c.config_path or "").startswith("/usr/"):
+            hint = (f"{c.config_path} is on read-only /usr: copy it to "
+                    "/etc/containerd/config.toml, add the runtime there, and point containerd at "
+                    "it with a containerd.service.d drop-in (Environment=CONTAINERD_CONFIG=...)")
         return Check("containerd_runtime", FAIL,
-                     f"no '{name}' runtime in {where}; runtimes: {have}",
-                     f"add a [...containerd.runtimes.{name}] table whose options.BinaryName is "
-                     "the NVIDIA container runtime, then restart containerd")
+                     f"no '{name}' runtime in {where}; runtimes: {have}", hint)
     if c.binary_name is None:
         return Check("containerd_runtime", FAIL, f"runtime '{name}' in {c.runtime_file} has no "
                      "options.BinaryName, so it would run plain runc",
@@ -396,7 +401,12 @@ def _last_boot_check(facts: StatusFacts) -> Check:
         hints = [str(s["hint"]) for s in failed if s.get("hint")]
         return Check("last_boot", WARN, f"last boot failed{when}: {detail}",
                      hints[0] if hints else "see 'journalctl -u gpunode'")
-    return Check("last_boot", OK, f"last boot {record.outcome}{when}, {len(record.steps)} steps")
+    return Check("last_boot", OK, f"last boot {record.outcome}{when}, "
+                 f"{_count(len(record.steps), 'step')}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # -- output --------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import HostFactory
 
+from conftest import HostFactory
 from gpunode import fixtures
 from gpunode.detect import PciFunction, classify, detect
 from gpunode.host import Host

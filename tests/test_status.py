@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import HostFactory
 
+from conftest import HostFactory
 from gpunode import fixtures
 from gpunode.config import AgentConfig, ContainerdConfig
 from gpunode.host import Host
@@ -218,3 +218,10 @@ def test_garbage_class_of_an_nvidia_function_fails(make_host: HostFactory) -> No
     report = report_for(host)
     assert report.verdict == "not-ready"
     assert check(report, "pci_scan").state == "fail"
+
+
+def test_flatcar_read_only_config_gets_the_writable_copy_hint(make_host: HostFactory) -> None:
+    c = check(report_for(make_host("nc4as-t4-v3", "driver")), "containerd_runtime")
+    assert c.detail.startswith("no 'nvidia' runtime in /usr/share/containerd/config.toml")
+    assert c.hint is not None
+    assert c.hint.startswith("/usr/share/containerd/config.toml is on read-only /usr")

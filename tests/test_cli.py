@@ -1,0 +1,150 @@
+"""The command line as a user meets it: output shapes, exit codes and logs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import HostFactory
+from gpunode.cli import main
+
+DETECT_KEYS = {"schema_version", "root", "source", "names_source", "gpu_count", "nvswitch_count",
+               "nouveau_loaded", "vfio_gpus", "problems", "functions"}
+FUNCTION_KEYS = {"address", "vendor_id", "device_id", "subsystem_vendor_id",
+                 "subsystem_device_id", "class_code", "kind", "product_name", "numa_node",
+                 "driver", "iommu_group"}
+STATUS_KEYS = {"schema_version", "root", "verdict", "ready", "config", "boot_time", "driver",
+               "containerd_config", "checks", "last_boot"}
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["--log-format", "json", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_detect_json_is_the_documented_document(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc4as-t4-v3", "driver")
+    code, out, _ = run(capsys, "--root", str(host.root), "detect", "--json")
+    doc = json.loads(out)
+    assert code == 0
+    assert set(doc) == DETECT_KEYS
+    assert (doc["gpu_count"], doc["nvswitch_count"], doc["source"]) == (1, 0, "sysfs")
+    assert doc["functions"] == [{
+        "address": "0001:00:00.0", "vendor_id": "10de", "device_id": "1eb8",
+        "subsystem_vendor_id": "10de", "subsystem_device_id": "12a2", "class_code": "030200",
+        "kind": "gpu", "product_name": "TU104GL [Tesla T4]", "numa_node": None,
+        "driver": "nvidia", "iommu_group": 1}]
+    assert set(doc["functions"][0]) == FUNCTION_KEYS
+
+
+def test_detect_table_lists_each_function_and_warns_about_nouveau(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("t4-nouveau", "bare")
+    code, out, _ = run(capsys, "--root", str(host.root), "detect")
+    lines = out.splitlines()
+    assert code == 0
+    assert lines[0].split() == ["ADDRESS", "KIND", "ID", "PRODUCT", "NUMA", "DRIVER", "IOMMU"]
+    assert lines[1].split() == ["0001:00:00.0", "gpu", "10de:1eb8", "TU104GL", "[Tesla", "T4]",
+                                "-", "nouveau", "1"]
+    assert "warning: the nouveau module is loaded; it blocks the NVIDIA driver" in lines
+
+
+def test_detect_exits_0_on_a_cpu_only_host(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("azure-d4s-v5", "bare")
+    code, out, _ = run(capsys, "--root", str(host.root), "detect")
+    assert (code, out.strip()) == (0, "no NVIDIA PCI functions found")
+
+
+@pytest.mark.parametrize(("machine", "state", "code", "verdict"), [
+    ("nc4as-t4-v3", "ready", 0, "ready"),
+    ("nc4as-t4-v3", "bare", 1, "not-ready"),
+    ("azure-d4s-v5", "bare", 0, "no-gpu"),
+    ("t4-nouveau", "bare", 1, "not-ready"),
+], ids=["ready", "not-ready", "no-gpu", "nouveau"])
+def test_status_exit_code_follows_the_verdict(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str], machine: str, state: str,
+    code: int, verdict: str,
+) -> None:
+    host = make_host(machine, state)
+    got, out, _ = run(capsys, "--root", str(host.root), "status", "--json")
+    doc = json.loads(out)
+    assert (got, doc["verdict"], doc["ready"]) == (code, verdict, code == 0)
+    assert set(doc) == STATUS_KEYS
+    assert all(set(c) == {"name", "state", "detail", "hint"} for c in doc["checks"])
+
+
+def test_status_json_reports_driver_containerd_config_and_boot_record(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc24ads-a100-v4", "ready")
+    _, out, _ = run(capsys, "--root", str(host.root), "status", "--json")
+    doc = json.loads(out)
+    assert doc["driver"] == {"version": "550.127.08", "flavour": "open"}
+    assert doc["containerd_config"] == "/etc/containerd/config.toml"
+    assert doc["boot_time"] == 1764400000.0
+    assert doc["last_boot"]["outcome"] == "ok"
+
+
+def test_status_table_shows_hints_for_what_is_not_ok(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc4as-t4-v3", "bare")
+    _, out, _ = run(capsys, "--root", str(host.root), "status")
+    lines = out.splitlines()
+    assert lines[0] == f"gpunode status ({host.root}): NOT READY"
+    driver = next(i for i, line in enumerate(lines) if line.startswith("driver "))
+    assert lines[driver].split()[:2] == ["driver", "fail"]
+    assert lines[driver + 1].strip().startswith("hint: load the NVIDIA kernel modules")
+    assert "\033[" not in out  # no colour when stdout is not a terminal
+
+
+def test_json_logs_one_event_per_step_with_duration(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready")
+    _, _, err = run(capsys, "--root", str(host.root), "status", "--json")
+    events = [json.loads(line) for line in err.splitlines()]
+    assert [e["event"] for e in events] == ["step.done"]
+    assert events[0]["step"] == "status"
+    assert events[0]["verdict"] == "ready"
+    assert isinstance(events[0]["duration_ms"], float)
+    assert {"timestamp", "level"} <= set(events[0])
+
+
+def test_root_that_is_not_a_directory_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "--root", str(tmp_path / "nope"), "detect")
+    assert code == 2
+    assert err.strip() == f"gpunode: --root {tmp_path / 'nope'}: not a directory"
+
+
+def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["frobnicate"])
+    assert info.value.code == 2
+
+
+@pytest.mark.integration
+def test_installed_command_runs_as_a_process(make_host: HostFactory) -> None:
+    """The console script as systemd would run it: JSON logs on stderr (not a TTY)."""
+    host = make_host("nc4as-t4-v3", "ready")
+    gpunode = Path(sys.executable).with_name("gpunode")
+    done = subprocess.run([str(gpunode), "--root", str(host.root), "status"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "READY" in done.stdout.splitlines()[0]
+    assert json.loads(done.stderr.splitlines()[0])["event"] == "step.done"
+    version = subprocess.run([str(gpunode), "--version"], capture_output=True, text=True,
+                             check=True)
+    assert version.stdout.strip().startswith("gpunode ")
