@@ -7,6 +7,7 @@ not ready, 2 a usage error or an invalid agent config.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -40,6 +41,33 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="live checks and the last boot record")
     status.add_argument("--json", action="store_true", help="print a JSON document")
     status.set_defaults(run=_status)
+
+    plan = commands.add_parser("plan", help="what 'boot' would change; touches nothing")
+    plan.add_argument("--json", action="store_true", help="print a JSON document")
+    plan.set_defaults(run=_plan)
+
+    boot = commands.add_parser("boot", help="the whole pipeline (what gpunode.service runs)")
+    boot.set_defaults(run=_boot)
+
+    containerd = commands.add_parser("containerd", help="the container runtime step alone")
+    actions = containerd.add_subparsers(dest="action", required=True, metavar="ACTION")
+    configure = actions.add_parser("configure", help="add or reconcile the nvidia runtime")
+    configure.add_argument("--config", dest="containerd_config", metavar="PATH",
+                           help="containerd config file to edit in place (default: the one "
+                           "containerd.service uses)")
+    configure.add_argument("--runtime-name", metavar="NAME")
+    configure.add_argument("--runtime-path", metavar="PATH")
+    configure.add_argument("--set-as-default", action="store_true", default=None)
+    configure.add_argument("--enable-cdi", action="store_true", default=None)
+    configure.add_argument("--force", action="store_true",
+                           help="configure even if the runtime binary does not exist")
+    configure.add_argument("--dry-run", action="store_true",
+                           help="print a unified diff and write nothing")
+    configure.set_defaults(run=_containerd_configure)
+    revert = actions.add_parser("revert", help="remove what gpunode added")
+    revert.add_argument("--config", dest="containerd_config", metavar="PATH",
+                        help=argparse.SUPPRESS)
+    revert.set_defaults(run=_containerd_revert)
     return parser
 
 
@@ -73,6 +101,75 @@ def _status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
         print(render.status(report, str(host.root), colour=sys.stdout.isatty()))
     return EXIT_OK if report.ready else EXIT_FAILED
+
+
+def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode import boot, systemd
+
+    with log.step("plan") as fields:
+        detection, actions = boot.plan(host, config, systemd.for_host(host.is_live))
+        fields.update(actions=len(actions))
+    if args.json:
+        _print_json({"schema_version": 1, "root": str(host.root),
+                     "gpu_count": len(detection.gpus), "changes": bool(actions),
+                     "actions": [{"step": a.step, "description": a.description}
+                                 for a in actions]})
+    elif not detection.gpus:
+        print("no NVIDIA GPU: nothing to do")
+    elif not actions:
+        print("nothing to change: the node is already configured")
+    else:
+        print("\n".join(f"{a.step}: {a.description}" for a in actions))
+    return EXIT_OK
+
+
+def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode import boot, systemd
+
+    run = boot.boot(host, config, systemd.for_host(host.is_live))
+    log.get().info("boot.done", outcome=run.outcome, steps=[s["name"] for s in run.steps])
+    return EXIT_FAILED if run.outcome == "failed" else EXIT_OK
+
+
+def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:
+    """The agent config with this command line's overrides applied."""
+    overrides = {key: value for key, value in (
+        ("runtime_name", args.runtime_name), ("runtime_path", args.runtime_path),
+        ("set_as_default", args.set_as_default), ("enable_cdi", args.enable_cdi))
+        if value is not None}
+    return dataclasses.replace(config, containerd=dataclasses.replace(config.containerd,
+                                                                       **overrides))
+
+
+def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode import systemd
+    from gpunode.containerd import step
+
+    config = _containerd_settings(config, args)
+    manager = systemd.for_host(host.is_live)
+    with log.step("containerd", dry_run=args.dry_run) as fields:
+        the_plan = step.plan(host, config.containerd, manager, args.containerd_config,
+                             force=args.force)
+        fields.update(config=the_plan.target, changed=the_plan.changed)
+        if args.dry_run:
+            print(the_plan.diff(), end="")
+            return EXIT_OK
+        outcome = step.apply(host, the_plan, manager, config.containerd.restart_timeout)
+        fields.update(restarted=outcome.restarted)
+    print("\n".join(outcome.descriptions))
+    return EXIT_OK
+
+
+def _containerd_revert(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode import systemd
+    from gpunode.containerd import step
+
+    with log.step("containerd.revert") as fields:
+        outcome = step.revert(host, systemd.for_host(host.is_live),
+                              config.containerd.restart_timeout)
+        fields.update(changed=outcome.changed, restarted=outcome.restarted)
+    print("\n".join(outcome.descriptions))
+    return EXIT_OK
 
 
 def _print_json(document: object) -> None:

@@ -32,6 +32,12 @@ class LogConfig:
 class ContainerdConfig:
     runtime_name: str = "nvidia"
     config_path: str | None = None  # None: ask containerd.service which file it uses
+    runtime_path: str = "/usr/bin/nvidia-container-runtime"
+    set_as_default: bool = False
+    enable_cdi: bool = False
+    cdi_spec_dirs: tuple[str, ...] = ()
+    mode: str = "in-place"  # or "drop-in": the runtime in an imported file (containerd >= 2.1)
+    restart_timeout: int = 60  # seconds to wait for containerd to come back after a restart
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,10 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("log", "level"): _one_of(*LOG_LEVELS),
     ("containerd", "runtime_name"): _runtime_name,
     ("containerd", "config_path"): _absolute_path,
+    ("containerd", "runtime_path"): _absolute_path,
+    ("containerd", "cdi_spec_dirs"): lambda v: next(filter(None, map(_absolute_path, v)), None),
+    ("containerd", "mode"): _one_of("in-place", "drop-in"),
+    ("containerd", "restart_timeout"): lambda v: None if 1 <= v <= 600 else "must be 1 to 600",
     ("kubelet", "device_plugin_socket"): _absolute_path,
 }
 
@@ -114,7 +124,8 @@ def parse_config(doc: dict[str, Any], text: str, shown: str) -> AgentConfig:
 def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, shown: str) -> Any:
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
-    for key, value in values.items():
+    values = dict(values)
+    for key, value in list(values.items()):
         dotted = f"{section}.{key}"
         line = key_line(text, section, key)
         if key not in known:
@@ -122,8 +133,13 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
                               f"{', '.join(known)}", line)
         expected = _expected_type(hints[key])
         if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
-            raise ConfigError(shown, dotted, f"must be a {_type_name(expected())}, not "
+            raise ConfigError(shown, dotted, f"must be a {_TYPE_NAMES[expected]}, not "
                               f"{_type_name(value)} ({value!r})", line)
+        if expected is list:
+            if not all(isinstance(item, str) for item in value):
+                raise ConfigError(shown, dotted, f"must be an array of strings, not {value!r}",
+                                  line)
+            values[key] = tuple(value)
         check = _VALUE_CHECKS.get((section, key))
         problem = check(value) if check else None
         if problem:
@@ -132,15 +148,20 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
 
 
 def _expected_type(hint: Any) -> type:
-    """`str | None` → str: None is only ever the absence of the key."""
+    """`str | None` → str (None is only ever the absence of the key); `tuple[str, ...]` → list,
+    the TOML array it is read from."""
+    if typing.get_origin(hint) is tuple:
+        return list
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
 
 
+_TYPE_NAMES = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
+               dict: "table"}
+
+
 def _type_name(value: Any) -> str:
-    names = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
-             dict: "table"}
-    return next((n for t, n in names.items() if isinstance(value, t)), type(value).__name__)
+    return next((n for t, n in _TYPE_NAMES.items() if isinstance(value, t)), type(value).__name__)
 
 
 def _header_line(text: str, section: str) -> int | None:

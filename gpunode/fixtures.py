@@ -124,7 +124,7 @@ def build(machine: Machine, root: Path, options: Options | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     _write(root, "/etc/os-release", FLATCAR_OS_RELEASE)
     _write(root, "/sys/class/dmi/id/product_name", machine.dmi_product + "\n")
-    _write(root, "/proc/stat", "cpu  1 0 1 100 0 0 0 0 0 0\nbtime 1764400000\n")
+    _write(root, "/proc/stat", f"cpu  1 0 1 100 0 0 0 0 0 0\nbtime {BOOT_TIME}\n")
     for fn in machine.functions:
         _write_function(root, fn, loaded)
     _write(root, "/proc/modules", _modules(machine, loaded))
@@ -260,15 +260,24 @@ def make_char_device(root: Path, path: str, major: int, minor: int, real: bool) 
         target.write_text(f"char {major}:{minor}\n")
 
 
+# The fixture node booted at this time; its daemons started 10 s later and its config files are
+# older than both, so a config changed after containerd started (a pending restart) shows.
+BOOT_TIME = 1764400000
+
+
+def _settle(path: Path) -> None:
+    os.utime(path, (BOOT_TIME, BOOT_TIME), follow_symlinks=False)
+
+
 def _write_containerd_base(root: Path) -> None:
     _write(root, "/usr/lib/systemd/system/containerd.service", FLATCAR_CONTAINERD_UNIT)
-    _write(root, "/usr/share/containerd/config.toml", FLATCAR_CONTAINERD_CONFIG)
+    _settle(_write(root, "/usr/share/containerd/config.toml", FLATCAR_CONTAINERD_CONFIG))
     _write(root, "/usr/bin/containerd", "#!/bin/sh\n", mode=0o755)
 
 
 def _write_ready(root: Path, machine: Machine) -> None:
     _write(root, "/usr/bin/nvidia-container-runtime", "#!/bin/sh\n", mode=0o755)
-    _write(root, "/etc/containerd/config.toml", FLATCAR_CONTAINERD_CONFIG + NVIDIA_RUNTIME)
+    _settle(_write(root, "/etc/containerd/config.toml", FLATCAR_CONTAINERD_CONFIG + NVIDIA_RUNTIME))
     _write(root, "/etc/systemd/system/containerd.service.d/10-gpunode.conf",
            "[Service]\nEnvironment=CONTAINERD_CONFIG=/etc/containerd/config.toml\n")
     socket = root / "var/lib/kubelet/device-plugins/nvidia-gpu.sock"

@@ -188,6 +188,18 @@ class Host:
             raise HostError("write", shown, _reason(exc)) from exc
         _fsync_dir(target.parent)
 
+    def remove(self, path: str) -> None:
+        """Remove a file (a symlink itself, not its target); one already gone is fine."""
+        parent, _, name = path.rstrip("/").rpartition("/")
+        directory = self.path(parent or "/")
+        try:
+            os.unlink(directory / name)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise HostError("remove", self.display(path), _reason(exc)) from exc
+        _fsync_dir(directory)
+
     def make_dirs(self, path: str, mode: int = 0o755) -> None:
         try:
             self.path(path).mkdir(mode=mode, parents=True, exist_ok=True)

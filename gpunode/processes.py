@@ -11,6 +11,7 @@ from gpunode.host import Host
 class ProcessFacts:
     boot_time: float | None  # seconds since the epoch
     running: dict[str, list[int]]  # process name → pids (empty when not running)
+    started: dict[str, float]  # process name → start time of its oldest process (epoch)
 
 
 def observe(host: Host, names: tuple[str, ...]) -> ProcessFacts:
@@ -19,16 +20,19 @@ def observe(host: Host, names: tuple[str, ...]) -> ProcessFacts:
     # psutil reads a module-wide procfs path; pointing it at the host root keeps --root honest.
     psutil.PROCFS_PATH = str(host.path("/proc"))
     running: dict[str, list[int]] = {name: [] for name in names}
+    started: dict[str, float] = {}
     # Listing pids here, not with psutil.pids(), because psutil fails on a /proc with no pids.
     for pid in (int(e) for e in host.list_dir("/proc") if e.isdigit()):
         try:
-            name = psutil.Process(pid).name()
+            process = psutil.Process(pid)
+            name = process.name()
+            if name in running:
+                running[name].append(pid)
+                started[name] = min(started.get(name, float("inf")), process.create_time())
         except psutil.NoSuchProcess:
             continue  # it exited between the listing and the read: it is not running
-        if name in running:
-            running[name].append(pid)
     try:
         boot_time: float | None = psutil.boot_time()
     except (OSError, RuntimeError):
         boot_time = None  # a /proc without /proc/stat (a bare fixture): status shows "unknown"
-    return ProcessFacts(boot_time=boot_time, running=running)
+    return ProcessFacts(boot_time=boot_time, running=running, started=started)

@@ -12,7 +12,7 @@ import stat
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from gpunode import driverinfo
+from gpunode import driverinfo, systemd
 from gpunode.config import AgentConfig
 from gpunode.containerd import discover
 from gpunode.detect import Detection, PciFunction, detect, module_loaded
@@ -53,6 +53,7 @@ class ContainerdFacts:
     binary_ok: bool = False
     error: str | None = None
     runtime_names: tuple[str, ...] = ()
+    config_mtime: float | None = None  # of the file that defines the runtime, or the main file
 
 
 @dataclass(frozen=True)
@@ -142,14 +143,17 @@ def _containerd(host: Host, config: AgentConfig) -> ContainerdFacts:
             active = discover.ActiveConfig(config.containerd.config_path,
                                            f"containerd.config_path in {config.source}")
         else:
-            active = discover.active_config(host)
+            active = discover.active_config(host, systemd.for_host(host.is_live))
         tables = discover.runtime_tables(host, active.path)
     except GpunodeError as exc:
         return ContainerdFacts(config_path=None, config_reason="", error=str(exc))
     found = tables.get(config.containerd.runtime_name)
+    main_stat = host.stat(active.path)
     if found is None:
-        return ContainerdFacts(active.path, active.reason, runtime_names=tuple(sorted(tables)))
+        return ContainerdFacts(active.path, active.reason, runtime_names=tuple(sorted(tables)),
+                               config_mtime=main_stat.st_mtime if main_stat else None)
     file, table = found
+    mtimes = [st.st_mtime for st in (main_stat, host.stat(file)) if st is not None]
     binary = discover.schema.binary_name(table)
     return ContainerdFacts(
         config_path=active.path,
@@ -158,6 +162,7 @@ def _containerd(host: Host, config: AgentConfig) -> ContainerdFacts:
         binary_name=binary,
         binary_ok=binary is not None and host.is_executable_file(binary),
         runtime_names=tuple(sorted(tables)),
+        config_mtime=max(mtimes) if mtimes else None,
     )
 
 
@@ -367,6 +372,13 @@ def _containerd_runtime(facts: StatusFacts) -> Check:
 
 def _process(facts: StatusFacts, name: str) -> Check:
     pids = facts.processes.running.get(name, [])
+    started = facts.processes.started.get(name)
+    changed = facts.containerd.config_mtime
+    if name == "containerd" and pids and started and changed and changed > started:
+        return Check("containerd_running", WARN, f"containerd running (pid "
+                     f"{', '.join(map(str, pids))}), but {facts.containerd.config_path} changed "
+                     "after it started: a restart is pending",
+                     "run 'systemctl restart containerd' when pods on this node can take it")
     if pids:
         return Check(f"{name}_running", OK, f"{name} running (pid {', '.join(map(str, pids))})")
     return Check(f"{name}_running", WARN, f"{name} is not running",

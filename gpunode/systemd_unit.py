@@ -29,6 +29,7 @@ class UnitSettings:
     dropins: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
     exec_start: tuple[str, ...] = ()  # argv of the last ExecStart=, variables expanded
+    exec_start_raw: tuple[str, ...] = ()  # the same words as written (${VAR} unexpanded)
     masked: bool = False
 
 
@@ -54,11 +55,12 @@ def read_unit(host: Host, name: str) -> UnitSettings:
         except ValueError as exc:  # shlex: unbalanced quotes
             raise HostError("parse", host.display(path), str(exc)) from exc
     try:
-        argv = expand_command(exec_lines[-1], env) if exec_lines else []
+        raw = shlex.split(exec_lines[-1]) if exec_lines else []
     except ValueError as exc:
         raise HostError("parse", host.display(fragment), f"ExecStart: {exc}") from exc
+    argv = expand_words(raw, env)
     return UnitSettings(name=name, fragment=fragment, dropins=tuple(dropins), environment=env,
-                        exec_start=tuple(argv))
+                        exec_start=tuple(argv), exec_start_raw=tuple(raw))
 
 
 def _dropins(host: Host, name: str) -> list[str]:
@@ -116,14 +118,19 @@ _VAR_RE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
 
 
 def expand_command(line: str, env: dict[str, str]) -> list[str]:
-    """ExecStart argv: prefixes dropped, ${VAR} kept as one word, $VAR split on white space."""
-    words: list[str] = []
-    for word in shlex.split(line):
+    """ExecStart line → argv, as systemd would run it (see expand_words)."""
+    return expand_words(shlex.split(line), env)
+
+
+def expand_words(words: list[str] | tuple[str, ...], env: dict[str, str]) -> list[str]:
+    """Prefixes dropped, ${VAR} kept as one word, a lone $VAR split on white space."""
+    argv: list[str] = []
+    for word in words:
         whole = _VAR_RE.fullmatch(word)
         if whole and whole.group(2):
-            words.extend(env.get(whole.group(2), "").split())
+            argv.extend(env.get(whole.group(2), "").split())
         else:
-            words.append(_VAR_RE.sub(lambda m: env.get(m.group(1) or m.group(2), ""), word))
-    if words:
-        words[0] = words[0].lstrip("-@+!:")
-    return words
+            argv.append(_VAR_RE.sub(lambda m: env.get(m.group(1) or m.group(2), ""), word))
+    if argv:
+        argv[0] = argv[0].lstrip("-@+!:")
+    return argv

@@ -225,3 +225,14 @@ def test_flatcar_read_only_config_gets_the_writable_copy_hint(make_host: HostFac
     assert c.detail.startswith("no 'nvidia' runtime in /usr/share/containerd/config.toml")
     assert c.hint is not None
     assert c.hint.startswith("/usr/share/containerd/config.toml is on read-only /usr")
+
+
+def test_config_changed_after_containerd_started_means_restart_pending(
+    make_host: HostFactory,
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready")
+    (host.root / "etc/containerd/config.toml").touch()  # now: long after the fixture's boot
+    c = check(report_for(host), "containerd_running")
+    assert c.state == "warn"
+    assert c.detail == ("containerd running (pid 812), but /etc/containerd/config.toml changed "
+                        "after it started: a restart is pending")

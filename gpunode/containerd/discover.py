@@ -14,7 +14,8 @@ from typing import Any
 from gpunode.containerd import schema
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
-from gpunode.systemd_unit import read_unit
+from gpunode.systemd import Systemd
+from gpunode.systemd_unit import expand_words, read_unit
 from gpunode.tomlread import error_line
 
 CONTAINERD_UNIT = "containerd.service"
@@ -35,9 +36,24 @@ class ContainerdConfigError(GpunodeError):
 class ActiveConfig:
     path: str
     reason: str  # how the path was found, for `status` and logs
+    # The config argument as the unit writes it ("${CONTAINERD_CONFIG}" on Flatcar), and the
+    # unexpanded ExecStart: what a drop-in must override to point containerd elsewhere.
+    raw_flag: str | None = None
+    raw_exec: tuple[str, ...] = ()
 
 
-def active_config(host: Host) -> ActiveConfig:
+def active_config(host: Host, systemd: Systemd | None = None) -> ActiveConfig:
+    """The file containerd uses: from systemd's loaded unit on a live host, else unit files."""
+    if systemd is not None:
+        live = systemd.exec_start(CONTAINERD_UNIT)
+        if live is not None:
+            argv = expand_words(live.argv, live.environment)
+            flag = config_flag(argv)
+            reason = f"systemd runs '{' '.join(argv)}'"
+            if flag is None:
+                return ActiveConfig(CONTAINERD_DEFAULT_CONFIG, reason + "; containerd's default",
+                                    raw_exec=live.argv)
+            return ActiveConfig(flag, reason, config_flag(list(live.argv)), live.argv)
     unit = read_unit(host, CONTAINERD_UNIT)
     if unit.fragment is None:
         return ActiveConfig(CONTAINERD_DEFAULT_CONFIG,
@@ -45,9 +61,11 @@ def active_config(host: Host) -> ActiveConfig:
     flag = config_flag(list(unit.exec_start))
     if flag is None:
         return ActiveConfig(CONTAINERD_DEFAULT_CONFIG,
-                            f"{CONTAINERD_UNIT} ExecStart has no --config; containerd's default")
+                            f"{CONTAINERD_UNIT} ExecStart has no --config; containerd's default",
+                            raw_exec=unit.exec_start_raw)
     dropins = f" + {len(unit.dropins)} drop-in(s)" if unit.dropins else ""
-    return ActiveConfig(flag, f"{CONTAINERD_UNIT}{dropins} runs '{' '.join(unit.exec_start)}'")
+    return ActiveConfig(flag, f"{CONTAINERD_UNIT}{dropins} runs '{' '.join(unit.exec_start)}'",
+                        config_flag(list(unit.exec_start_raw)), unit.exec_start_raw)
 
 
 def config_flag(argv: list[str]) -> str | None:

@@ -1,0 +1,346 @@
+"""The containerd config edit: add or reconcile the nvidia runtime, surgically and provably.
+
+Every edit is computed twice. First as plain data: what the parsed document must be afterwards
+(`expected`). Then as text: a new runtime is appended as a block of TOML, changed values go
+through tomlkit so comments, order and quoting elsewhere stay byte-identical. The new text is
+accepted only if parsing it gives exactly `expected`; tomlkit has known quirks with dotted keys
+and indented tables, and this check turns any of them into a refusal instead of a wrong file.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpunode.containerd import schema
+from gpunode.errors import GpunodeError
+from gpunode.tomlread import error_line
+
+FALLBACK_RUNTIME: dict[str, Any] = {"runtime_type": "io.containerd.runc.v2"}
+BLOCK_COMMENT = "# Added by gpunode: {name} runtime, a copy of '{source}' running {binary}."
+
+
+class EditError(GpunodeError):
+    """The config cannot be edited; file and line when known, and why."""
+
+    def __init__(self, file: str, reason: str, line: int | None = None,
+                 hint: str = "") -> None:
+        self.file = file
+        self.reason = reason
+        self.line = line
+        self.hint = hint
+        super().__init__(f"{file}{'' if line is None else f':{line}'}: {reason}")
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    name: str = "nvidia"
+    binary: str = "/usr/bin/nvidia-container-runtime"
+    set_as_default: bool = False
+    enable_cdi: bool = False
+    cdi_spec_dirs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key gpunode set: its dotted path and the value before (None: it was absent)."""
+
+    path: tuple[str, ...]
+    before: Any
+    after: Any
+
+    def describe(self) -> str:
+        where = ".".join(_quote_key(k) for k in self.path)
+        if self.before is None:
+            return f"add {where} = {_show(self.after)}"
+        return f"set {where} = {_show(self.after)} (was {_show(self.before)})"
+
+
+@dataclass(frozen=True)
+class Edit:
+    text: str
+    version: int
+    added_runtime: str | None = None  # name of a runtime table gpunode created, if any
+    source_runtime: str | None = None
+    changes: tuple[Change, ...] = field(default=())
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.changes) or self.added_runtime is not None
+
+    def describe(self) -> list[str]:
+        lines = []
+        if self.added_runtime:
+            lines.append(f"add runtime '{self.added_runtime}' (a copy of '{self.source_runtime}')")
+        return lines + [c.describe() for c in self.changes]
+
+
+def parse(text: str, file: str) -> dict[str, Any]:
+    """The document, strictly parsed; refusals name the line and say what is wrong."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise EditError(file, f"not valid TOML: {exc}", error_line(exc),
+                        "fix the file by hand; gpunode does not edit what it cannot parse") from exc
+    try:
+        schema.config_version(doc)
+    except schema.SchemaError as exc:
+        raise EditError(file, str(exc)) from exc
+    return doc
+
+
+def configure(text: str, spec: RuntimeSpec, file: str) -> Edit:
+    """The edit that gives `text` the runtime `spec` describes; unchanged text when it has it."""
+    doc = parse(text, file)
+    version = schema.config_version(doc)
+    expected = copy.deepcopy(doc)
+    try:
+        runtimes = schema.runtimes(doc)
+    except schema.SchemaError as exc:
+        raise EditError(file, str(exc)) from exc
+    source_name, source = _source_runtime(doc, runtimes, spec.name)
+    rt_path = (*schema.runtimes_path(version), spec.name)
+    changes: list[Change] = []
+    added = None
+    if spec.name not in runtimes:
+        new_runtime = copy.deepcopy(dict(source))
+        # Flatcar's runc table names no runtime_type: containerd's built-in default for runc
+        # supplies it, and no default exists for a new name, so spell it out.
+        new_runtime.setdefault("runtime_type", _inherited_runtime_type(doc, version))
+        new_runtime.setdefault("options", {})["BinaryName"] = spec.binary
+        _set(expected, rt_path, new_runtime)
+        added = spec.name
+    else:
+        current = runtimes[spec.name]
+        options = current.get("options", {})
+        if not isinstance(options, Mapping):
+            raise EditError(file, f"'{'.'.join((*rt_path, 'options'))}' is not a table")
+        if options.get("BinaryName") != spec.binary:
+            changes.append(Change((*rt_path, "options", "BinaryName"), options.get("BinaryName"),
+                                  spec.binary))
+        for key, value in dict(source.get("options", {})).items():
+            if key not in options and key != "BinaryName":
+                changes.append(Change((*rt_path, "options", key), None, copy.deepcopy(value)))
+    cri = schema.cri_path(version)
+    if spec.set_as_default:
+        key = (*cri, "containerd", "default_runtime_name")
+        _want(doc, key, spec.name, changes)
+    if spec.enable_cdi:
+        _want(doc, (*cri, "enable_cdi"), True, changes)
+    if spec.cdi_spec_dirs:
+        _want(doc, (*cri, "cdi_spec_dirs"), list(spec.cdi_spec_dirs), changes)
+    for change in changes:
+        _set(expected, change.path, change.after)
+    edit = Edit(text=text, version=version, added_runtime=added, source_runtime=source_name,
+                changes=tuple(changes))
+    if not edit.changed:
+        return edit
+    new_text = _render(text, changes, added and (rt_path, _get(expected, rt_path)), spec,
+                       source_name, expected, file)
+    return Edit(text=new_text, version=version, added_runtime=added, source_runtime=source_name,
+                changes=tuple(changes))
+
+
+def revert(text: str, added_runtime: str | None, changes: tuple[Change, ...], file: str) -> Edit:
+    """Undo what `configure` recorded: drop the runtime it added, put back values it set.
+
+    A value someone changed since is left alone (it is no longer gpunode's)."""
+    doc = parse(text, file)
+    version = schema.config_version(doc)
+    expected = copy.deepcopy(doc)
+    undo: list[Change] = []
+    for change in changes:
+        current = _get(doc, change.path)
+        if current == change.after:
+            undo.append(Change(change.path, current, change.before))
+            _set(expected, change.path, change.before)
+    removed = None
+    if added_runtime is not None:
+        path = (*schema.runtimes_path(version), added_runtime)
+        if _get(doc, path) is not None:
+            _delete(expected, path)
+            removed = added_runtime
+    if not undo and removed is None:
+        return Edit(text=text, version=version)
+    new_text = _tomlkit_edit(text, undo, None, file) if undo else text
+    if removed is not None:
+        path = (*schema.runtimes_path(version), removed)
+        without = _remove_block(new_text, path, removed)
+        if without is None or not _parses_to(without, expected):
+            without = _strip_block_comment(_tomlkit_edit(new_text, [], path, file), removed)
+        new_text = without
+    _verify(new_text, expected, file)
+    return Edit(text=new_text, version=version, changes=tuple(undo), added_runtime=removed)
+
+
+# -- pure helpers --------------------------------------------------------------------------------
+
+
+def _source_runtime(doc: Mapping[str, Any], runtimes: Mapping[str, Mapping[str, Any]],
+                    name: str) -> tuple[str, Mapping[str, Any]]:
+    """The runtime to copy: the default one, else runc, else crun, else a plain runc v2 shim."""
+    version = schema.config_version(doc)
+    default = schema.lookup(doc, (*schema.cri_path(version), "containerd", "default_runtime_name"))
+    for candidate in (default, "runc", "crun"):
+        if isinstance(candidate, str) and candidate != name and candidate in runtimes:
+            return candidate, runtimes[candidate]
+    return "io.containerd.runc.v2 defaults", FALLBACK_RUNTIME
+
+
+def _inherited_runtime_type(doc: Mapping[str, Any], version: int) -> str:
+    legacy = schema.lookup(doc, (*schema.cri_path(version), "containerd", "runtime_type"))
+    return legacy if isinstance(legacy, str) and legacy else FALLBACK_RUNTIME["runtime_type"]
+
+
+def _want(doc: Mapping[str, Any], path: tuple[str, ...], value: Any, changes: list[Change]) -> None:
+    current = schema.lookup(doc, path)
+    if current != value:
+        changes.append(Change(path, current, value))
+
+
+def _get(doc: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(doc, Mapping) or key not in doc:
+            return None
+        doc = doc[key]
+    return doc
+
+
+def _set(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        doc = doc.setdefault(key, {})
+    if value is None:
+        doc.pop(path[-1], None)
+    else:
+        doc[path[-1]] = value
+
+
+def _delete(doc: dict[str, Any], path: tuple[str, ...]) -> None:
+    _set(doc, path, None)
+
+
+# -- text ----------------------------------------------------------------------------------------
+
+
+def _render(text: str, changes: list[Change], new_table: Any, spec: RuntimeSpec,
+            source_name: str, expected: dict[str, Any], file: str) -> str:
+    base = _tomlkit_edit(text, changes, None, file) if changes else text
+    if new_table:
+        path, table = new_table
+        block = _table_block(path, table, BLOCK_COMMENT.format(
+            name=spec.name, source=source_name, binary=spec.binary))
+        appended = base.rstrip("\n") + "\n\n" + block
+        if _parses_to(appended, expected):
+            return appended
+        # e.g. runtimes written as an inline table, which no [header] may extend
+        base = _tomlkit_edit(base, [Change(path, None, table)], None, file)
+    _verify(base, expected, file)
+    return base
+
+
+def _table_block(path: tuple[str, ...], table: Mapping[str, Any], comment: str) -> str:
+    """`table` as [header] sections: scalars first, then each sub-table under its own header."""
+    import tomlkit
+
+    lines = [comment] if comment else []
+    lines.append("[" + ".".join(_quote_key(k) for k in path) + "]")
+    subtables = []
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            subtables.append((key, value))
+        else:
+            lines.append(f"{_quote_key(key)} = {tomlkit.item(value).as_string()}")
+    text = "\n".join(lines) + "\n"
+    for key, value in subtables:
+        text += "\n" + _table_block((*path, key), value, "")
+    return text
+
+
+def _tomlkit_edit(text: str, changes: list[Change], delete: tuple[str, ...] | None,
+                  file: str) -> str:
+    import tomlkit  # only an actual change pays for it
+
+    try:
+        doc = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as exc:
+        # Valid TOML (tomllib read it) in a layout tomlkit cannot round-trip, e.g. dotted keys
+        # and a [header] extending the same table.
+        raise EditError(file, f"gpunode cannot edit this layout in place: {exc}",
+                        hint="write the changed keys under their own [table] headers") from exc
+    for change in changes:
+        node: Any = doc
+        for key in change.path[:-1]:
+            if key not in node:
+                node[key] = tomlkit.table()
+            node = node[key]
+        if change.after is None:
+            del node[change.path[-1]]
+        else:
+            node[change.path[-1]] = change.after
+    if delete:
+        node = doc
+        for key in delete[:-1]:
+            node = node[key]
+        del node[delete[-1]]
+    return tomlkit.dumps(doc)
+
+
+def _remove_block(text: str, path: tuple[str, ...], name: str) -> str | None:
+    """Cut the block gpunode appended for runtime `name`: its comment, its [headers] and their
+    keys. None when the block is not recognisable any more (then tomlkit does the removal)."""
+    lines = text.splitlines(keepends=True)
+    marker = BLOCK_COMMENT.split("{name}")[0] + name + " runtime"
+    start = next((i for i, line in enumerate(lines) if line.startswith(marker)), None)
+    if start is None:
+        return None
+    header = "[" + ".".join(_quote_key(k) for k in path)
+    end = start + 1
+    while end < len(lines):
+        line = lines[end].strip()
+        if line.startswith("[") and not line.startswith((header + "]", header + ".")):
+            break
+        end += 1
+    while start > 0 and not lines[start - 1].strip():
+        start -= 1  # the blank line that separated the block
+    return "".join(lines[:start] + lines[end:]).rstrip("\n") + "\n"
+
+
+def _strip_block_comment(text: str, removed: str | None) -> str:
+    """Drop the comment line gpunode wrote above a runtime it added, once the runtime is gone."""
+    if removed is None:
+        return text
+    prefix = BLOCK_COMMENT.split("{name}")[0] + removed + " runtime"
+    kept = [line for line in text.splitlines(keepends=True) if not line.startswith(prefix)]
+    return "".join(kept).rstrip("\n") + "\n"
+
+
+def _parses_to(text: str, expected: dict[str, Any]) -> bool:
+    try:
+        return tomllib.loads(text) == expected
+    except tomllib.TOMLDecodeError:
+        return False
+
+
+def _verify(text: str, expected: dict[str, Any], file: str) -> None:
+    if not _parses_to(text, expected):
+        raise EditError(file, "gpunode could not express this change without altering other "
+                        "settings, so it changed nothing",
+                        hint="add the runtime by hand, or report the file's layout as a bug")
+
+
+_BARE_KEY = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def _quote_key(key: str) -> str:
+    return key if key and set(key) <= _BARE_KEY else '"' + key.replace('"', '\\"') + '"'
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)

@@ -1,0 +1,159 @@
+"""The containerd config edit, on golden vectors: exact output, idempotent, reversible, and
+nothing outside the touched tables changes."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpunode.containerd import schema
+from gpunode.containerd.edit import Change, EditError, RuntimeSpec, configure, revert
+
+VECTORS = Path(__file__).parent / "data" / "containerd" / "vectors"
+NAMES = sorted(p.name for p in VECTORS.iterdir())
+
+
+def spec_for(name: str) -> RuntimeSpec:
+    path = VECTORS / name / "spec.json"
+    options: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    if "cdi_spec_dirs" in options:
+        options["cdi_spec_dirs"] = tuple(options["cdi_spec_dirs"])
+    return RuntimeSpec(**options)
+
+
+def text(name: str, which: str) -> str:
+    return (VECTORS / name / f"{which}.toml").read_text()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_output_equals_the_golden_file(name: str) -> None:
+    assert configure(text(name, "input"), spec_for(name), name).text == text(name, "expected")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_second_run_changes_nothing(name: str) -> None:
+    result = configure(text(name, "expected"), spec_for(name), name)
+    assert not result.changed
+    assert result.text == text(name, "expected")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_line_of_the_input_is_removed_except_a_reconciled_value(name: str) -> None:
+    """Comments, blank lines, order and quoting outside the touched tables stay as they were."""
+    diff = difflib.ndiff(text(name, "input").splitlines(), text(name, "expected").splitlines())
+    removed = [line[2:] for line in diff if line.startswith("- ")]
+    assert all("BinaryName" in line for line in removed), removed
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_added_runtime_equals_its_source_except_binary_name(name: str) -> None:
+    before = tomllib.loads(text(name, "input"))
+    after = tomllib.loads(text(name, "expected"))
+    spec = spec_for(name)
+    runtimes = schema.runtimes(after)
+    nvidia = runtimes[spec.name]
+    assert nvidia["options"]["BinaryName"] == spec.binary
+    if spec.name not in schema.runtimes(before):
+        runc = dict(schema.runtimes(before)["runc"])
+        runc.setdefault("runtime_type", "io.containerd.runc.v2")
+        options = {k: v for k, v in nvidia["options"].items() if k != "BinaryName"}
+        runc_options = {k: v for k, v in runc.get("options", {}).items() if k != "BinaryName"}
+        assert {**nvidia, "options": options} == {**runc, "options": runc_options}
+    # everything but the runtime (and the CRI keys the spec asked for) is unchanged
+    version = schema.config_version(before)
+    for doc in (before, after):
+        schema.lookup(doc, schema.runtimes_path(version)[:-1])["runtimes"].pop(spec.name, None)
+        cri = schema.lookup(doc, schema.cri_path(version))
+        for key in ("enable_cdi", "cdi_spec_dirs"):
+            cri.pop(key, None)
+        cri.get("containerd", {}).pop("default_runtime_name", None)
+    assert after == before
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_revert_restores_the_parsed_input(name: str) -> None:
+    result = configure(text(name, "input"), spec_for(name), name)
+    undone = revert(result.text, result.added_runtime, result.changes, name)
+    assert tomllib.loads(undone.text) == tomllib.loads(text(name, "input"))
+
+
+def test_cluster_azure_runtime_is_reconciled_not_duplicated() -> None:
+    result = configure(text("cluster-azure", "input"), RuntimeSpec(), "f")
+    assert result.added_runtime is None
+    assert result.describe() == [
+        'set plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options.BinaryName'
+        ' = "/usr/bin/nvidia-container-runtime" (was "/opt/nvidia/toolkit/nvidia-container-'
+        'runtime")',
+        'add plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options.SystemdCgroup'
+        ' = true']
+    nvidia = schema.runtimes(tomllib.loads(result.text))["nvidia"]
+    assert nvidia["privileged_without_host_devices"] is False  # untouched
+
+
+def test_default_runtime_is_the_source_when_it_is_not_runc() -> None:
+    config = ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+              'default_runtime_name = "crun"\n'
+              '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun]\n'
+              'runtime_type = "io.containerd.runc.v2"\n'
+              '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.crun.options]\n'
+              'BinaryName = "/usr/bin/crun"\n'
+              '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+              'runtime_type = "io.containerd.runc.v2"\n')
+    result = configure(config, RuntimeSpec(), "f")
+    assert result.source_runtime == "crun"
+
+
+def test_no_runtimes_at_all_gets_a_plain_runc_v2_runtime() -> None:
+    result = configure("version = 2\n", RuntimeSpec(), "f")
+    assert schema.runtimes(tomllib.loads(result.text))["nvidia"] == {
+        "runtime_type": "io.containerd.runc.v2",
+        "options": {"BinaryName": "/usr/bin/nvidia-container-runtime"}}
+
+
+def test_revert_leaves_a_value_someone_changed_since() -> None:
+    result = configure(text("cluster-azure", "input"), RuntimeSpec(), "f")
+    edited = result.text.replace('BinaryName = "/usr/bin/nvidia-container-runtime"',
+                                 'BinaryName = "/srv/other-runtime"')
+    undone = revert(edited, result.added_runtime, result.changes, "f")
+    nvidia = schema.runtimes(tomllib.loads(undone.text))["nvidia"]
+    assert nvidia["options"] == {"BinaryName": "/srv/other-runtime"}
+
+
+BAD = {
+    "garbage-bytes": ("\x00\x01\x02 not toml", "not valid TOML"),
+    "empty-key": ("= 1\n", "not valid TOML"),
+    "duplicate-key": ('version = 2\nversion = 2\n', ":2: not valid TOML"),
+    "table-where-value-expected": (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\nruntimes = 5\n',
+        "'plugins.io.containerd.grpc.v1.cri.containerd.runtimes' is not a table"),
+    "version-4": ("version = 4\n",
+                  "'version' is 4; gpunode understands 1 (or no version), 2 and 3"),
+    "version-string": ('version = "2"\n', "'version' is '2'"),
+    "runtime-options-not-a-table": (
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        'options = "x"\n', "runtimes.nvidia.options' is not a table"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_input_is_refused_with_file_and_reason(name: str) -> None:
+    source, message = BAD[name]
+    with pytest.raises(EditError) as info:
+        configure(source, RuntimeSpec(), "/etc/containerd/config.toml")
+    assert str(info.value).startswith("/etc/containerd/config.toml")
+    assert message in str(info.value)
+
+
+def test_empty_file_gets_a_runtime_under_version_1_paths() -> None:
+    result = configure("", RuntimeSpec(), "f")
+    assert "[plugins.cri.containerd.runtimes.nvidia]" in result.text
+
+
+def test_change_descriptions_quote_dotted_plugin_names() -> None:
+    change = Change(("plugins", "io.containerd.grpc.v1.cri", "enable_cdi"), None, True)
+    assert change.describe() == 'add plugins."io.containerd.grpc.v1.cri".enable_cdi = true'

@@ -1,0 +1,209 @@
+"""Real containerd 1.6 / 1.7 / 2.x read configs: what `config dump` makes of files we write.
+
+These pin down, against the real binaries, the facts gpunode's containerd handling relies on:
+which CRI table names each version's config uses, and how an `imports` drop-in that adds the
+nvidia runtime combines with the main file (containerd#5837). The binaries come from the Debian
+archive (tests/real/containerd_bins.py); CI fetches them beforehand with
+tests/real/fetch_containerd.py. A failed fetch fails these tests: they must not quietly skip.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from real.containerd_bins import (
+    VERSIONS,
+    default_config,
+    dump_config,
+    ensure_binary,
+)
+
+pytestmark = pytest.mark.integration
+
+DEFAULTS = Path(__file__).parent / "data" / "containerd" / "defaults"
+
+CRI_V2 = "io.containerd.grpc.v1.cri"  # config version 2 (containerd 1.x; 2.x migrates it)
+CRI_V3_RUNTIME = "io.containerd.cri.v1.runtime"  # config version 3 (containerd 2.x)
+CRI_V3_IMAGES = "io.containerd.cri.v1.images"
+NVIDIA_BINARY = "/usr/bin/nvidia-container-runtime"
+
+
+@dataclass(frozen=True)
+class Containerd:
+    version: str  # "1.6", "1.7" or "2"
+    path: Path
+    version_line: str
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".")[0])
+
+
+@pytest.fixture(scope="module", params=VERSIONS, ids=[f"containerd-{v}" for v in VERSIONS])
+def containerd(request: pytest.FixtureRequest) -> Containerd:
+    try:
+        binary = ensure_binary(request.param)
+    except Exception as err:  # network down, mirror gone, no apt: a failure, never a skip
+        pytest.fail(
+            f"could not get a real containerd {request.param} "
+            f"(run tests/real/fetch_containerd.py to see why):\n{err}",
+            pytrace=False,
+        )
+    return Containerd(request.param, binary.path, binary.version_line)
+
+
+def dump(containerd: Containerd, tmp_path: Path, main: str, **imports: str) -> dict[str, Any]:
+    """Write main.toml (+ NAME.toml per import) under tmp_path, and parse its `config dump`."""
+    for name, text in imports.items():
+        (tmp_path / f"{name}.toml").write_text(text)
+    config = tmp_path / "main.toml"
+    config.write_text(main)
+    return tomllib.loads(dump_config(containerd.path, config))
+
+
+def runtimes(dumped: dict[str, Any]) -> dict[str, Any]:
+    """The CRI runtimes table of a dump, wherever that version keeps it."""
+    cri = dumped["plugins"][CRI_V3_RUNTIME if dumped["version"] == 3 else CRI_V2]
+    return cri["containerd"]["runtimes"]
+
+
+def test_own_default_config_round_trips(containerd: Containerd, tmp_path: Path) -> None:
+    text = default_config(containerd.path)
+    # Point root/state into tmp_path (dump creates nothing, but a config test should not name
+    # the machine's real containerd directories).
+    text = text.replace("/var/lib/containerd", str(tmp_path / "root"))
+    text = text.replace("/run/containerd", str(tmp_path / "state"))
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+
+    dumped = dump_config(containerd.path, config)
+
+    if containerd.major == 1:
+        assert "version = 2" in dumped.splitlines()
+        assert f'[plugins."{CRI_V2}".containerd.runtimes.runc]' in dumped
+    else:
+        assert "version = 3" in dumped.splitlines()
+        assert f"[plugins.'{CRI_V3_RUNTIME}'.containerd.runtimes.runc]" in dumped
+        assert f"[plugins.'{CRI_V3_RUNTIME}']" in dumped
+    assert runtimes(tomllib.loads(dumped))["runc"]["runtime_type"] == "io.containerd.runc.v2"
+    assert str(tmp_path / "root") in dumped
+
+
+def test_golden_default_is_this_binarys_output(containerd: Containerd) -> None:
+    """The committed defaults are real `config default` output of the recorded versions."""
+    recorded = dict(
+        line.split("\t", 1) for line in (DEFAULTS / "VERSIONS").read_text().splitlines()
+    )
+    golden = (DEFAULTS / f"containerd-{containerd.version}.toml").read_text()
+    if recorded[containerd.version] != containerd.version_line:
+        # Another build (Debian moved on): its defaults may legitimately differ; only check
+        # that the golden file is still a config of the same config version.
+        assert tomllib.loads(golden)["version"] == (2 if containerd.major == 1 else 3)
+        return
+    assert default_config(containerd.path) == golden
+
+
+MAIN_V2 = f"""\
+version = 2
+imports = ["{{tmp}}/nvidia.toml"]
+
+[plugins."{CRI_V2}"]
+  sandbox_image = "example.org/pause:9"
+  [plugins."{CRI_V2}".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."{CRI_V2}".containerd.runtimes.runc.options]
+      SystemdCgroup = true
+"""
+
+NVIDIA_V2 = f"""\
+version = 2
+
+[plugins."{CRI_V2}".containerd.runtimes.nvidia]
+  runtime_type = "io.containerd.runc.v2"
+  [plugins."{CRI_V2}".containerd.runtimes.nvidia.options]
+    BinaryName = "{NVIDIA_BINARY}"
+"""
+
+
+def test_imported_cri_table_replaces_on_1x_merges_on_2x(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    """containerd#5837: a drop-in adding only the nvidia runtime, pulled in through `imports`.
+
+    1.6/1.7 merge imports per plugin: the imported `io.containerd.grpc.v1.cri` table replaces
+    the main file's whole CRI table, so the main file's sandbox image and runc SystemdCgroup are
+    gone, and so is the runc runtime itself (a set runtimes map replaces the built-in one), while
+    default_runtime_name still says "runc". 2.x merges the tables: everything survives.
+    """
+    dumped = dump(containerd, tmp_path, MAIN_V2.replace("{tmp}", str(tmp_path)), nvidia=NVIDIA_V2)
+    table = runtimes(dumped)
+    assert table["nvidia"]["options"]["BinaryName"] == NVIDIA_BINARY
+
+    if containerd.major == 1:
+        cri = dumped["plugins"][CRI_V2]
+        assert cri["sandbox_image"] != "example.org/pause:9"
+        assert "runc" not in table
+        assert cri["containerd"]["default_runtime_name"] == "runc"
+    else:
+        assert dumped["version"] == 3  # the v2 files were migrated
+        assert table["runc"]["options"]["SystemdCgroup"] is True
+        images = dumped["plugins"][CRI_V3_IMAGES]
+        assert images["pinned_images"]["sandbox"] == "example.org/pause:9"
+
+
+def test_runtimes_in_the_main_file_replace_the_builtin_runc_on_1x(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    """Even without imports, 1.x drops the built-in runc once a file sets any runtime."""
+    table = runtimes(dump(containerd, tmp_path, NVIDIA_V2))
+    assert "nvidia" in table
+    assert ("runc" in table) == (containerd.major >= 2)
+
+
+@pytest.mark.parametrize("containerd", ["2"], indirect=True)
+def test_2x_mixing_config_versions_loses_settings(containerd: Containerd, tmp_path: Path) -> None:
+    """On 2.x every file must carry the same `version`; mixing loses settings silently.
+
+    A version 2 drop-in imported by a version 3 main file that also sets runtimes loses the
+    drop-in's runtime (no warning at all); version-2 keys in a main file whose import is
+    version 3 are not migrated and are dropped with only a warning on stderr.
+    """
+    main_v3 = f"""\
+version = 3
+imports = ["{tmp_path}/nvidia.toml"]
+[plugins.'{CRI_V3_RUNTIME}'.containerd.runtimes.runc.options]
+  SystemdCgroup = true
+"""
+    table = runtimes(dump(containerd, tmp_path, main_v3, nvidia=NVIDIA_V2))
+    assert "nvidia" not in table
+    assert table["runc"]["options"]["SystemdCgroup"] is True
+
+    same_version = NVIDIA_V2.replace("version = 2", "version = 3").replace(
+        f'"{CRI_V2}"', f"'{CRI_V3_RUNTIME}'"
+    )
+    table = runtimes(dump(containerd, tmp_path, main_v3, nvidia=same_version))
+    assert table["nvidia"]["options"]["BinaryName"] == NVIDIA_BINARY
+    assert table["runc"]["options"]["SystemdCgroup"] is True
+
+
+def test_config_without_version_key(containerd: Containerd, tmp_path: Path) -> None:
+    """A file with no `version` is a version 1 config: 1.x reads it (short plugin names, with a
+    deprecation warning); 2.x renames the plugins but ignores the CRI settings in it (warnings
+    only, exit 0), so the nvidia runtime of such a file never reaches 2.x."""
+    v1 = """\
+[plugins.cri]
+  sandbox_image = "example.org/pause:9"
+  [plugins.cri.containerd.runtimes.nvidia]
+    runtime_type = "io.containerd.runc.v2"
+"""
+    dumped = dump(containerd, tmp_path, v1)
+    if containerd.major == 1:
+        assert dumped["plugins"][CRI_V2]["sandbox_image"] == "example.org/pause:9"
+        assert "nvidia" in runtimes(dumped)
+    else:
+        assert "nvidia" not in runtimes(dumped)
+        assert dumped["plugins"][CRI_V3_IMAGES]["pinned_images"]["sandbox"] != "example.org/pause:9"
