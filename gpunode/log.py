@@ -75,12 +75,13 @@ class Logger:
         self._log("error", event, fields)
 
 
-def _json_emitter(stream: TextIO) -> Callable[[str, EventDict], None]:
+def _json_emitter(stream: TextIO | None) -> Callable[[str, EventDict], None]:
     def emit(method: str, event: EventDict) -> None:
         for processor in PROCESSORS:
             event = processor(None, method, event)
-        stream.write(json.dumps(dict(event), default=str, separators=(",", ":")) + "\n")
-        stream.flush()
+        out = stream or sys.stderr  # looked up per event: sys.stderr may be replaced (tests)
+        out.write(json.dumps(dict(event), default=str, separators=(",", ":")) + "\n")
+        out.flush()
 
     return emit
 
@@ -102,16 +103,18 @@ def _console_emitter(stream: TextIO, colors: bool) -> Callable[[str, EventDict],
     return emit
 
 
-_logger = Logger(_json_emitter(sys.stderr), LEVELS["info"])
+_logger = Logger(_json_emitter(None), LEVELS["info"])
 
 
 def configure(log_format: str | None, level: str = "info", stream: TextIO | None = None) -> None:
     """`log_format` None picks console on a TTY, JSON otherwise (so journald gets JSON lines)."""
     global _logger
-    stream = stream or sys.stderr
-    tty = stream.isatty()
+    tty = (stream or sys.stderr).isatty()
     chosen = log_format or ("console" if tty else "json")
-    emit = _console_emitter(stream, colors=tty) if chosen == "console" else _json_emitter(stream)
+    if chosen == "console":
+        emit = _console_emitter(stream or sys.stderr, colors=tty)
+    else:
+        emit = _json_emitter(stream)
     _logger = Logger(emit, LEVELS[level])
 
 

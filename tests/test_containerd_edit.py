@@ -60,7 +60,6 @@ def test_added_runtime_equals_its_source_except_binary_name(name: str) -> None:
     assert nvidia["options"]["BinaryName"] == spec.binary
     if spec.name not in schema.runtimes(before):
         runc = dict(schema.runtimes(before)["runc"])
-        runc.setdefault("runtime_type", "io.containerd.runc.v2")
         options = {k: v for k, v in nvidia["options"].items() if k != "BinaryName"}
         runc_options = {k: v for k, v in runc.get("options", {}).items() if k != "BinaryName"}
         assert {**nvidia, "options": options} == {**runc, "options": runc_options}

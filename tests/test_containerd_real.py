@@ -48,12 +48,10 @@ def containerd(request: pytest.FixtureRequest) -> Containerd:
     try:
         binary = ensure_binary(request.param)
     except Exception as err:  # network down, mirror gone, no apt: a failure, never a skip
-        pytest.fail(
-            f"could not get a real containerd {request.param} "
-            f"(run tests/real/fetch_containerd.py to see why):\n{err}",
-            pytrace=False,
-        )
-    return Containerd(request.param, binary.path, binary.version_line)
+        problem = f"could not get a real containerd {request.param}:\n{err}"
+    else:
+        return Containerd(request.param, binary.path, binary.version_line)
+    pytest.fail(problem, pytrace=False)  # outside `except`: the message once, no traceback
 
 
 def dump(containerd: Containerd, tmp_path: Path, main: str, **imports: str) -> dict[str, Any]:
@@ -164,7 +162,7 @@ def test_runtimes_in_the_main_file_replace_the_builtin_runc_on_1x(
     assert ("runc" in table) == (containerd.major >= 2)
 
 
-@pytest.mark.parametrize("containerd", ["2"], indirect=True)
+@pytest.mark.parametrize("containerd", ["2"], indirect=True, ids=["containerd-2"])
 def test_2x_mixing_config_versions_loses_settings(containerd: Containerd, tmp_path: Path) -> None:
     """On 2.x every file must carry the same `version`; mixing loses settings silently.
 

@@ -92,8 +92,13 @@ def parse(text: str, file: str) -> dict[str, Any]:
     return doc
 
 
-def configure(text: str, spec: RuntimeSpec, file: str) -> Edit:
-    """The edit that gives `text` the runtime `spec` describes; unchanged text when it has it."""
+def configure(text: str, spec: RuntimeSpec, file: str,
+              effective: Mapping[str, Any] | None = None) -> Edit:
+    """The edit that gives `text` the runtime `spec` describes; unchanged text when it has it.
+
+    `effective` is containerd's own `config dump` of the file, when it could be had: containerd
+    fills built-in defaults into `runc` (2.x merges them under the file's values), and a new
+    runtime name gets none, so the copy takes the source's non-zero effective values too."""
     doc = parse(text, file)
     version = schema.config_version(doc)
     expected = copy.deepcopy(doc)
@@ -107,9 +112,8 @@ def configure(text: str, spec: RuntimeSpec, file: str) -> Edit:
     added = None
     if spec.name not in runtimes:
         new_runtime = copy.deepcopy(dict(source))
-        # Flatcar's runc table names no runtime_type: containerd's built-in default for runc
-        # supplies it, and no default exists for a new name, so spell it out.
-        new_runtime.setdefault("runtime_type", _inherited_runtime_type(doc, version))
+        if effective is not None:
+            _fill_from_effective(new_runtime, effective, source_name, version)
         new_runtime.setdefault("options", {})["BinaryName"] = spec.binary
         _set(expected, rt_path, new_runtime)
         added = spec.name
@@ -190,9 +194,35 @@ def _source_runtime(doc: Mapping[str, Any], runtimes: Mapping[str, Mapping[str, 
     return "io.containerd.runc.v2 defaults", FALLBACK_RUNTIME
 
 
-def _inherited_runtime_type(doc: Mapping[str, Any], version: int) -> str:
-    legacy = schema.lookup(doc, (*schema.cri_path(version), "containerd", "runtime_type"))
-    return legacy if isinstance(legacy, str) and legacy else FALLBACK_RUNTIME["runtime_type"]
+# Runtime keys whose name differs between config versions (containerd's v2 → v3 migration).
+_V3_TO_V2_KEYS = {"sandboxer": "sandbox_mode"}
+
+
+def _fill_from_effective(runtime: dict[str, Any], effective: Mapping[str, Any], source: str,
+                         version: int) -> None:
+    """Add the source runtime's effective non-zero values that the file leaves to defaults."""
+    try:
+        dumped = schema.runtimes(effective).get(source)
+        dumped_version = schema.config_version(effective)
+    except schema.SchemaError:
+        return
+    if dumped is None:
+        return
+    for key, value in dumped.items():
+        if dumped_version == 3 and version < 3:
+            key = _V3_TO_V2_KEYS.get(key, key)
+        if key == "options" and isinstance(value, Mapping):
+            # A free-form map for the shim: containerd shows (and passes) exactly its entries,
+            # zero values included, so the copy takes them all.
+            options = runtime.setdefault("options", {})
+            for name, option in value.items():
+                if name not in options and name != "BinaryName":
+                    options[name] = copy.deepcopy(option)
+        elif key not in runtime and value not in _ZERO:  # struct fields: zero is the default
+            runtime[key] = copy.deepcopy(value)
+
+
+_ZERO: tuple[Any, ...] = ("", 0, False, [], {})
 
 
 def _want(doc: Mapping[str, Any], path: tuple[str, ...], value: Any, changes: list[Change]) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 import socket
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpunode import log
+from gpunode import command, log
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import edit
 from gpunode.containerd.discover import CONTAINERD_UNIT, ActiveConfig, active_config
@@ -108,10 +109,28 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     target, copied_from, dropin = _target(host, active)
     source_text = _read_config(host, copied_from or target)
     before = None if copied_from else source_text
-    result = edit.configure(source_text, spec, host.display(copied_from or target))
+    shown = host.display(copied_from or target)
+    result = edit.configure(source_text, spec, shown)
+    if result.added_runtime and host.is_live:
+        effective = _effective_config(active, copied_from or target)
+        if effective is not None:
+            result = edit.configure(source_text, spec, shown, effective)
     return Plan(active=active, target=target, before=before, edit=result,
                 copied_from=copied_from, dropin_text=dropin, runtime_name=spec.name,
                 source_text=source_text)
+
+
+def _effective_config(active: ActiveConfig, path: str) -> dict[str, Any] | None:
+    """containerd's own reading of the file (`config dump`), which shows the defaults it fills
+    into runc; None, with the reason logged, where it cannot be had."""
+    binary = active.raw_exec[0].lstrip("-@+!:") if active.raw_exec else "/usr/bin/containerd"
+    try:
+        return edit.parse(command.run([binary, "--config", path, "config", "dump"], 20),
+                          f"{binary} config dump")
+    except GpunodeError as exc:
+        log.get().warning("containerd.dump_unavailable", exc=exc,
+                          effect="the runtime is copied from the file alone")
+        return None
 
 
 def _target(host: Host, active: ActiveConfig) -> tuple[str, str | None, str | None]:
@@ -265,13 +284,22 @@ def _socket_path(config_text: str) -> str:
 def _wait_for_socket(host: Host, path: str, timeout: float) -> None:
     deadline = time.monotonic() + max(timeout, 1.0)
     last = "not tried"
+    directory, _, name = str(host.path(path)).rpartition("/")
     while time.monotonic() < deadline:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-            try:
-                client.connect(str(host.path(path)))
-                return
-            except OSError as exc:
-                last = exc.strerror or str(exc)
+        try:
+            # Through /proc/self/fd: a socket path under a long root exceeds sun_path's 108 bytes.
+            fd = os.open(directory or "/", os.O_PATH)
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+        else:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                try:
+                    client.connect(f"/proc/self/fd/{fd}/{name}")
+                    return
+                except OSError as exc:
+                    last = exc.strerror or str(exc)
+                finally:
+                    os.close(fd)
         time.sleep(0.05)
     raise SystemdError(CONTAINERD_UNIT, "reach", f"{path} does not answer: {last}")
 

@@ -1,0 +1,124 @@
+"""`plan`, `boot` and `containerd configure|revert` as a user runs them on a node's root."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import HostFactory
+from gpunode.cli import main
+from gpunode.host import Host
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, list[dict]]:
+    code = main(["--log-format", "json", *argv])
+    out, err = capsys.readouterr()
+    return code, out, [json.loads(line) for line in err.splitlines()]
+
+
+@pytest.fixture
+def node(make_host: HostFactory) -> Host:
+    host = make_host("nc4as-t4-v3", "driver")
+    binary = host.root / "usr/bin/nvidia-container-runtime"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    return host
+
+
+def test_plan_lists_the_changes_and_touches_nothing(
+    node: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = sorted(node.root.rglob("*"))
+    code, out, _ = run(capsys, "--root", str(node.root), "plan", "--json")
+    doc = json.loads(out)
+    assert code == 0
+    assert doc["changes"] is True
+    assert [a["step"] for a in doc["actions"]] == ["containerd"] * 3
+    assert doc["actions"][0]["description"].startswith("copy /usr/share/containerd/config.toml")
+    assert sorted(node.root.rglob("*")) == before
+
+
+def test_boot_configures_records_and_a_second_boot_changes_nothing(
+    node: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, events = run(capsys, "--root", str(node.root), "boot")
+    assert code == 0
+    record = json.loads((node.root / "run/gpunode/state.json").read_text())
+    assert record["outcome"] == "ok"
+    assert [s["name"] for s in record["steps"]] == ["detect", "containerd"]
+    assert record["steps"][1]["changed"] is True
+    assert {e["event"] for e in events} >= {"step.done", "boot.done"}
+
+    code, out, _ = run(capsys, "--root", str(node.root), "plan")
+    assert (code, out.strip()) == (0, "nothing to change: the node is already configured")
+    code, _, _ = run(capsys, "--root", str(node.root), "boot")
+    record = json.loads((node.root / "run/gpunode/state.json").read_text())
+    assert record["steps"][1]["changed"] is False
+
+
+def test_boot_on_a_cpu_node_is_a_no_op(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("azure-d4s-v5", "bare")
+    code, _, _ = run(capsys, "--root", str(host.root), "boot")
+    record = json.loads((host.root / "run/gpunode/state.json").read_text())
+    assert (code, record["outcome"], [s["name"] for s in record["steps"]]) == (0, "no-gpu",
+                                                                               ["detect"])
+    assert not (host.root / "etc/containerd").exists()
+
+
+def test_failed_containerd_step_fails_boot_and_status_says_why(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc4as-t4-v3", "driver")  # no nvidia-container-runtime installed
+    code, _, events = run(capsys, "--root", str(host.root), "boot")
+    assert code == 1
+    failed = [e for e in events if e["event"] == "step.failed"]
+    assert [e["step"] for e in failed] == ["containerd"]
+    code, out, _ = run(capsys, "--root", str(host.root), "status", "--json")
+    last_boot = next(c for c in json.loads(out)["checks"] if c["name"] == "last_boot")
+    assert last_boot["state"] == "warn"
+    assert "containerd: runtime binary" in last_boot["detail"]
+    assert last_boot["hint"].startswith("install the NVIDIA container toolkit")
+
+
+def test_configure_dry_run_prints_a_diff_and_writes_nothing(
+    node: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "--root", str(node.root), "containerd", "configure", "--dry-run")
+    assert code == 0
+    assert out.startswith("--- /usr/share/containerd/config.toml")
+    assert not (node.root / "etc/containerd/config.toml").exists()
+
+
+def test_configure_explicit_file_with_flags_then_revert(
+    node: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = node.root / "srv/containerd.toml"
+    target.parent.mkdir()
+    target.write_text('version = 2\n')
+    code, out, _ = run(capsys, "--root", str(node.root), "containerd", "configure", "--config",
+                       "/srv/containerd.toml", "--runtime-name", "nvidia-gpu",
+                       "--set-as-default", "--enable-cdi")
+    assert code == 0
+    assert "add runtime 'nvidia-gpu'" in out
+    text = target.read_text()
+    assert 'default_runtime_name = "nvidia-gpu"' in text
+    assert "enable_cdi = true" in text
+    code, out, _ = run(capsys, "--root", str(node.root), "containerd", "revert")
+    assert code == 0
+    assert target.read_text() == "version = 2\n"
+
+
+def test_configure_refusal_exits_1_with_the_reason(
+    node: Host, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (node.root / "etc/containerd").mkdir(parents=True)
+    (node.root / "etc/containerd/config.toml").write_text("version = 9\n")
+    code, _, events = run(capsys, "--root", str(node.root), "containerd", "configure",
+                          "--config", "/etc/containerd/config.toml")
+    assert code == 1
+    (failed,) = [e for e in events if e["event"] == "step.failed"]
+    assert failed["error"] == (f"{node.root}/etc/containerd/config.toml: 'version' is 9; gpunode "
+                               "understands 1 (or no version), 2 and 3")

@@ -1,0 +1,274 @@
+"""The containerd step on fixture hosts: where it writes, what it keeps, when it restarts,
+how it rolls back, and what revert undoes. The systemd boundary here is a recording fake;
+tests/test_containerd_systemd.py runs the same step against a real systemd."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import pytest
+
+from conftest import HostFactory
+from gpunode import fixtures
+from gpunode.config import ContainerdConfig
+from gpunode.containerd import step
+from gpunode.containerd.edit import EditError
+from gpunode.host import Host
+from gpunode.systemd import NoSystemd, SystemdError, UnitExec
+
+CONFIG = ContainerdConfig()
+
+
+@dataclass
+class FakeSystemd:
+    """Records calls; containerd is 'active'; restart fails while `broken` says so."""
+
+    state: str = "active"
+    broken: set[str] = field(default_factory=set)  # config texts containerd refuses
+    host: Host | None = None
+    calls: list[str] = field(default_factory=list)
+
+    def active_state(self, unit: str) -> str:
+        return self.state
+
+    def exec_start(self, unit: str) -> UnitExec | None:
+        return None
+
+    def daemon_reload(self) -> None:
+        self.calls.append("daemon-reload")
+
+    def restart(self, unit: str, timeout: float) -> None:
+        self.calls.append(f"restart {unit}")
+        assert self.host is not None
+        text = self.host.read_optional("/etc/containerd/config.toml") or ""
+        if any(marker in text for marker in self.broken):
+            raise SystemdError(unit, "restart", "it is failed after the restart")
+
+
+def with_runtime_binary(host: Host) -> Host:
+    path = host.root / "usr/bin/nvidia-container-runtime"
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return host
+
+
+@pytest.fixture
+def flatcar(make_host: HostFactory) -> Host:
+    """A Flatcar node whose driver is up and whose containerd config is the read-only default."""
+    return with_runtime_binary(make_host("nc4as-t4-v3", "driver"))
+
+
+def listen(host: Host) -> None:
+    """Make containerd's socket answer, as a running containerd would."""
+    import socket
+
+    directory = host.root / "run/containerd"
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_PATH)  # a short name for a long tmp path (sun_path limit)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(f"/proc/self/fd/{fd}/containerd.sock")
+    server.listen()
+    os.close(fd)
+    SERVERS.append(server)
+
+
+SERVERS: list[object] = []
+
+
+def test_read_only_config_gets_a_writable_copy_and_a_dropin(flatcar: Host) -> None:
+    the_plan = step.plan(flatcar, CONFIG, NoSystemd())
+    outcome = step.apply(flatcar, the_plan, NoSystemd(), 5)
+    assert (outcome.changed, outcome.restarted) == (True, False)
+    copy = (flatcar.root / "etc/containerd/config.toml").read_text()
+    assert copy.startswith(fixtures.FLATCAR_CONTAINERD_CONFIG)
+    assert "[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.nvidia]" in copy
+    dropin = (flatcar.root / "etc/systemd/system/containerd.service.d/10-gpunode.conf")
+    assert dropin.read_text().endswith(
+        "[Service]\nEnvironment=CONTAINERD_CONFIG=/etc/containerd/config.toml\n")
+    assert (flatcar.root / "usr/share/containerd/config.toml").read_text() == \
+        fixtures.FLATCAR_CONTAINERD_CONFIG
+
+
+def test_second_run_writes_nothing_and_restarts_nothing(flatcar: Host) -> None:
+    step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
+    files = {p: p.stat().st_mtime_ns for p in flatcar.root.rglob("*") if p.is_file()}
+    fake = FakeSystemd(host=flatcar)
+    the_plan = step.plan(flatcar, CONFIG, NoSystemd())
+    outcome = step.apply(flatcar, the_plan, fake, 5)
+    assert not the_plan.changed
+    assert (outcome.changed, outcome.restarted, fake.calls) == (False, False, [])
+    assert {p: p.stat().st_mtime_ns for p in flatcar.root.rglob("*") if p.is_file()} == files
+
+
+def test_config_in_etc_is_edited_in_place_with_a_backup_kept_once(
+    make_host: HostFactory,
+) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    original = fixtures.FLATCAR_CONTAINERD_CONFIG
+    target.write_text(original)
+    os.chmod(target, 0o640)
+    step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
+    assert (host.root / "etc/containerd/config.toml.gpunode-orig").read_text() == original
+    assert target.stat().st_mode & 0o777 == 0o640
+    again = ContainerdConfig(enable_cdi=True)
+    step.apply(host, step.plan(host, again, NoSystemd()), NoSystemd(), 5)
+    assert (host.root / "etc/containerd/config.toml.gpunode-orig").read_text() == original
+
+
+def test_restart_happens_once_only_when_containerd_runs(flatcar: Host) -> None:
+    listen(flatcar)
+    fake = FakeSystemd(host=flatcar)
+    outcome = step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), fake, 5)
+    assert outcome.restarted
+    assert fake.calls == ["daemon-reload", "restart containerd.service"]
+
+
+def test_containerd_not_running_is_not_started(flatcar: Host) -> None:
+    fake = FakeSystemd(state="inactive", host=flatcar)
+    outcome = step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), fake, 5)
+    assert (outcome.changed, outcome.restarted) == (True, False)
+    assert fake.calls == ["daemon-reload"]
+
+
+def test_failed_restart_restores_every_file_and_restarts_again(make_host: HostFactory) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    listen(host)
+    target = host.root / "etc/containerd/config.toml"
+    before = target.read_bytes()
+    fake = FakeSystemd(host=host, broken={"enable_cdi"})
+    the_plan = step.plan(host, ContainerdConfig(enable_cdi=True), NoSystemd())
+    with pytest.raises(step.ContainerdStepError, match="previous config was restored and "
+                       "containerd is running with it again"):
+        step.apply(host, the_plan, fake, 5)
+    assert target.read_bytes() == before
+    assert not (host.root / "var/lib/gpunode/containerd.json").exists()
+    assert fake.calls == ["restart containerd.service", "restart containerd.service"]
+
+
+def test_missing_runtime_binary_is_refused_unless_forced(make_host: HostFactory) -> None:
+    host = make_host("nc4as-t4-v3", "driver")
+    with pytest.raises(step.ContainerdStepError, match="is not an executable file"):
+        step.plan(host, CONFIG, NoSystemd())
+    assert step.plan(host, CONFIG, NoSystemd(), force=True).changed
+
+
+def test_existing_unrelated_etc_config_is_not_overwritten(flatcar: Host) -> None:
+    (flatcar.root / "etc/containerd").mkdir(parents=True)
+    (flatcar.root / "etc/containerd/config.toml").write_text("version = 2\n# someone's\n")
+    with pytest.raises(step.ContainerdStepError, match="will not overwrite it"):
+        step.plan(flatcar, CONFIG, NoSystemd())
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe garbage", b"", b"version = 2\nversion = 3\n",
+                                     b"[plugins\n"], ids=["bytes", "empty", "dup", "unclosed"])
+def test_bad_config_leaves_every_file_untouched(make_host: HostFactory, content: bytes) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    target.write_bytes(content)
+    before = {p: p.read_bytes() for p in host.root.rglob("*") if p.is_file()}
+    try:
+        the_plan = step.plan(host, CONFIG, NoSystemd())
+        step.apply(host, the_plan, NoSystemd(), 5)
+    except (EditError, step.ContainerdStepError):
+        pass
+    else:
+        assert content == b"", "only an empty file is a valid (v1) config"
+        return
+    assert {p: p.read_bytes() for p in host.root.rglob("*") if p.is_file()} == before
+
+
+def test_disk_full_while_writing_leaves_the_config_byte_identical(
+    make_host: HostFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    target.write_text(fixtures.FLATCAR_CONTAINERD_CONFIG)
+    before = target.read_bytes()
+    the_plan = step.plan(host, CONFIG, NoSystemd())
+    real_fsync = os.fsync
+    calls = {"n": 0}
+
+    def fsync(fd: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the backup is written; the config write runs out of space
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(Exception, match="No space left on device"):
+        step.apply(host, the_plan, NoSystemd(), 5)
+    assert target.read_bytes() == before
+    assert not [p for p in target.parent.iterdir() if p.name.endswith(".gpunode-tmp")]
+
+
+def test_revert_of_a_writable_copy_removes_the_copy_and_the_dropin(flatcar: Host) -> None:
+    step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
+    outcome = step.revert(flatcar, NoSystemd(), 5)
+    assert outcome.changed
+    assert not (flatcar.root / "etc/containerd/config.toml").exists()
+    assert not (flatcar.root / "etc/systemd/system/containerd.service.d/10-gpunode.conf").exists()
+    assert not (flatcar.root / "var/lib/gpunode/containerd.json").exists()
+
+
+def test_revert_of_an_in_place_edit_restores_the_bytes(make_host: HostFactory) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    text = "# mine\n" + fixtures.FLATCAR_CONTAINERD_CONFIG
+    target.write_text(text)
+    step.apply(host, step.plan(host, ContainerdConfig(set_as_default=True), NoSystemd()),
+               NoSystemd(), 5)
+    step.revert(host, NoSystemd(), 5)
+    assert target.read_text() == text
+    assert not (host.root / "etc/containerd/config.toml.gpunode-orig").exists()
+
+
+def test_revert_after_someone_else_edited_keeps_their_change(make_host: HostFactory) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    target.write_text(fixtures.FLATCAR_CONTAINERD_CONFIG)
+    step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
+    target.write_text(target.read_text().replace("oom_score = -999", "oom_score = -500"))
+    step.revert(host, NoSystemd(), 5)
+    after = target.read_text()
+    assert "oom_score = -500" in after
+    assert "runtimes.nvidia" not in after
+
+
+def test_revert_without_ledger_does_nothing(flatcar: Host) -> None:
+    outcome = step.revert(flatcar, NoSystemd(), 5)
+    assert not outcome.changed
+
+
+def test_plain_exec_start_gets_an_exec_start_override(make_host: HostFactory) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "driver"))
+    unit = host.root / "usr/lib/systemd/system/containerd.service"
+    unit.write_text(unit.read_text().replace(
+        "--config ${CONTAINERD_CONFIG}",
+        "--config /usr/share/containerd/config.toml --log-level info"))
+    the_plan = step.plan(host, CONFIG, NoSystemd())
+    assert the_plan.dropin_text is not None
+    assert the_plan.dropin_text.endswith(
+        "ExecStart=\nExecStart=/usr/bin/containerd --config /etc/containerd/config.toml "
+        "--log-level info\n")
+
+
+def test_dry_run_diff_shows_the_copy_against_its_original(flatcar: Host) -> None:
+    diff = step.plan(flatcar, CONFIG, NoSystemd()).diff()
+    assert diff.startswith("--- /usr/share/containerd/config.toml\n+++ /etc/containerd/config.toml")
+    assert "+BinaryName = \"/usr/bin/nvidia-container-runtime\"" in diff
+    assert "+++ /etc/systemd/system/containerd.service.d/10-gpunode.conf" in diff
+
+
+def test_ledger_records_what_was_done(flatcar: Host) -> None:
+    step.apply(flatcar, step.plan(flatcar, ContainerdConfig(enable_cdi=True), NoSystemd()),
+               NoSystemd(), 5)
+    ledger = json.loads((flatcar.root / "var/lib/gpunode/containerd.json").read_text())
+    assert ledger["copied_from"] == "/usr/share/containerd/config.toml"
+    assert ledger["added_runtime"] == "nvidia"
+    assert ledger["changes"] == [{"path": ["plugins", "io.containerd.grpc.v1.cri", "enable_cdi"],
+                                  "before": None, "after": True}]
