@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpunode.containerd import schema
-from gpunode.containerd.edit import configure
+from gpunode.containerd.edit import configure, configure_dropin
 from tests.real.containerd_bins import dump_config, ensure_containerd
 from tests.test_containerd_edit import spec_for
 
@@ -101,3 +101,45 @@ def test_cdi_and_default_runtime_reach_containerd(binaries: dict[str, Path],
         assert cri["enable_cdi"] is True
         assert cri["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
         assert cri["containerd"]["default_runtime_name"] == "nvidia"
+
+
+def dropin_files(binary: Path, tmp_path: Path, vector: str) -> tuple[Path, dict[str, Any]]:
+    """Drop-in mode as gpunode writes it: main file + imported file; returns the main file
+    and containerd's dump of the untouched input."""
+    main = tmp_path / "config.toml"
+    imported = tmp_path / "conf.d" / "99-gpunode-nvidia.toml"
+    imported.parent.mkdir()
+    source = (VECTORS / vector / "input.toml").read_text()
+    before = dump(binary, source, tmp_path, "before.toml")
+    main_edit, imported_text = configure_dropin(source, spec_for(vector), str(main),
+                                                str(imported), effective=before)
+    main.write_text(main_edit.text)
+    imported.write_text(imported_text)
+    return main, before
+
+
+def test_dropin_mode_on_containerd_2_1_merges_the_runtime_and_keeps_everything_else(
+    binaries: dict[str, Path], tmp_path: Path
+) -> None:
+    main, before = dropin_files(binaries["2"], tmp_path, "flatcar-default")
+    after = tomllib.loads(dump_config(binaries["2"], main))
+    after["imports"] = [i for i in after["imports"] if i.startswith("/etc/")]  # drop own files
+    runtimes = runtimes_of(after)
+    nvidia = runtimes.pop("nvidia")
+    assert nvidia["options"].pop("BinaryName") == "/usr/bin/nvidia-container-runtime"
+    runc = copy.deepcopy(runtimes["runc"])
+    runc["options"].pop("BinaryName")
+    assert nvidia == runc
+    assert after == {**before, "imports": []}
+
+
+@pytest.mark.parametrize("containerd", ["1.6", "1.7"])
+def test_why_dropin_mode_is_refused_before_2_1(
+    binaries: dict[str, Path], tmp_path: Path, containerd: str
+) -> None:
+    """The same two files on 1.x: the imported CRI table replaces the main one, so runc (and
+    its SystemdCgroup) is gone from the effective config."""
+    main, before = dropin_files(binaries[containerd], tmp_path, "flatcar-default")
+    after = tomllib.loads(dump_config(binaries[containerd], main))
+    assert runtimes_of(before)["runc"]["options"]["SystemdCgroup"] is True
+    assert "runc" not in runtimes_of(after)

@@ -272,3 +272,61 @@ def test_ledger_records_what_was_done(flatcar: Host) -> None:
     assert ledger["added_runtime"] == "nvidia"
     assert ledger["changes"] == [{"path": ["plugins", "io.containerd.grpc.v1.cri", "enable_cdi"],
                                   "before": None, "after": True}]
+
+
+@dataclass
+class VersionProbe:
+    """A containerd that reports `reported` and cannot dump (the file's own runc is copied)."""
+
+    reported: tuple[int, int] | None
+
+    def version(self, binary: str) -> tuple[int, int] | None:
+        return self.reported
+
+    def dump(self, binary: str, path: str) -> None:
+        return None
+
+
+def etc_config_host(make_host: HostFactory) -> Host:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    (host.root / "etc/containerd/config.toml").write_text(fixtures.FLATCAR_CONTAINERD_CONFIG)
+    return host
+
+
+def test_dropin_mode_writes_an_imported_file_on_containerd_2_1(make_host: HostFactory) -> None:
+    host = etc_config_host(make_host)
+    config = ContainerdConfig(mode="drop-in")
+    the_plan = step.plan(host, config, NoSystemd(), probe=VersionProbe((2, 1)))
+    step.apply(host, the_plan, NoSystemd(), 5)
+    main = (host.root / "etc/containerd/config.toml").read_text()
+    imported = (host.root / "etc/containerd/conf.d/99-gpunode-nvidia.toml").read_text()
+    assert 'imports = ["/etc/containerd/conf.d/99-gpunode-nvidia.toml"]' in main
+    assert "runtimes.nvidia" not in main
+    assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in imported
+    again = step.plan(host, config, NoSystemd(), probe=VersionProbe((2, 1)))
+    assert not again.changed
+    step.revert(host, NoSystemd(), 5)
+    assert (host.root / "etc/containerd/config.toml").read_text() == \
+        fixtures.FLATCAR_CONTAINERD_CONFIG
+    assert not (host.root / "etc/containerd/conf.d/99-gpunode-nvidia.toml").exists()
+
+
+@pytest.mark.parametrize(("reported", "reason"), [
+    ((1, 7), "containerd 1.7 lets an imported file replace the main file's whole CRI plugin "
+             "table"),
+    ((2, 0), "containerd 2.0 lets an imported file replace"),
+    (None, "is unknown"),
+], ids=["1.7", "2.0", "unknown"])
+def test_dropin_mode_falls_back_to_in_place_with_the_reason_logged(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str],
+    reported: tuple[int, int] | None, reason: str,
+) -> None:
+    host = etc_config_host(make_host)
+    the_plan = step.plan(host, ContainerdConfig(mode="drop-in"), NoSystemd(),
+                         probe=VersionProbe(reported))
+    assert the_plan.import_text is None
+    assert the_plan.edit.added_runtime == "nvidia"  # in place
+    events = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    (refusal,) = [e for e in events if e["event"] == "containerd.dropin_refused"]
+    assert reason in refusal["reason"]
+    assert refusal["fallback"] == "in-place"

@@ -10,6 +10,7 @@ and indented tables, and this check turns any of them into a refusal instead of 
 from __future__ import annotations
 
 import copy
+import fnmatch
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -111,11 +112,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     changes: list[Change] = []
     added = None
     if spec.name not in runtimes:
-        new_runtime = copy.deepcopy(dict(source))
-        if effective is not None:
-            _fill_from_effective(new_runtime, effective, source_name, version)
-        new_runtime.setdefault("options", {})["BinaryName"] = spec.binary
-        _set(expected, rt_path, new_runtime)
+        _set(expected, rt_path, _new_runtime(source, source_name, spec, version, effective))
         added = spec.name
     else:
         current = runtimes[spec.name]
@@ -128,14 +125,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
         for key, value in dict(source.get("options", {})).items():
             if key not in options and key != "BinaryName":
                 changes.append(Change((*rt_path, "options", key), None, copy.deepcopy(value)))
-    cri = schema.cri_path(version)
-    if spec.set_as_default:
-        key = (*cri, "containerd", "default_runtime_name")
-        _want(doc, key, spec.name, changes)
-    if spec.enable_cdi:
-        _want(doc, (*cri, "enable_cdi"), True, changes)
-    if spec.cdi_spec_dirs:
-        _want(doc, (*cri, "cdi_spec_dirs"), list(spec.cdi_spec_dirs), changes)
+    changes += _cri_settings(doc, spec, version)
     for change in changes:
         _set(expected, change.path, change.after)
     edit = Edit(text=text, version=version, added_runtime=added, source_runtime=source_name,
@@ -146,6 +136,45 @@ def configure(text: str, spec: RuntimeSpec, file: str,
                        source_name, expected, file)
     return Edit(text=new_text, version=version, added_runtime=added, source_runtime=source_name,
                 changes=tuple(changes))
+
+
+def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
+                     effective: Mapping[str, Any] | None = None) -> tuple[Edit, str]:
+    """Drop-in mode: the runtime (and CDI/default settings) in a file of its own that the main
+    config imports. Only for containerd >= 2.1, which merges imported plugin tables; older ones
+    let an imported CRI table replace the main file's whole CRI table (containerd#5837).
+
+    Returns the edit of the main file (an `imports` entry, when none matches yet) and the
+    drop-in's full text, which gpunode owns and rewrites as a whole."""
+    doc = parse(text, file)
+    version = schema.config_version(doc)
+    try:
+        runtimes = schema.runtimes(doc)
+    except schema.SchemaError as exc:
+        raise EditError(file, str(exc)) from exc
+    source_name, source = _source_runtime(doc, runtimes, spec.name)
+    dropin: dict[str, Any] = {"version": version} if "version" in doc else {}
+    rt_path = (*schema.runtimes_path(version), spec.name)
+    _set(dropin, rt_path, _new_runtime(source, source_name, spec, version, effective))
+    for change in _cri_settings({}, spec, version):
+        _set(dropin, change.path, change.after)
+    dropin_text = _render_document(dropin, BLOCK_COMMENT.format(
+        name=spec.name, source=source_name, binary=spec.binary))
+    _verify(dropin_text, dropin, dropin_path)
+
+    patterns = doc.get("imports", [])
+    if not isinstance(patterns, list):
+        raise EditError(file, "'imports' is not a list")
+    base = file.rpartition("/")[0]
+    if any(fnmatch.fnmatch(dropin_path, p if p.startswith("/") else f"{base}/{p}")
+           for p in map(str, patterns)):
+        return Edit(text=text, version=version), dropin_text
+    change = Change(("imports",), patterns or None, [*patterns, dropin_path])
+    expected = copy.deepcopy(doc)
+    _set(expected, change.path, change.after)
+    new_text = _tomlkit_edit(text, [change], None, file)
+    _verify(new_text, expected, file)
+    return Edit(text=new_text, version=version, changes=(change,)), dropin_text
 
 
 def revert(text: str, added_runtime: str | None, changes: tuple[Change, ...], file: str) -> Edit:
@@ -192,6 +221,28 @@ def _source_runtime(doc: Mapping[str, Any], runtimes: Mapping[str, Mapping[str, 
         if isinstance(candidate, str) and candidate != name and candidate in runtimes:
             return candidate, runtimes[candidate]
     return "io.containerd.runc.v2 defaults", FALLBACK_RUNTIME
+
+
+def _new_runtime(source: Mapping[str, Any], source_name: str, spec: RuntimeSpec, version: int,
+                 effective: Mapping[str, Any] | None) -> dict[str, Any]:
+    runtime = copy.deepcopy(dict(source))
+    if effective is not None:
+        _fill_from_effective(runtime, effective, source_name, version)
+    runtime.setdefault("options", {})["BinaryName"] = spec.binary
+    return runtime
+
+
+def _cri_settings(doc: Mapping[str, Any], spec: RuntimeSpec, version: int) -> list[Change]:
+    """Default runtime and CDI keys the spec asks for, where `doc` does not have them yet."""
+    cri = schema.cri_path(version)
+    changes: list[Change] = []
+    if spec.set_as_default:
+        _want(doc, (*cri, "containerd", "default_runtime_name"), spec.name, changes)
+    if spec.enable_cdi:
+        _want(doc, (*cri, "enable_cdi"), True, changes)
+    if spec.cdi_spec_dirs:
+        _want(doc, (*cri, "cdi_spec_dirs"), list(spec.cdi_spec_dirs), changes)
+    return changes
 
 
 # Runtime keys whose name differs between config versions (containerd's v2 → v3 migration).
@@ -275,17 +326,29 @@ def _table_block(path: tuple[str, ...], table: Mapping[str, Any], comment: str) 
     """`table` as [header] sections: scalars first, then each sub-table under its own header."""
     import tomlkit
 
+    scalars = [f"{_quote_key(k)} = {tomlkit.item(v).as_string()}" for k, v in table.items()
+               if not isinstance(v, Mapping)]
+    subtables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
     lines = [comment] if comment else []
-    lines.append("[" + ".".join(_quote_key(k) for k in path) + "]")
-    subtables = []
-    for key, value in table.items():
-        if isinstance(value, Mapping):
-            subtables.append((key, value))
-        else:
-            lines.append(f"{_quote_key(key)} = {tomlkit.item(value).as_string()}")
-    text = "\n".join(lines) + "\n"
+    if scalars or not subtables or comment:  # a table with only sub-tables needs no header
+        lines.append("[" + ".".join(_quote_key(k) for k in path) + "]")
+    text = "\n".join(lines + scalars) + "\n" if lines or scalars else ""
     for key, value in subtables:
-        text += "\n" + _table_block((*path, key), value, "")
+        sub = _table_block((*path, key), value, "")
+        text += ("\n" if text else "") + sub
+    return text
+
+
+def _render_document(doc: Mapping[str, Any], comment: str) -> str:
+    """A whole document: top-level keys, then every table under its own [header]."""
+    import tomlkit
+
+    lines = [comment] + [f"{_quote_key(k)} = {tomlkit.item(v).as_string()}"
+                         for k, v in doc.items() if not isinstance(v, Mapping)]
+    text = "\n".join(lines) + "\n"
+    for key, value in doc.items():
+        if isinstance(value, Mapping):
+            text += "\n" + _table_block((key,), value, "")
     return text
 
 
@@ -373,4 +436,6 @@ def _show(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return f'"{value}"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
     return str(value)

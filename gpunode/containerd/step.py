@@ -12,10 +12,11 @@ import difflib
 import hashlib
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from gpunode import command, log
 from gpunode.config import ContainerdConfig
@@ -28,6 +29,7 @@ from gpunode.systemd import Systemd, SystemdError
 WRITABLE_CONFIG = "/etc/containerd/config.toml"
 DROPIN = "/etc/systemd/system/containerd.service.d/10-gpunode.conf"
 LEDGER = "/var/lib/gpunode/containerd.json"
+IMPORT_FILE = "/etc/containerd/conf.d/99-gpunode-nvidia.toml"  # drop-in mode's file
 BACKUP_SUFFIX = ".gpunode-orig"
 DEFAULT_SOCKET = "/run/containerd/containerd.sock"
 READ_ONLY_PREFIXES = ("/usr/",)  # Flatcar's /usr is a read-only, verified partition
@@ -49,10 +51,17 @@ class Plan:
     dropin_text: str | None = None  # the drop-in to write; None when none is needed
     runtime_name: str = "nvidia"
     source_text: str = ""
+    import_text: str | None = None  # drop-in mode: the imported file gpunode owns
+    import_before: str | None = None
+
+    @property
+    def import_changed(self) -> bool:
+        return self.import_text is not None and self.import_text != self.import_before
 
     @property
     def changed(self) -> bool:
-        return self.edit.changed or self.before is None or self.dropin_text is not None
+        return (self.edit.changed or self.before is None or self.dropin_text is not None
+                or self.import_changed)
 
     def describe(self) -> list[str]:
         lines = []
@@ -61,6 +70,8 @@ class Plan:
                          "read-only /usr)")
         if self.dropin_text is not None:
             lines.append(f"write {DROPIN} so containerd reads {self.target}")
+        if self.import_changed:
+            lines.append(f"write {IMPORT_FILE} with runtime '{self.runtime_name}' (drop-in mode)")
         lines += [f"{self.target}: {line}" for line in self.edit.describe()]
         return lines or [f"{self.target}: runtime '{self.runtime_name}' is already as configured"]
 
@@ -70,6 +81,11 @@ class Plan:
         text = "".join(difflib.unified_diff(
             before.splitlines(keepends=True), self.edit.text.splitlines(keepends=True),
             fromfile=self.copied_from or self.target, tofile=self.target))
+        if self.import_changed and self.import_text is not None:
+            text += "".join(difflib.unified_diff(
+                (self.import_before or "").splitlines(keepends=True),
+                self.import_text.splitlines(keepends=True),
+                fromfile=IMPORT_FILE if self.import_before else "/dev/null", tofile=IMPORT_FILE))
         if self.dropin_text is not None:
             text += "".join(difflib.unified_diff([], self.dropin_text.splitlines(keepends=True),
                                                  fromfile="/dev/null", tofile=DROPIN))
@@ -93,9 +109,56 @@ def spec_from(config: ContainerdConfig) -> edit.RuntimeSpec:
 # -- plan ----------------------------------------------------------------------------------------
 
 
+class Probe(Protocol):
+    """What gpunode asks the containerd binary itself; None where it cannot be asked."""
+
+    def version(self, binary: str) -> tuple[int, int] | None: ...
+
+    def dump(self, binary: str, path: str) -> dict[str, Any] | None: ...
+
+
+@dataclass(frozen=True)
+class CommandProbe:
+    """Runs the node's containerd (`binary_override`: a test's real containerd instead)."""
+
+    binary_override: str | None = None
+
+    def version(self, binary: str) -> tuple[int, int] | None:
+        binary = self.binary_override or binary
+        try:
+            line = command.run([binary, "--version"], 10)
+        except GpunodeError as exc:
+            log.get().warning("containerd.version_unknown", exc=exc)
+            return None
+        match = re.search(r"\s(\d+)\.(\d+)\.\d+", line)
+        return (int(match.group(1)), int(match.group(2))) if match else None
+
+    def dump(self, binary: str, path: str) -> dict[str, Any] | None:
+        """containerd's own reading of the file, with the defaults it fills into runc."""
+        binary = self.binary_override or binary
+        try:
+            return edit.parse(command.run([binary, "--config", path, "config", "dump"], 20),
+                              f"{binary} config dump")
+        except GpunodeError as exc:
+            log.get().warning("containerd.dump_unavailable", exc=exc,
+                              effect="the runtime is copied from the file alone")
+            return None
+
+
+class NoProbe:
+    """Under --root the tree's containerd is not this machine's to run."""
+
+    def version(self, binary: str) -> tuple[int, int] | None:
+        return None
+
+    def dump(self, binary: str, path: str) -> dict[str, Any] | None:
+        return None
+
+
 def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
-         explicit: str | None = None, force: bool = False) -> Plan:
+         explicit: str | None = None, force: bool = False, probe: Probe | None = None) -> Plan:
     spec = spec_from(config)
+    probe = probe or (CommandProbe() if host.is_live else NoProbe())
     if not force and not host.is_executable_file(spec.binary):
         raise ContainerdStepError(
             f"runtime binary {host.display(spec.binary)} is not an executable file on this host",
@@ -106,31 +169,45 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
         active = ActiveConfig(path, "--config" if explicit else "containerd.config_path")
     else:
         active = active_config(host, systemd)
+    binary = active.raw_exec[0].lstrip("-@+!:") if active.raw_exec else "/usr/bin/containerd"
     target, copied_from, dropin = _target(host, active)
-    source_text = _read_config(host, copied_from or target)
+    source = copied_from or target
+    source_text = _read_config(host, source)
     before = None if copied_from else source_text
-    shown = host.display(copied_from or target)
+    shown = host.display(source)
+    common: dict[str, Any] = {
+        "active": active, "target": target, "before": before, "copied_from": copied_from,
+        "dropin_text": dropin, "runtime_name": spec.name, "source_text": source_text}
+    if config.mode == "drop-in":
+        refused = _import_refusal(probe, binary, copied_from)
+        if refused is None:
+            effective = probe.dump(binary, str(host.path(source)))
+            main, import_text = edit.configure_dropin(source_text, spec, shown, IMPORT_FILE,
+                                                      effective)
+            return Plan(edit=main, import_text=import_text,
+                        import_before=host.read_optional(IMPORT_FILE), **common)
+        log.get().warning("containerd.dropin_refused", reason=refused, fallback="in-place")
     result = edit.configure(source_text, spec, shown)
-    if result.added_runtime and host.is_live:
-        effective = _effective_config(active, copied_from or target)
+    if result.added_runtime:
+        effective = probe.dump(binary, str(host.path(source)))
         if effective is not None:
             result = edit.configure(source_text, spec, shown, effective)
-    return Plan(active=active, target=target, before=before, edit=result,
-                copied_from=copied_from, dropin_text=dropin, runtime_name=spec.name,
-                source_text=source_text)
+    return Plan(edit=result, **common)
 
 
-def _effective_config(active: ActiveConfig, path: str) -> dict[str, Any] | None:
-    """containerd's own reading of the file (`config dump`), which shows the defaults it fills
-    into runc; None, with the reason logged, where it cannot be had."""
-    binary = active.raw_exec[0].lstrip("-@+!:") if active.raw_exec else "/usr/bin/containerd"
-    try:
-        return edit.parse(command.run([binary, "--config", path, "config", "dump"], 20),
-                          f"{binary} config dump")
-    except GpunodeError as exc:
-        log.get().warning("containerd.dump_unavailable", exc=exc,
-                          effect="the runtime is copied from the file alone")
-        return None
+def _import_refusal(probe: Probe, binary: str, copied_from: str | None) -> str | None:
+    """Why drop-in mode cannot be used here, or None when it can."""
+    if copied_from is not None:
+        return (f"containerd's config {copied_from} is on read-only /usr, so gpunode writes a "
+                "copy anyway; the runtime goes into that copy")
+    version = probe.version(binary)
+    if version is None:
+        return f"the version of {binary} is unknown (it cannot be run here)"
+    if version < (2, 1):
+        return (f"containerd {version[0]}.{version[1]} lets an imported file replace the main "
+                "file's whole CRI plugin table instead of merging it (containerd#5837, fixed in "
+                "2.1): the main file's CRI settings and runc would be lost")
+    return None
 
 
 def _target(host: Host, active: ActiveConfig) -> tuple[str, str | None, str | None]:
@@ -188,7 +265,7 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) 
         return Outcome(changed=False, restarted=False, target=the_plan.target,
                        descriptions=descriptions)
     running = systemd.active_state(CONTAINERD_UNIT) == "active"
-    saved = _snapshot(host, (the_plan.target, DROPIN, LEDGER))
+    saved = _snapshot(host, (the_plan.target, DROPIN, LEDGER, IMPORT_FILE))
     _write(host, the_plan)
     if the_plan.dropin_text is not None:
         systemd.daemon_reload()
@@ -229,6 +306,10 @@ def _write(host: Host, the_plan: Plan) -> None:
         ledger["backup"] = target + BACKUP_SUFFIX
     host.make_dirs(target.rpartition("/")[0])
     host.write_atomic(target, the_plan.edit.text.encode(), mode=0o644)
+    if the_plan.import_changed and the_plan.import_text is not None:
+        host.make_dirs(IMPORT_FILE.rpartition("/")[0])
+        host.write_atomic(IMPORT_FILE, the_plan.import_text.encode(), mode=0o644)
+        ledger["import_file"] = IMPORT_FILE
     if the_plan.dropin_text is not None:
         host.make_dirs(DROPIN.rpartition("/")[0])
         host.write_atomic(DROPIN, the_plan.dropin_text.encode(), mode=0o644)
@@ -331,7 +412,7 @@ def revert(host: Host, systemd: Systemd, restart_timeout: float) -> Outcome:
     current = _read_config(host, target)
     untouched = hashlib.sha256(current.encode()).hexdigest() == ledger.get("written_sha256")
     notes: list[str] = []
-    saved = _snapshot(host, (target, DROPIN, LEDGER))
+    saved = _snapshot(host, (target, DROPIN, LEDGER, IMPORT_FILE))
     if ledger.get("copied_from") and untouched:
         host.remove(target)
         notes.append(f"remove {target} (gpunode's copy of {ledger['copied_from']})")
@@ -350,6 +431,9 @@ def revert(host: Host, systemd: Systemd, restart_timeout: float) -> Outcome:
             ledger["dropin"] = None
     if ledger.get("backup") and host.exists(ledger["backup"]) and untouched:
         host.remove(ledger["backup"])
+    if ledger.get("import_file"):
+        host.remove(str(ledger["import_file"]))
+        notes.append(f"remove {ledger['import_file']}")
     if ledger.get("dropin"):
         host.remove(DROPIN)
         notes.append(f"remove {DROPIN}")
