@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 DEMO   ?= demo-host
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint fetch-containerd bench clean
 
 # pystemd builds from source against libsystemd; pci.ids gives detect real product names.
 $(VENV)/.apt-done:
@@ -41,7 +41,12 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check gpunode tests benchmarks
 
-test: lint
+# Real containerd 1.6, 1.7 and 2.x for the config tests, from Debian's archive (cached in
+# /var/cache/gpunode-tests; GPUNODE_TEST_CACHE moves it), fetched before the tests run.
+fetch-containerd: setup
+	$(BIN)/python tests/real/fetch_containerd.py 1.6 1.7 2
+
+test: lint fetch-containerd
 	$(BIN)/python -m pytest -q
 
 bench: setup

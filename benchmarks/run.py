@@ -20,6 +20,7 @@ PYTHONDONTWRITEBYTECODE, so they use the bytecode `make setup` compiled, as a re
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -97,6 +98,45 @@ def bench_processes(commands: dict[str, list[str]],
     return samples
 
 
+def configure_fixture(parent: Path) -> Path:
+    """A T4 node with the driver up and Flatcar's read-only containerd config, toolkit present."""
+    # plain-file device nodes: copytree cannot copy character devices, and configure needs none
+    root = build(MACHINES["nc4as-t4-v3"], parent / "configure-template",
+                 Options(state="driver", dev_nodes="plain"))
+    runtime = root / "usr/bin/nvidia-container-runtime"
+    runtime.write_text("#!/bin/sh\n")
+    runtime.chmod(0o755)
+    return root
+
+
+def bench_configure(template: Path, work: Path, env: dict[str, str]) -> dict[str, list[float]]:
+    """`containerd configure` on a fresh copy of the template (change) and on an already
+    configured copy (no change), alternating with `python -c pass`."""
+    configured = work / "configured"
+    shutil.copytree(template, configured, symlinks=True)
+    configure = [*gpunode_command(), "containerd", "configure"]
+    check_exit_zero([*configure[:-2], "--root", str(configured), *configure[-2:]], env)
+    samples: dict[str, list[float]] = {"pass": [], "change": [], "no-change": []}
+    for i in range(PROCESS_RUNS):
+        fresh = work / f"fresh-{i}"
+        shutil.copytree(template, fresh, symlinks=True)
+        argv = [*gpunode_command(), "--root", str(fresh), "containerd", "configure"]
+        samples["change"].append(time_call(lambda argv=argv: run_once(argv, env)))
+        argv = [*gpunode_command(), "--root", str(configured), "containerd", "configure"]
+        samples["no-change"].append(time_call(lambda argv=argv: run_once(argv, env)))
+        samples["pass"].append(time_call(lambda: run_once([sys.executable, "-c", "pass"], env)))
+    return samples
+
+
+def heavy_imports(argv: list[str], env: dict[str, str]) -> list[str]:
+    """Which of tomlkit and pystemd the command imports (python -X importtime)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpunode", *argv],
+                          capture_output=True, text=True, env=env, check=False)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    return [name for name in ("tomlkit", "pystemd") if name in imported]
+
+
 def main() -> int:
     machine = with_extra_functions(MACHINES["nd96amsr-a100-v4"], EXTRA_FUNCTIONS)
     print(f"gpunode benchmarks: {sys.executable} (Python {sys.version.split()[0]}); "
@@ -117,12 +157,23 @@ def main() -> int:
             "detect": [*gpunode, "detect", "--json"],
         }, subprocess_env())
 
+        template = configure_fixture(Path(tmp))
+        configure = bench_configure(template, Path(tmp), subprocess_env())
+        heavy = heavy_imports(["--root", str(Path(tmp) / "configured"), "containerd",
+                               "configure"], subprocess_env())
+
     base = median_ms(samples["pass"])
     print(f"  python -c pass: median {base:.1f} ms over {PROCESS_RUNS} runs")
     for name in ("status", "detect"):
         ms = median_ms(samples[name])
         print(f"  gpunode {name} --json (whole process): median {ms:.1f} ms, "
               f"{ms / base:.1f}x python -c pass")
+    base = median_ms(configure["pass"])
+    print(f"  containerd configure, Flatcar default (python -c pass in this loop: {base:.1f} ms)")
+    for name in ("change", "no-change"):
+        ms = median_ms(configure[name])
+        print(f"    {name}: median {ms:.1f} ms, {ms / base:.1f}x python -c pass")
+    print(f"    no-change run imports tomlkit/pystemd: {', '.join(heavy) or 'neither'}")
     return 0
 
 

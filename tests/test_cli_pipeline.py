@@ -122,3 +122,20 @@ def test_configure_refusal_exits_1_with_the_reason(
     (failed,) = [e for e in events if e["event"] == "step.failed"]
     assert failed["error"] == (f"{node.root}/etc/containerd/config.toml: 'version' is 9; gpunode "
                                "understands 1 (or no version), 2 and 3")
+
+
+@pytest.mark.integration
+def test_no_change_configure_imports_neither_tomlkit_nor_pystemd(node: Host) -> None:
+    """The no-change path decides from tomllib alone; `python -X importtime` lists every
+    module the process imported."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-X", "importtime", "-m", "gpunode", "--root", str(node.root),
+            "containerd", "configure"]
+    subprocess.run(argv, capture_output=True, check=True)  # the change: tomlkit is used
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "gpunode.containerd.edit" in imported  # the measurement sees gpunode's own modules
+    assert not {m for m in imported if m.split(".")[0] in ("tomlkit", "pystemd")}
