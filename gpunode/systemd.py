@@ -104,14 +104,15 @@ class DbusSystemd:
             raise SystemdError(unit, "restart", str(exc)) from exc
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            job_id = handle.Unit.Job[0]
-            state = handle.Unit.ActiveState.decode()
-            if job_id == 0 and state in ("active", "failed", "inactive"):
-                if state != "active":
-                    raise SystemdError(unit, "restart", f"it is {state} after the restart")
-                return
+            if handle.Unit.Job[0] == 0:  # the restart job is done (Type=notify: after READY)
+                state = handle.Unit.ActiveState.decode()
+                if state == "active":
+                    return
+                # e.g. "activating (auto-restart)": it failed and Restart= is trying again
+                sub = handle.Unit.SubState.decode()
+                raise SystemdError(unit, "restart", f"it is {state} ({sub}) after the restart")
             time.sleep(0.05)
-        raise SystemdError(unit, "restart", f"not active within {timeout:g} s")
+        raise SystemdError(unit, "restart", f"the restart job did not finish within {timeout:g} s")
 
 
 def _split_env(assignment: str) -> tuple[str, str]:

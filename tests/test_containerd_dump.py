@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_containerd_edit import spec_for
 
 from gpunode.containerd import schema
 from gpunode.containerd.edit import configure, configure_dropin
-from tests.real.containerd_bins import dump_config, ensure_containerd
-from tests.test_containerd_edit import spec_for
+from real.containerd_bins import dump_config, ensure_containerd
 
 pytestmark = pytest.mark.integration
 

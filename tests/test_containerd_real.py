@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from real.containerd_bins import (
     VERSIONS,
     default_config,
