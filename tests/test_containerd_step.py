@@ -330,3 +330,35 @@ def test_dropin_mode_falls_back_to_in_place_with_the_reason_logged(
     (refusal,) = [e for e in events if e["event"] == "containerd.dropin_refused"]
     assert reason in refusal["reason"]
     assert refusal["fallback"] == "in-place"
+
+
+def test_config_that_is_a_symlink_out_of_the_root_is_refused(make_host: HostFactory) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    target.unlink()
+    target.symlink_to("../../../../../../../../../etc/containerd/config.toml")
+    with pytest.raises(step.ContainerdStepError, match="a symlink climbs above the root"):
+        step.plan(host, CONFIG, NoSystemd())
+    assert target.is_symlink()
+
+
+@pytest.mark.integration
+def test_read_only_file_system_is_refused_and_the_config_stays(make_host: HostFactory) -> None:
+    """A real read-only bind mount (root ignores directory permissions, not EROFS)."""
+    import subprocess
+    import sys
+
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    directory = host.root / "etc/containerd"
+    (directory / "config.toml").write_text(fixtures.FLATCAR_CONTAINERD_CONFIG)
+    before = (directory / "config.toml").read_bytes()
+    script = (f"mount --bind {directory} {directory} && "
+              f"mount -o remount,ro,bind {directory} && "
+              f"exec {sys.executable} -m gpunode --log-format json --root {host.root} "
+              "containerd configure")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "Read-only file system" in done.stderr
+    assert (directory / "config.toml").read_bytes() == before
+    assert sorted(p.name for p in directory.iterdir()) == ["config.toml"]
