@@ -26,6 +26,17 @@ class ConfigError(GpunodeError):
         super().__init__(f"{where}: {what}{reason}")
 
 
+class FileError(GpunodeError):
+    """A file's content is refused: '<file>[:<line>]: <reason>', and what to do about it."""
+
+    def __init__(self, file: str, reason: str, line: int | None = None, hint: str = "") -> None:
+        self.file = file
+        self.reason = reason
+        self.line = line
+        self.hint = hint
+        super().__init__(f"{file}{'' if line is None else f':{line}'}: {reason}")
+
+
 class HostError(GpunodeError):
     """A read or write on the host tree failed: 'Failed to <op> '<path>': <reason>'."""
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpunode.containerd import schema
-from gpunode.errors import GpunodeError
+from gpunode.errors import FileError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
 from gpunode.systemd_unit import expand_words, read_unit
@@ -22,14 +22,8 @@ CONTAINERD_UNIT = "containerd.service"
 CONTAINERD_DEFAULT_CONFIG = "/etc/containerd/config.toml"
 
 
-class ContainerdConfigError(GpunodeError):
+class ContainerdConfigError(FileError):
     """containerd's config cannot be read or understood; carries file, line and reason."""
-
-    def __init__(self, file: str, reason: str, line: int | None = None) -> None:
-        self.file = file
-        self.reason = reason
-        self.line = line
-        super().__init__(f"{file}{'' if line is None else f':{line}'}: {reason}")
 
 
 @dataclass(frozen=True)

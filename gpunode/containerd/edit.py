@@ -17,23 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode.containerd import schema
-from gpunode.errors import GpunodeError
+from gpunode.errors import FileError
 from gpunode.tomlread import error_line
 
 FALLBACK_RUNTIME: dict[str, Any] = {"runtime_type": "io.containerd.runc.v2"}
 BLOCK_COMMENT = "# Added by gpunode: {name} runtime, a copy of '{source}' running {binary}."
 
 
-class EditError(GpunodeError):
+class EditError(FileError):
     """The config cannot be edited; file and line when known, and why."""
-
-    def __init__(self, file: str, reason: str, line: int | None = None,
-                 hint: str = "") -> None:
-        self.file = file
-        self.reason = reason
-        self.line = line
-        self.hint = hint
-        super().__init__(f"{file}{'' if line is None else f':{line}'}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -93,6 +85,15 @@ def parse(text: str, file: str) -> dict[str, Any]:
     return doc
 
 
+def _read(text: str, file: str) -> tuple[dict[str, Any], int, dict[str, Mapping[str, Any]]]:
+    """The parsed document, its version and its runtimes, or a refusal naming the file."""
+    doc = parse(text, file)
+    try:
+        return doc, schema.config_version(doc), schema.runtimes(doc)
+    except schema.SchemaError as exc:
+        raise EditError(file, str(exc)) from exc
+
+
 def configure(text: str, spec: RuntimeSpec, file: str,
               effective: Mapping[str, Any] | None = None) -> Edit:
     """The edit that gives `text` the runtime `spec` describes; unchanged text when it has it.
@@ -100,13 +101,8 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     `effective` is containerd's own `config dump` of the file, when it could be had: containerd
     fills built-in defaults into `runc` (2.x merges them under the file's values), and a new
     runtime name gets none, so the copy takes the source's non-zero effective values too."""
-    doc = parse(text, file)
-    version = schema.config_version(doc)
+    doc, version, runtimes = _read(text, file)
     expected = copy.deepcopy(doc)
-    try:
-        runtimes = schema.runtimes(doc)
-    except schema.SchemaError as exc:
-        raise EditError(file, str(exc)) from exc
     source_name, source = _source_runtime(doc, runtimes, spec.name)
     rt_path = (*schema.runtimes_path(version), spec.name)
     changes: list[Change] = []
@@ -146,12 +142,7 @@ def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
 
     Returns the edit of the main file (an `imports` entry, when none matches yet) and the
     drop-in's full text, which gpunode owns and rewrites as a whole."""
-    doc = parse(text, file)
-    version = schema.config_version(doc)
-    try:
-        runtimes = schema.runtimes(doc)
-    except schema.SchemaError as exc:
-        raise EditError(file, str(exc)) from exc
+    doc, version, runtimes = _read(text, file)
     source_name, source = _source_runtime(doc, runtimes, spec.name)
     dropin: dict[str, Any] = {"version": version} if "version" in doc else {}
     rt_path = (*schema.runtimes_path(version), spec.name)
