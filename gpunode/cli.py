@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     configure.set_defaults(run=_containerd_configure)
     revert = actions.add_parser("revert", help="remove what gpunode added")
     revert.add_argument("--config", dest="containerd_config", metavar="PATH",
-                        help=argparse.SUPPRESS)
+                        help="the file gpunode changed (default: the one its ledger names)")
     revert.set_defaults(run=_containerd_revert)
     return parser
 
@@ -166,7 +166,7 @@ def _containerd_revert(host: Host, config: AgentConfig, args: argparse.Namespace
 
     with log.step("containerd.revert") as fields:
         outcome = step.revert(host, systemd.for_host(host.is_live),
-                              config.containerd.restart_timeout)
+                              config.containerd.restart_timeout, args.containerd_config)
         fields.update(changed=outcome.changed, restarted=outcome.restarted)
     print("\n".join(outcome.descriptions))
     return EXIT_OK

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -237,6 +238,13 @@ def test_revert_after_someone_else_edited_keeps_their_change(make_host: HostFact
     after = target.read_text()
     assert "oom_score = -500" in after
     assert "runtimes.nvidia" not in after
+
+
+def test_revert_of_another_file_than_gpunode_changed_is_refused(flatcar: Host) -> None:
+    step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
+    with pytest.raises(step.ContainerdStepError, match=re.escape(
+            "gpunode changed /etc/containerd/config.toml, not /srv/other.toml")):
+        step.revert(flatcar, NoSystemd(), 5, "/srv/other.toml")
 
 
 def test_revert_without_ledger_does_nothing(flatcar: Host) -> None:

@@ -402,13 +402,17 @@ def read_ledger(host: Host) -> dict[str, Any] | None:
     return ledger
 
 
-def revert(host: Host, systemd: Systemd, restart_timeout: float) -> Outcome:
+def revert(host: Host, systemd: Systemd, restart_timeout: float,
+           expected_target: str | None = None) -> Outcome:
     ledger = read_ledger(host)
     if ledger is None:
         return Outcome(changed=False, restarted=False, target="",
                        descriptions=("nothing to revert: gpunode has not changed containerd's "
                                      "config",))
     target = str(ledger["target"])
+    if expected_target is not None and expected_target != target:
+        raise ContainerdStepError(f"gpunode changed {target}, not {expected_target}",
+                                  f"run 'gpunode containerd revert --config {target}'")
     current = _read_config(host, target)
     untouched = hashlib.sha256(current.encode()).hexdigest() == ledger.get("written_sha256")
     notes: list[str] = []
