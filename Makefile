@@ -6,9 +6,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO   ?= demo-host
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids \
-                systemd dbus containerd
+                systemd dbus containerd kmod binutils
 
-.PHONY: setup demo test lint fetch-containerd bench clean
+.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree bench clean
 
 # pystemd builds from source against libsystemd; pci.ids gives detect real product names.
 $(VENV)/.apt-done:
@@ -47,7 +47,12 @@ lint: setup
 fetch-containerd: setup
 	$(BIN)/python tests/real/fetch_containerd.py 1.6 1.7 2
 
-test: lint fetch-containerd
+# Debian's kernel modules plus NVIDIA stand-ins with real symbol dependencies, for the real
+# kmod tools (depmod, modprobe --dry-run, modinfo); ~400 MB in the same cache.
+fetch-kmod-tree: setup
+	$(BIN)/python tests/real/fetch_kmod_tree.py
+
+test: lint fetch-containerd fetch-kmod-tree
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 from gpunode import log
 from gpunode.config import AgentConfig
 from gpunode.detect import Detection, detect
+from gpunode.driver.modules import Kmod
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
 from gpunode.state import SCHEMA_VERSION, STATE_PATH
@@ -35,19 +36,42 @@ class BootRun:
     outcome: str = "ok"
 
 
-def plan(host: Host, config: AgentConfig, systemd: Systemd) -> tuple[Detection, list[Action]]:
+@dataclass(frozen=True)
+class Adapters:
+    """Everything the pipeline asks of the outside world, in one place for tests to replace."""
+
+    systemd: Systemd
+    kmod: Kmod
+    build: Any = None  # (fetcher, builder) for the build strategy
+
+
+def adapters_for(host: Host, config: AgentConfig) -> Adapters:
+    from gpunode.driver import build
+    from gpunode.driver.modules import KmodTools
+    from gpunode.systemd import for_host
+
+    return Adapters(systemd=for_host(host.is_live), kmod=KmodTools(may_load=host.is_live),
+                    build=build.default_adapters(config.driver.build, host))
+
+
+def plan(host: Host, config: AgentConfig, adapters: Adapters) -> tuple[Detection, list[Action]]:
     from gpunode.containerd import step as containerd
+    from gpunode.driver import step as driver
 
     detection = detect(host)
     if not detection.gpus:
         return detection, []
-    the_plan = containerd.plan(host, config.containerd, systemd)
-    if not the_plan.changed:
-        return detection, []
-    return detection, [Action("containerd", line) for line in the_plan.describe()]
+    actions: list[Action] = []
+    driver_plan = driver.plan(host, config.driver, detection, adapters.kmod)
+    if driver_plan.changed:
+        actions += [Action("driver", line) for line in driver_plan.describe()]
+    the_plan = containerd.plan(host, config.containerd, adapters.systemd)
+    if the_plan.changed:
+        actions += [Action("containerd", line) for line in the_plan.describe()]
+    return detection, actions
 
 
-def boot(host: Host, config: AgentConfig, systemd: Systemd) -> BootRun:
+def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
     run = BootRun(started_at=_now())
     with _recorded(run, "detect") as fields:
         detection = detect(host)
@@ -55,22 +79,41 @@ def boot(host: Host, config: AgentConfig, systemd: Systemd) -> BootRun:
     if not detection.gpus:
         run.outcome = "no-gpu"
     else:
-        _containerd(host, config, systemd, run)
+        # Each step is attempted even when an earlier one failed: the runtime config does not
+        # need the driver, and the record then names every problem at once.
+        _step(run, "driver", lambda fields: _driver(host, config, detection, adapters, fields))
+        _step(run, "containerd", lambda fields: _containerd(host, config, adapters, fields))
     write_record(host, run)
     return run
 
 
-def _containerd(host: Host, config: AgentConfig, systemd: Systemd, run: BootRun) -> None:
-    from gpunode.containerd import step as containerd
-
+def _step(run: BootRun, name: str, action: Callable[[dict[str, Any]], None]) -> None:
     try:
-        with _recorded(run, "containerd") as fields:
-            the_plan = containerd.plan(host, config.containerd, systemd)
-            outcome = containerd.apply(host, the_plan, systemd, config.containerd.restart_timeout)
-            fields.update(changed=outcome.changed, restarted=outcome.restarted,
-                          config=outcome.target)
+        with _recorded(run, name) as fields:
+            action(fields)
     except GpunodeError:
         run.outcome = "failed"  # recorded and logged by _recorded; boot goes on to the record
+
+
+def _driver(host: Host, config: AgentConfig, detection: Detection, adapters: Adapters,
+            fields: dict[str, Any]) -> None:
+    from gpunode.driver import step as driver
+
+    the_plan = driver.plan(host, config.driver, detection, adapters.kmod)
+    fields.update(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
+                  action=the_plan.choice.action, reason=the_plan.choice.reason)
+    outcome = driver.apply(host, the_plan, config.driver, adapters.kmod, adapters.build)
+    fields.update(outcome.fields())
+
+
+def _containerd(host: Host, config: AgentConfig, adapters: Adapters,
+                fields: dict[str, Any]) -> None:
+    from gpunode.containerd import step as containerd
+
+    the_plan = containerd.plan(host, config.containerd, adapters.systemd)
+    outcome = containerd.apply(host, the_plan, adapters.systemd,
+                               config.containerd.restart_timeout)
+    fields.update(changed=outcome.changed, restarted=outcome.restarted, config=outcome.target)
 
 
 @contextmanager

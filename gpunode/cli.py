@@ -104,10 +104,10 @@ def _status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
 
 def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode import boot, systemd
+    from gpunode import boot
 
     with log.step("plan") as fields:
-        detection, actions = boot.plan(host, config, systemd.for_host(host.is_live))
+        detection, actions = boot.plan(host, config, boot.adapters_for(host, config))
         fields.update(actions=len(actions))
     if args.json:
         _print_json({"schema_version": 1, "root": str(host.root),
@@ -124,9 +124,9 @@ def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
 
 def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode import boot, systemd
+    from gpunode import boot
 
-    run = boot.boot(host, config, systemd.for_host(host.is_live))
+    run = boot.boot(host, config, boot.adapters_for(host, config))
     log.get().info("boot.done", outcome=run.outcome, steps=[s["name"] for s in run.steps])
     return EXIT_FAILED if run.outcome == "failed" else EXIT_OK
 

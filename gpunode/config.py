@@ -46,10 +46,36 @@ class KubeletConfig:
 
 
 @dataclass(frozen=True)
+class BuildConfig:
+    enabled: bool = False  # building needs network and minutes: an explicit choice
+    dev_container_url: str = ("https://{group}.release.flatcar-linux.net/{board}/{version}/"
+                              "flatcar_developer_container.bin.bz2")
+    dev_container_sha512: str | None = None
+    driver_url: str = ("https://us.download.nvidia.com/tesla/{driver}/"
+                       "NVIDIA-Linux-x86_64-{driver}.run")
+    driver_sha256: str | None = None
+    allow_unverified: bool = False
+    command: tuple[str, ...] = ()  # builder argv template; empty: systemd-nspawn (see README)
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    strategy: str = "auto"
+    flavour: str = "auto"
+    version: str = "570.195.03"
+    sysext: str | None = None  # e.g. "nvidia-drivers-570-open"; None: from version and flavour
+    prebuilt_dirs: tuple[str, ...] = ("/opt/nvidia/modules",)
+    extra_modules: tuple[str, ...] = ()
+    module_params: dict[str, str] = field(default_factory=dict)
+    build: BuildConfig = field(default_factory=BuildConfig)
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     log: LogConfig = field(default_factory=LogConfig)
     containerd: ContainerdConfig = field(default_factory=ContainerdConfig)
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
+    driver: DriverConfig = field(default_factory=DriverConfig)
     source: str = "defaults"  # the file it was read from, for `status` and logs
 
 
@@ -58,6 +84,15 @@ def _one_of(*allowed: str) -> Callable[[Any], str | None]:
         return None if value in allowed else f"must be one of {', '.join(allowed)}"
 
     return check
+
+
+DRIVER_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+
+
+def _hex_digest(value: Any, length: int) -> str | None:
+    if re.fullmatch(f"[0-9a-f]{{{length}}}", str(value)):
+        return None
+    return f"must be {length} lowercase hex digits"
 
 
 def _absolute_path(value: Any) -> str | None:
@@ -83,6 +118,19 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("containerd", "mode"): _one_of("in-place", "drop-in"),
     ("containerd", "restart_timeout"): lambda v: None if 1 <= v <= 600 else "must be 1 to 600",
     ("kubelet", "device_plugin_socket"): _absolute_path,
+    ("driver", "strategy"): _one_of("auto", "flatcar-sysext", "prebuilt", "build", "external"),
+    ("driver", "flavour"): _one_of("auto", "open", "proprietary", "grid"),
+    ("driver", "version"): lambda v: None if re.fullmatch(r"\d+\.\d+(\.\d+)?", v)
+    else "must be an NVIDIA driver version like 570.195.03",
+    ("driver", "sysext"): lambda v: None if re.fullmatch(r"nvidia-drivers-\d+(-open)?", v)
+    else "must name a Flatcar driver sysext like nvidia-drivers-570 or nvidia-drivers-570-open",
+    ("driver", "prebuilt_dirs"): lambda v: next(filter(None, map(_absolute_path, v)), None),
+    ("driver", "extra_modules"): lambda v: None if set(v) <= {"nvidia_drm", "nvidia_peermem"}
+    else "may only name nvidia_drm and nvidia_peermem",
+    ("driver", "module_params"): lambda v: None if set(v) <= set(DRIVER_MODULES)
+    else f"may only name the modules {', '.join(DRIVER_MODULES)}",
+    ("driver.build", "dev_container_sha512"): lambda v: _hex_digest(v, 128),
+    ("driver.build", "driver_sha256"): lambda v: _hex_digest(v, 64),
 }
 
 
@@ -132,6 +180,12 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
             raise ConfigError(shown, dotted, f"unknown key; valid keys in [{section}] are "
                               f"{', '.join(known)}", line)
         expected = _expected_type(hints[key])
+        if dataclasses.is_dataclass(expected):  # a sub-table: [section.key]
+            if not isinstance(value, dict):
+                raise ConfigError(shown, dotted, f"must be a table ([{dotted}]), not "
+                                  f"{_type_name(value)}", line)
+            values[key] = _parse_section(expected, dotted, value, text, shown)
+            continue
         if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
             raise ConfigError(shown, dotted, f"must be a {_TYPE_NAMES[expected]}, not "
                               f"{_type_name(value)} ({value!r})", line)
@@ -140,6 +194,8 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
                 raise ConfigError(shown, dotted, f"must be an array of strings, not {value!r}",
                                   line)
             values[key] = tuple(value)
+        if expected is dict and not all(isinstance(item, str) for item in value.values()):
+            raise ConfigError(shown, dotted, f"must be a table of strings, not {value!r}", line)
         check = _VALUE_CHECKS.get((section, key))
         problem = check(value) if check else None
         if problem:
@@ -152,6 +208,8 @@ def _expected_type(hint: Any) -> type:
     the TOML array it is read from."""
     if typing.get_origin(hint) is tuple:
         return list
+    if typing.get_origin(hint) is dict:
+        return dict
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
 

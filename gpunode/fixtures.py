@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 STATES = ("bare", "driver", "ready")
+KERNEL = "6.6.60-flatcar"  # the fixture node's running kernel (uname -r)
 
 NVIDIA = "10de"
 CLASS_3D = "030200"
@@ -47,6 +48,7 @@ class Machine:
     description: str
     functions: tuple[Fn, ...]
     dmi_product: str = "Virtual Machine"
+    dmi_vendor: str = "Microsoft Corporation"
     driver_version: str = "550.127.08"
     open_modules: bool = False
     nouveau: bool = False  # the nouveau module is loaded (it then holds the GPUs)
@@ -124,16 +126,19 @@ def build(machine: Machine, root: Path, options: Options | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     _write(root, "/etc/os-release", FLATCAR_OS_RELEASE)
     _write(root, "/sys/class/dmi/id/product_name", machine.dmi_product + "\n")
+    _write(root, "/sys/class/dmi/id/sys_vendor", machine.dmi_vendor + "\n")
+    _write(root, "/proc/sys/kernel/osrelease", KERNEL + "\n")
     _write(root, "/proc/stat", f"cpu  1 0 1 100 0 0 0 0 0 0\nbtime {BOOT_TIME}\n")
     for fn in machine.functions:
-        _write_function(root, fn, loaded)
-    _write(root, "/proc/modules", _modules(machine, loaded))
-    _write(root, "/proc/devices", _devices(loaded))
+        _write_function(root, fn, False)
+    _write(root, "/proc/modules", _modules(machine, False))
+    _write(root, "/proc/devices", _devices(False))
     if options.pci_ids:
         _write(root, "/usr/share/misc/pci.ids", PCI_IDS_EXCERPT)
     _write_containerd_base(root)
     if loaded:
-        _write_driver(root, machine, options)
+        load_driver(root, machine)
+        _write_nodes(root, machine, options)
     if options.state == "ready":
         _write_ready(root, machine)
     if options.state in ("driver", "ready"):
@@ -223,7 +228,14 @@ def _devices(loaded: bool) -> str:
             "\n\nBlock devices:\n  7 loop\n  8 sd\n259 blkext\n")
 
 
-def _write_driver(root: Path, machine: Machine, options: Options) -> None:
+def load_driver(root: Path, machine: Machine) -> None:
+    """What the kernel shows once the NVIDIA modules are loaded: the GPUs bound to nvidia,
+    the modules in /proc/modules, their majors in /proc/devices, /proc/driver/nvidia. Device
+    nodes are not made (udev does not make them all; gpunode does)."""
+    for fn in machine.functions:
+        _write_function(root, fn, True)
+    _write(root, "/proc/modules", _modules(machine, True))
+    _write(root, "/proc/devices", _devices(True))
     module = ("NVIDIA UNIX Open Kernel Module for x86_64" if machine.open_modules
               else "NVIDIA UNIX x86_64 Kernel Module")
     _write(root, "/proc/driver/nvidia/version",
@@ -232,17 +244,24 @@ def _write_driver(root: Path, machine: Machine, options: Options) -> None:
            "GCC version:  gcc version 13.3.1 20240614 (Gentoo 13.3.1_p20240614 p17)\n")
     names = {"1eb8": "Tesla T4", "20b5": "NVIDIA A100 80GB PCIe", "20b2": "NVIDIA A100-SXM4-80GB",
              "2236": "NVIDIA A10"}
-    usable = [g for g in machine.gpus if g.driver is None]
-    for minor, g in enumerate(usable):
+    for minor, g in enumerate(_usable(machine)):
         _write(root, f"/proc/driver/nvidia/gpus/{g.address}/information",
                f"Model: \t\t {names.get(g.device, 'NVIDIA Graphics Device')}\nIRQ:   \t\t 0\n"
                f"GPU UUID: \t GPU-{minor:08x}-0000-0000-0000-000000000000\n"
                f"Video BIOS: \t 92.00.00.00.01\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
                f"DMA Mask: \t 0x7fffffffffff\nBus Location: \t {g.address}\n"
                f"Device Minor: \t {minor}\nGPU Excluded:\t No\n")
+
+
+def _usable(machine: Machine) -> list[Fn]:
+    return [g for g in machine.gpus if g.driver is None]
+
+
+def _write_nodes(root: Path, machine: Machine, options: Options) -> None:
     nodes = {"/dev/nvidiactl": (NVIDIA_MAJOR, 255), "/dev/nvidia-modeset": (NVIDIA_MAJOR, 254),
              "/dev/nvidia-uvm": (UVM_MAJOR, 0), "/dev/nvidia-uvm-tools": (UVM_MAJOR, 1)}
-    nodes |= {f"/dev/nvidia{minor}": (NVIDIA_MAJOR, minor) for minor in range(len(usable))}
+    nodes |= {f"/dev/nvidia{minor}": (NVIDIA_MAJOR, minor)
+              for minor in range(len(_usable(machine)))}
     real = options.dev_nodes == "char" or (options.dev_nodes == "auto" and os.geteuid() == 0)
     for path, (major, minor) in nodes.items():
         make_char_device(root, path, major, minor, real)

@@ -79,8 +79,8 @@ class Host:
                 raise HostError("resolve", shown, "too many levels of symbolic links")
             base = "/" if target.startswith("/") else real_parent
             resolved = self._resolve(_normalize(base, target, shown), links + 1, shown)
-        # Remembered for this Host's lifetime (one command): gpunode creates no symlinks, so
-        # what a name resolves to cannot change under it.
+        # Remembered for this Host's lifetime (one command); symlink() forgets it all, and
+        # nothing else gpunode does changes what a name resolves to.
         self._resolved.setdefault(path, resolved)
         return resolved
 
@@ -188,12 +188,52 @@ class Host:
             raise HostError("write", shown, _reason(exc)) from exc
         _fsync_dir(target.parent)
 
+    def lstat(self, path: str) -> os.stat_result | None:
+        """lstat() of the entry itself (a final symlink is not followed); None when absent."""
+        try:
+            return os.lstat(self._entry(path))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise HostError("stat", self.display(path), _reason(exc)) from exc
+
+    def _entry(self, path: str) -> Path:
+        """The real path of a directory entry itself: its parent resolved, not the entry."""
+        parent, _, name = path.rstrip("/").rpartition("/")
+        return self.path(parent or "/") / name
+
+    def make_char_device(self, path: str, major: int, minor: int, mode: int) -> None:
+        """Create a character device node (replacing whatever is there) with exactly `mode`."""
+        target = self._entry(path)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
+            os.mknod(target, stat.S_IFCHR | mode, os.makedev(major, minor))
+            os.chmod(target, mode)  # mknod applies the umask
+        except OSError as exc:
+            raise HostError("create device", self.display(path), _reason(exc)) from exc
+
+    def symlink(self, path: str, target: str) -> None:
+        """Point `path` at `target` (replacing a link or file there) in one rename."""
+        link = self._entry(path)
+        temp = link.with_name(f".{link.name}.gpunode-tmp")
+        try:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+            os.symlink(target, temp)
+            os.rename(temp, link)
+        except OSError as exc:
+            raise HostError("link", self.display(path), _reason(exc)) from exc
+        self._resolved.clear()  # a name may now resolve elsewhere
+
     def remove(self, path: str) -> None:
         """Remove a file (a symlink itself, not its target); one already gone is fine."""
-        parent, _, name = path.rstrip("/").rpartition("/")
-        directory = self.path(parent or "/")
+        entry = self._entry(path)
+        directory = entry.parent
         try:
-            os.unlink(directory / name)
+            os.unlink(entry)
         except FileNotFoundError:
             return
         except OSError as exc:

@@ -46,15 +46,16 @@ def test_boot_configures_records_and_a_second_boot_changes_nothing(
     assert code == 0
     record = json.loads((node.root / "run/gpunode/state.json").read_text())
     assert record["outcome"] == "ok"
-    assert [s["name"] for s in record["steps"]] == ["detect", "containerd"]
-    assert record["steps"][1]["changed"] is True
+    assert [s["name"] for s in record["steps"]] == ["detect", "driver", "containerd"]
+    assert record["steps"][1]["strategy"] == "external"  # the fixture's driver is loaded
+    assert record["steps"][2]["changed"] is True
     assert {e["event"] for e in events} >= {"step.done", "boot.done"}
 
     code, out, _ = run(capsys, "--root", str(node.root), "plan")
     assert (code, out.strip()) == (0, "nothing to change: the node is already configured")
     code, _, _ = run(capsys, "--root", str(node.root), "boot")
     record = json.loads((node.root / "run/gpunode/state.json").read_text())
-    assert record["steps"][1]["changed"] is False
+    assert record["steps"][2]["changed"] is False
 
 
 def test_boot_on_a_cpu_node_is_a_no_op(

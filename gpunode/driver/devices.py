@@ -1,0 +1,97 @@
+"""The /dev/nvidia* nodes containers need: what they must be (pure), and making them so.
+
+udev does not create the UVM nodes at boot; every peer runs `nvidia-modprobe -u -c=0` or
+mknod. Majors come from /proc/devices (the driver registers `nvidia-frontend`, some builds
+`nvidia`), minors from the driver: one per GPU (`Device Minor:`), 255 control, 254 modeset,
+0/1 for UVM and UVM tools, and the MIG capability minors it publishes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from gpunode import driverinfo, log
+from gpunode.host import Host
+
+MODE = 0o666
+CAPS_DIR = f"{driverinfo.PROC_NVIDIA}/capabilities/mig"
+
+
+@dataclass(frozen=True)
+class Node:
+    path: str
+    major: int
+    minor: int
+
+    @property
+    def char_link(self) -> str:
+        return f"/dev/char/{self.major}:{self.minor}"
+
+
+class MissingMajor(ValueError):
+    """/proc/devices lacks a major the driver should have registered."""
+
+
+def wanted(majors: dict[str, int], gpu_minors: list[int], modeset: bool,
+           cap_minors: dict[str, int]) -> list[Node]:
+    nvidia = driverinfo.nvidia_major(majors)
+    if nvidia is None:
+        raise MissingMajor("/proc/devices has no nvidia-frontend (or nvidia) major")
+    uvm = majors.get("nvidia-uvm")
+    if uvm is None:
+        raise MissingMajor("/proc/devices has no nvidia-uvm major: is nvidia_uvm loaded?")
+    nodes = [Node("/dev/nvidiactl", nvidia, 255)]
+    nodes += [Node(f"/dev/nvidia{m}", nvidia, m) for m in sorted(gpu_minors)]
+    if modeset:
+        nodes.append(Node("/dev/nvidia-modeset", nvidia, 254))
+    nodes += [Node("/dev/nvidia-uvm", uvm, 0), Node("/dev/nvidia-uvm-tools", uvm, 1)]
+    caps = majors.get("nvidia-caps")
+    if caps is not None:
+        nodes += [Node(f"/dev/nvidia-caps/nvidia-cap{minor}", caps, minor)
+                  for minor in sorted(cap_minors.values())]
+    return nodes
+
+
+def cap_minors(host: Host) -> dict[str, int]:
+    """MIG capability name → minor, from the driver's `DeviceFileMinor:` lines."""
+    minors: dict[str, int] = {}
+    for name in ("config", "monitor"):
+        text = host.read_optional(f"{CAPS_DIR}/{name}") or ""
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "DeviceFileMinor" and value.strip().isdigit():
+                minors[name] = int(value)
+    return minors
+
+
+def problem(host: Host, node: Node) -> str | None:
+    """Why the existing node is not right, or None when it is."""
+    st = host.lstat(node.path)
+    if st is None:
+        return "missing"
+    if not stat.S_ISCHR(st.st_mode):
+        return "not a character device"
+    actual = (os.major(st.st_rdev), os.minor(st.st_rdev))
+    if actual != (node.major, node.minor):
+        return f"is {actual[0]}:{actual[1]}, expected {node.major}:{node.minor}"
+    if stat.S_IMODE(st.st_mode) != MODE:
+        return f"has mode {stat.S_IMODE(st.st_mode):o}, expected {MODE:o}"
+    return None
+
+
+def ensure(host: Host, nodes: list[Node]) -> list[str]:
+    """Create or fix each node and its /dev/char link; what was done, for the log and record."""
+    done: list[str] = []
+    for node in nodes:
+        reason = problem(host, node)
+        if reason is not None:
+            if reason != "missing":
+                log.get().info("devices.replace", path=node.path, reason=reason)
+            host.make_char_device(node.path, node.major, node.minor, MODE)
+            done.append(f"{node.path} ({node.major}:{node.minor}): {reason}")
+        link_target = os.path.relpath(node.path, "/dev/char")
+        if host.read_link(node.char_link) != link_target:
+            host.symlink(node.char_link, link_target)
+    return done

@@ -1,0 +1,168 @@
+"""Loading the NVIDIA modules: the order, the parameters, and the kmod tools that do it.
+
+Modules from the running kernel's tree (the Flatcar sysext merges them into /usr/lib/modules)
+are loaded with `modprobe`, which resolves dependencies itself. Modules from a directory
+(prebuilt or a cached build) are loaded with `insmod` by path, nvidia first, after `modprobe`
+of the kernel modules each one depends on (`modinfo -F depends`). No shell anywhere; a failure
+keeps the tool's stderr and the kernel's last NVRM lines.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shlex
+import stat
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpunode import command
+from gpunode.errors import GpunodeError
+from gpunode.host import Host
+
+BASE_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
+ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+
+
+class LoadError(GpunodeError):
+    def __init__(self, module: str, cause: str, kernel_says: list[str]) -> None:
+        self.module = module
+        self.kernel_says = kernel_says
+        said = f"; kernel: {' | '.join(kernel_says)}" if kernel_says else ""
+        self.hint = ("check that the modules match the running kernel and that Secure Boot "
+                     "accepts them ('dmesg | grep -i nvrm')")
+        super().__init__(f"Failed to load '{module}': {cause}{said}")
+
+
+@dataclass(frozen=True)
+class LoadStep:
+    """One tool call: argv without the program, for the plan, the log and the tests."""
+
+    module: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class LoadPlan:
+    steps: tuple[LoadStep, ...] = field(default=())
+
+    def describe(self) -> list[str]:
+        return [" ".join(s.argv) for s in self.steps]
+
+
+def wanted(extra: tuple[str, ...]) -> list[str]:
+    return [m for m in ORDER if m in BASE_MODULES or m in extra]
+
+
+def params(module_params: dict[str, str], module: str) -> list[str]:
+    return shlex.split(module_params.get(module, ""))
+
+
+def modprobe_plan(modules: list[str], module_params: dict[str, str],
+                  loaded: set[str]) -> LoadPlan:
+    """Modules from the kernel's own tree: modprobe each one that is not loaded yet."""
+    return LoadPlan(tuple(LoadStep(m, ("modprobe", m, *params(module_params, m)))
+                          for m in modules if m not in loaded))
+
+
+def directory_plan(modules: list[str], files: dict[str, str], depends: dict[str, list[str]],
+                   module_params: dict[str, str], loaded: set[str]) -> LoadPlan:
+    """Modules from a directory: kernel dependencies by modprobe, then insmod by path."""
+    steps: list[LoadStep] = []
+    done = set(loaded)
+    for module in modules:
+        if module in done:
+            continue
+        for dep in depends.get(module, []):
+            if dep not in done and dep not in files:
+                steps.append(LoadStep(dep, ("modprobe", dep)))
+                done.add(dep)
+        steps.append(LoadStep(module, ("insmod", files[module], *params(module_params, module))))
+        done.add(module)
+    return LoadPlan(tuple(steps))
+
+
+def module_files(host: Host, directory: str) -> dict[str, str]:
+    """module name → host path of its .ko under `directory` (nvidia-uvm.ko is nvidia_uvm)."""
+    found: dict[str, str] = {}
+    for entry in host.list_dir(directory):
+        path = f"{directory}/{entry}"
+        if entry.endswith((".ko", ".ko.xz", ".ko.zst")):
+            found.setdefault(entry.split(".ko")[0].replace("-", "_"), path)
+            continue
+        st = host.stat(path)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            for name, sub in module_files(host, path).items():
+                found.setdefault(name, sub)
+    return found
+
+
+class Kmod(Protocol):
+    def depends(self, path: str) -> list[str]: ...
+
+    def run(self, argv: tuple[str, ...]) -> None: ...
+
+
+@dataclass(frozen=True)
+class KmodTools:
+    """The real kmod tools (`modinfo`, `modprobe`, `insmod`); paths are real file paths.
+
+    `may_load` is false under --root: the tree's modules are not for the kernel this machine
+    runs, so reading them is fine and loading them is refused."""
+
+    may_load: bool = True
+    timeout: float = 120.0
+
+    def depends(self, path: str) -> list[str]:
+        out = command.run(["modinfo", "-F", "depends", path], 10)
+        return [d.strip().replace("-", "_") for d in out.strip().split(",") if d.strip()]
+
+    def run(self, argv: tuple[str, ...]) -> None:
+        if not self.may_load:
+            raise command.CommandFailed(argv, None, "modules are not loaded under --root: the "
+                                        "tree's kernel is not the one this machine runs")
+        command.run(list(argv), self.timeout)
+
+
+def execute(host: Host, plan: LoadPlan, kmod: Kmod) -> list[str]:
+    """Run each step; the modules actually loaded, in order. Stops at the first failure."""
+    done: list[str] = []
+    for step in plan.steps:
+        argv = step.argv
+        if argv[0] == "insmod":  # a host path: the tool needs the real one
+            argv = (argv[0], str(host.path(argv[1])), *argv[2:])
+        try:
+            kmod.run(argv)
+        except command.CommandFailed as exc:
+            raise LoadError(step.module, exc.stderr.strip() or str(exc),
+                            nvrm_lines(host)) from exc
+        done.append(step.module)
+    return done
+
+
+def nvrm_lines(host: Host, limit: int = 8) -> list[str]:
+    """The kernel's last NVRM messages: /dev/kmsg records (or a plain file under --root)."""
+    path = host.path("/dev/kmsg")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return []
+    records: list[str] = []
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            records = os.read(fd, 1 << 20).decode(errors="replace").splitlines()
+        else:
+            while True:  # one record per read; EAGAIN at the end of the ring buffer
+                try:
+                    record = os.read(fd, 8192)
+                except OSError as exc:
+                    if exc.errno == errno.EPIPE:
+                        continue  # overwritten while reading: carry on with the next one
+                    if exc.errno == errno.EAGAIN:
+                        break
+                    raise
+                records.append(record.decode(errors="replace"))
+    finally:
+        os.close(fd)
+    messages = [r.split(";", 1)[-1].strip() for r in records]
+    return [m for m in messages if "NVRM" in m][-limit:]

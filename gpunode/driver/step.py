@@ -1,0 +1,278 @@
+"""The driver step: observe, plan (strategy, flavour, load steps), apply, create nodes, verify.
+
+`plan()` reads the host and decides; `apply()` acts on the decision through a Kmod adapter
+(real modprobe/insmod on a node; tests use a recording fake, since no module can be loaded
+here) and the build adapters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpunode import command, driverinfo, log
+from gpunode.config import DriverConfig
+from gpunode.detect import Detection, module_loaded
+from gpunode.driver import devices, flavour, modules, strategy
+from gpunode.errors import GpunodeError
+from gpunode.host import Host
+
+ENABLED_SYSEXT = "/etc/flatcar/enabled-sysext.conf"
+EXTENSION_RELEASE_DIR = "/usr/lib/extension-release.d"
+SYSEXT_PREFIX = "extension-release.flatcar-nvidia-drivers-"
+NVIDIA_SMI = ("/opt/bin/nvidia-smi", "/usr/bin/nvidia-smi")
+NOUVEAU_HINT = ("blacklist it: write 'blacklist nouveau' and 'options nouveau modeset=0' to "
+                "/etc/modprobe.d/blacklist-nouveau.conf, then reboot")
+
+
+class DriverError(GpunodeError):
+    def __init__(self, message: str, hint: str = "") -> None:
+        self.hint = hint
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class Plan:
+    kernel: str
+    flavour: flavour.FlavourChoice
+    choice: strategy.Choice
+    modules: tuple[str, ...]
+    load: modules.LoadPlan = field(default_factory=modules.LoadPlan)
+    sysext_line: str | None = None  # to add to /etc/flatcar/enabled-sysext.conf
+    gpu_addresses: tuple[str, ...] = ()  # GPUs the driver must see (not those on vfio-pci)
+
+    @property
+    def changed(self) -> bool:
+        return (bool(self.load.steps) or self.choice.action == "build"
+                or self.sysext_line is not None)
+
+    def describe(self) -> list[str]:
+        lines = [f"{self.choice.strategy}: {self.choice.reason} ({self.flavour.flavour} modules: "
+                 f"{self.flavour.reason})"]
+        if self.sysext_line:
+            lines.append(f"add '{self.sysext_line}' to {ENABLED_SYSEXT} (takes effect at the "
+                         "next boot)")
+        if self.choice.action == "build":
+            lines.append(f"build {', '.join(self.modules)} for {self.kernel}, then load them")
+        lines += [f"run {step}" for step in self.load.describe()]
+        return lines
+
+
+@dataclass(frozen=True)
+class Outcome:
+    strategy: str
+    flavour: str
+    version: str | None
+    loaded: tuple[str, ...]
+    nodes: tuple[str, ...]
+    source: str | None
+
+    def fields(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "flavour": self.flavour, "driver_version": self.version,
+                "modules_loaded": list(self.loaded), "device_nodes": list(self.nodes),
+                "source": self.source}
+
+
+# -- observation ---------------------------------------------------------------------------------
+
+
+def kernel_release(host: Host) -> str:
+    text = host.read_optional("/proc/sys/kernel/osrelease")
+    if not text or not text.strip():
+        raise DriverError("cannot tell the running kernel: /proc/sys/kernel/osrelease is "
+                          "missing", "is /proc mounted (and --root the node's root)?")
+    return text.strip()
+
+
+def loaded_modules(host: Host) -> set[str]:
+    text = host.read_optional("/proc/modules") or ""
+    return {line.split(" ", 1)[0] for line in text.splitlines() if line}
+
+
+def merged_sysexts(host: Host) -> tuple[str, ...]:
+    return tuple(entry.removeprefix("extension-release.")
+                 for entry in host.list_dir(EXTENSION_RELEASE_DIR)
+                 if entry.startswith(SYSEXT_PREFIX))
+
+
+def prebuilt_dir(host: Host, dirs: tuple[str, ...], kernel: str) -> str | None:
+    for base in dirs:
+        directory = f"{base}/{kernel}"
+        if "nvidia" in modules.module_files(host, directory):
+            return directory
+    return None
+
+
+def on_azure(host: Host) -> bool:
+    vendor = host.read_optional("/sys/class/dmi/id/sys_vendor") or ""
+    return vendor.strip() == flavour.AZURE_VENDOR
+
+
+def sysext_name(config: DriverConfig, chosen: str) -> str:
+    if config.sysext:
+        return config.sysext
+    branch = config.version.split(".")[0]
+    return f"nvidia-drivers-{branch}{'-open' if chosen == 'open' else ''}"
+
+
+# -- plan ----------------------------------------------------------------------------------------
+
+
+def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.Kmod) -> Plan:
+    if detection.nouveau_loaded:
+        raise DriverError("the nouveau module is loaded and holds the GPUs; gpunode loads "
+                          "nothing while it is", NOUVEAU_HINT)
+    from gpunode.driver import build
+
+    kernel = kernel_release(host)
+    chosen = flavour.choose(detection.gpus, config.flavour, on_azure(host))
+    version = driverinfo.parse_version(host.read_optional(f"{driverinfo.PROC_NVIDIA}/version")
+                                       or "")
+    cache = build.find_usable(host, kernel, config.version, chosen.flavour)
+    facts = strategy.DriverFacts(
+        kernel=kernel,
+        loaded_version=version.version if version else None,
+        merged_sysexts=merged_sysexts(host),
+        prebuilt_dir=prebuilt_dir(host, config.prebuilt_dirs, kernel),
+        cache_entry=cache.path if cache else None,
+        build_enabled=config.build.enabled,
+    )
+    choice = strategy.choose(config.strategy, facts)
+    wanted = tuple(modules.wanted(config.extra_modules))
+    sysext_line = _missing_sysext_line(host, config, chosen.flavour)
+    if choice.action == "fail" and sysext_line is None:
+        raise DriverError(choice.reason, choice.hint)
+    load = modules.LoadPlan()
+    loaded = loaded_modules(host)
+    if choice.action == "load" and choice.strategy == "flatcar-sysext":
+        load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
+    elif choice.action == "load" and choice.source:
+        load = directory_load(host, choice.source, wanted, config, kmod)
+    return Plan(kernel=kernel, flavour=chosen, choice=choice, modules=wanted, load=load,
+                sysext_line=sysext_line,
+                gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"))
+
+
+def directory_load(host: Host, directory: str, wanted: tuple[str, ...], config: DriverConfig,
+                   kmod: modules.Kmod) -> modules.LoadPlan:
+    """insmod steps for a directory of modules, after modprobe of their kernel dependencies."""
+    files = modules.module_files(host, directory)
+    _require(files, wanted, directory)
+    try:
+        depends = {m: kmod.depends(str(host.path(files[m]))) for m in wanted}
+    except command.CommandFailed as exc:
+        raise DriverError(f"cannot read the module information in {directory}: {exc}",
+                          "are these kernel modules for this kernel?") from exc
+    return modules.directory_plan(list(wanted), files, depends, config.module_params,
+                                  loaded_modules(host))
+
+
+def _missing_sysext_line(host: Host, config: DriverConfig, chosen: str) -> str | None:
+    """The enabled-sysext.conf line to add, when the sysext is asked for and not listed."""
+    if config.strategy != "flatcar-sysext" and not config.sysext:
+        return None
+    name = sysext_name(config, chosen)
+    text = host.read_optional(ENABLED_SYSEXT) or ""
+    listed = {line.strip() for line in text.splitlines() if not line.startswith("#")}
+    return None if name in listed else name
+
+
+def _require(files: dict[str, str], wanted: tuple[str, ...], directory: str) -> None:
+    missing = [m for m in wanted if m not in files]
+    if missing:
+        raise DriverError(f"{directory} has no module file for {', '.join(missing)}",
+                          "ship all of nvidia, nvidia_uvm and nvidia_modeset (plus the "
+                          "configured extra modules) together")
+
+
+# -- apply ---------------------------------------------------------------------------------------
+
+
+def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
+          build_adapters: Any = None) -> Outcome:
+    if the_plan.sysext_line is not None:
+        _add_sysext_line(host, the_plan.sysext_line)
+        if the_plan.choice.action == "fail":
+            raise DriverError(f"{the_plan.choice.reason}; '{the_plan.sysext_line}' was added to "
+                              f"{ENABLED_SYSEXT}", "reboot the node: the initramfs fetches and "
+                              "merges the sysext at the next boot")
+    load = the_plan.load
+    source = the_plan.choice.source
+    if the_plan.choice.action == "build":
+        source = _build(host, the_plan, config, build_adapters)
+        load = directory_load(host, source, the_plan.modules, config, kmod)
+    loaded = tuple(modules.execute(host, load, kmod))
+    nodes = make_nodes(host)
+    problems = verify(host, the_plan.gpu_addresses)
+    if problems:
+        raise DriverError("; ".join(problems), "see 'dmesg | grep NVRM'")
+    version = driverinfo.parse_version(host.read_optional(f"{driverinfo.PROC_NVIDIA}/version")
+                                       or "")
+    return Outcome(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
+                   version=version.version if version else None, loaded=loaded,
+                   nodes=tuple(nodes), source=source)
+
+
+def _add_sysext_line(host: Host, name: str) -> None:
+    text = host.read_optional(ENABLED_SYSEXT) or ""
+    if text and not text.endswith("\n"):
+        text += "\n"
+    host.make_dirs(ENABLED_SYSEXT.rpartition("/")[0])
+    host.write_atomic(ENABLED_SYSEXT, (text + name + "\n").encode(), mode=0o644)
+    log.get().info("driver.sysext_enabled", sysext=name, file=ENABLED_SYSEXT,
+                   note="takes effect at the next boot")
+
+
+def _build(host: Host, the_plan: Plan, config: DriverConfig, adapters: Any) -> str:
+    from gpunode.driver import build
+
+    if adapters is None:
+        raise DriverError("building needs the build adapters (fetcher, builder)")
+    fetcher, builder = adapters
+    inputs = build.BuildInputs(
+        kernel=the_plan.kernel, driver=config.version, flavour=the_plan.flavour.flavour,
+        dev_container_url=config.build.dev_container_url,
+        dev_container_sha512=config.build.dev_container_sha512,
+        driver_url=config.build.driver_url, driver_sha256=config.build.driver_sha256,
+        allow_unverified=config.build.allow_unverified)
+    result = build.build(host, inputs, fetcher, builder, build.host_facts(host))
+    return result.entry.path
+
+
+def make_nodes(host: Host) -> list[str]:
+    infos = driverinfo.read_gpu_infos(host)
+    majors = driverinfo.parse_char_majors(host.read_optional("/proc/devices") or "")
+    try:
+        nodes = devices.wanted(majors, [i.minor for i in infos.values() if i.minor is not None],
+                               module_loaded(host, "nvidia_modeset"), devices.cap_minors(host))
+    except devices.MissingMajor as exc:
+        raise DriverError(str(exc), "the NVIDIA modules did not register their devices; see "
+                          "'dmesg | grep NVRM'") from exc
+    return devices.ensure(host, nodes)
+
+
+def verify(host: Host, gpu_addresses: tuple[str, ...]) -> list[str]:
+    """What is wrong after loading: missing version file, GPUs the driver does not see."""
+    text = host.read_optional(f"{driverinfo.PROC_NVIDIA}/version")
+    if text is None:
+        return [f"{driverinfo.PROC_NVIDIA}/version is missing after loading"]
+    if driverinfo.parse_version(text) is None:
+        return [f"cannot parse {driverinfo.PROC_NVIDIA}/version"]
+    seen = driverinfo.read_gpu_infos(host)
+    missing = [a for a in gpu_addresses if a not in seen]
+    problems = [f"the driver does not see {', '.join(missing)}"] if missing else []
+    if host.is_live:
+        problems += _nvidia_smi(host)
+    return problems
+
+
+def _nvidia_smi(host: Host) -> list[str]:
+    binary = next((b for b in NVIDIA_SMI if host.is_executable_file(b)), None)
+    if binary is None:
+        return []
+    try:
+        out = command.run([binary, "-L"], 30)
+    except command.CommandFailed as exc:
+        return [f"{binary} -L failed: {exc}"]
+    log.get().info("driver.nvidia_smi", gpus=out.strip().splitlines())
+    return []
