@@ -49,6 +49,18 @@ def build_parser() -> argparse.ArgumentParser:
     boot = commands.add_parser("boot", help="the whole pipeline (what gpunode.service runs)")
     boot.set_defaults(run=_boot)
 
+    driver = commands.add_parser("driver", help="the driver step alone")
+    driver_actions = driver.add_subparsers(dest="action", required=True, metavar="ACTION")
+    driver_actions.add_parser("load", help="make the NVIDIA modules loaded (and device nodes)"
+                              ).set_defaults(run=_driver_load)
+    driver_actions.add_parser("build", help="build the modules for the running kernel into "
+                              "the cache (once per kernel, driver and flavour)"
+                              ).set_defaults(run=_driver_build)
+    driver_status = driver_actions.add_parser("status", help="what the driver step would do, "
+                                              "and the driver checks")
+    driver_status.add_argument("--json", action="store_true", help="print a JSON document")
+    driver_status.set_defaults(run=_driver_status)
+
     containerd = commands.add_parser("containerd", help="the container runtime step alone")
     actions = containerd.add_subparsers(dest="action", required=True, metavar="ACTION")
     configure = actions.add_parser("configure", help="add or reconcile the nvidia runtime")
@@ -129,6 +141,73 @@ def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     run = boot.boot(host, config, boot.adapters_for(host, config))
     log.get().info("boot.done", outcome=run.outcome, steps=[s["name"] for s in run.steps])
     return EXIT_FAILED if run.outcome == "failed" else EXIT_OK
+
+
+def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode import boot
+    from gpunode.detect import detect
+    from gpunode.driver import step
+
+    adapters = boot.adapters_for(host, config)
+    with log.step("driver") as fields:
+        the_plan = step.plan(host, config.driver, detect(host), adapters.kmod)
+        fields.update(strategy=the_plan.choice.strategy, action=the_plan.choice.action)
+        outcome = step.apply(host, the_plan, config.driver, adapters.kmod, adapters.build)
+        fields.update(outcome.fields())
+    print("\n".join([*the_plan.describe(), *outcome.nodes]))
+    return EXIT_OK
+
+
+def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode import boot
+    from gpunode.detect import detect
+    from gpunode.driver import build, flavour, step
+
+    adapters = boot.adapters_for(host, config)
+    with log.step("driver.build") as fields:
+        kernel = step.kernel_release(host)
+        chosen = flavour.choose(detect(host).gpus, config.driver.flavour, step.on_azure(host))
+        b = config.driver.build
+        inputs = build.BuildInputs(
+            kernel=kernel, driver=config.driver.version, flavour=chosen.flavour,
+            dev_container_url=b.dev_container_url, dev_container_sha512=b.dev_container_sha512,
+            driver_url=b.driver_url, driver_sha256=b.driver_sha256,
+            allow_unverified=b.allow_unverified)
+        fetcher, builder = adapters.build
+        result = build.build(host, inputs, fetcher, builder, build.host_facts(host))
+        fields.update(entry=result.entry.path, cache_hit=result.cache_hit,
+                      pruned=build.prune(host, build.installed_kernels(host)))
+    print(f"{result.entry.path} ({'cached' if result.cache_hit else 'built'})")
+    return EXIT_OK
+
+
+def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode import boot, status
+    from gpunode.detect import detect
+    from gpunode.driver import step
+
+    facts = status.observe(host, config)
+    report = status.evaluate(facts)
+    names = ("gpus", "nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes")
+    checks = [c for c in report.checks if c.name in names]
+    try:
+        the_plan = step.plan(host, config.driver, detect(host), boot.adapters_for(
+            host, config).kmod)
+        plan_lines, plan_error = the_plan.describe(), None
+    except GpunodeError as exc:
+        plan_lines, plan_error = [], str(exc)
+    ready = not any(c.state == status.FAIL for c in checks)
+    if args.json:
+        _print_json({"schema_version": 1, "root": str(host.root), "ready": ready,
+                     "plan": plan_lines, "plan_error": plan_error,
+                     "checks": [dataclasses.asdict(c) for c in checks]})
+    else:
+        from gpunode import render
+
+        sub = status.Report(tuple(checks), "ready" if ready else "not-ready")
+        print(render.status(sub, str(host.root), colour=sys.stdout.isatty()))
+        print("plan: " + ("; ".join(plan_lines) if plan_lines else f"cannot plan: {plan_error}"))
+    return EXIT_OK if ready else EXIT_FAILED
 
 
 def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:

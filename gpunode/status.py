@@ -276,14 +276,28 @@ def _driver(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Chec
     if facts.driver_version_text is None:
         return Check("driver", FAIL, f"{driverinfo.PROC_NVIDIA}/version is missing: the NVIDIA "
                      "driver is not loaded",
-                     "load the NVIDIA kernel modules ('modprobe nvidia'); if that fails, "
-                     "'dmesg | grep NVRM' says why")
+                     "run 'gpunode driver load' (gpunode boot does this at boot); 'gpunode "
+                     "driver status' says which way it would load them")
     if driver is None:
         first = facts.driver_version_text.strip().splitlines()[:1] or ["(empty)"]
         return Check("driver", FAIL, f"cannot parse {driverinfo.PROC_NVIDIA}/version: {first[0]!r}",
                      "the loaded module is not an NVIDIA driver gpunode knows; check 'modinfo "
                      "nvidia'")
-    return Check("driver", OK, f"NVIDIA {driver.version} ({driver.flavour} kernel modules)")
+    return Check("driver", OK, f"NVIDIA {driver.version} ({driver.flavour} kernel modules)"
+                 + _how_loaded(facts.last_boot))
+
+
+def _how_loaded(record: BootRecord | None) -> str:
+    """How the last boot got the driver, from its record: strategy, source, modules, time."""
+    step = next((s for s in record.steps if s.get("name") == "driver"), None) if record else None
+    if step is None or step.get("outcome") != "ok" or not step.get("strategy"):
+        return ""
+    how = f"; last boot: {step['strategy']}"
+    if step.get("source"):
+        how += f" from {step['source']}"
+    if step.get("modules_loaded"):
+        how += f", loaded {', '.join(step['modules_loaded'])}"
+    return how + f" in {step.get('duration_ms', 0):.0f} ms"
 
 
 def _usable_gpus(d: Detection) -> list[PciFunction]:

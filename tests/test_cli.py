@@ -104,7 +104,7 @@ def test_status_table_shows_hints_for_what_is_not_ok(
     assert lines[0] == f"gpunode status ({host.root}): NOT READY"
     driver = next(i for i, line in enumerate(lines) if line.startswith("driver "))
     assert lines[driver].split()[:2] == ["driver", "fail"]
-    assert lines[driver + 1].strip().startswith("hint: load the NVIDIA kernel modules")
+    assert lines[driver + 1].strip().startswith("hint: run 'gpunode driver load'")
     assert "\033[" not in out  # no colour when stdout is not a terminal
 
 

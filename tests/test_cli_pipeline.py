@@ -140,3 +140,44 @@ def test_no_change_configure_imports_neither_tomlkit_nor_pystemd(node: Host) -> 
                 if line.startswith("import time:")}
     assert "gpunode.containerd.edit" in imported  # the measurement sees gpunode's own modules
     assert not {m for m in imported if m.split(".")[0] in ("tomlkit", "pystemd")}
+
+
+def test_driver_status_says_what_it_would_do_and_exits_by_the_checks(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = make_host("nc4as-t4-v3", "bare", extra={
+        "/usr/lib/extension-release.d/extension-release.flatcar-nvidia-drivers-570": "ID=x\n"})
+    code, out, _ = run(capsys, "--root", str(bare.root), "driver", "status", "--json")
+    doc = json.loads(out)
+    assert code == 1
+    assert doc["plan"][0].startswith("flatcar-sysext: the Flatcar driver sysext "
+                                     "flatcar-nvidia-drivers-570 is merged")
+    assert doc["plan"][1:] == ["run modprobe nvidia", "run modprobe nvidia_uvm",
+                               "run modprobe nvidia_modeset"]
+    assert {c["name"]: c["state"] for c in doc["checks"]}["driver"] == "fail"
+
+
+def test_driver_load_under_a_root_refuses_to_load_into_this_machines_kernel(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = make_host("nc4as-t4-v3", "bare", extra={
+        "/usr/lib/extension-release.d/extension-release.flatcar-nvidia-drivers-570": "ID=x\n"})
+    code, _, events = run(capsys, "--root", str(bare.root), "driver", "load")
+    assert code == 1
+    (failed,) = [e for e in events if e["event"] == "step.failed"]
+    assert "modules are not loaded under --root" in failed["error"]
+
+
+def test_status_shows_how_the_last_boot_loaded_the_driver(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready", extra={"/run/gpunode/state.json": json.dumps({
+        "schema_version": 1, "outcome": "ok", "finished_at": "2026-11-29T08:00:02Z",
+        "steps": [{"name": "driver", "outcome": "ok", "duration_ms": 812.4,
+                   "strategy": "flatcar-sysext", "source": "flatcar-nvidia-drivers-570",
+                   "modules_loaded": ["nvidia", "nvidia_uvm", "nvidia_modeset"]}]})})
+    _, out, _ = run(capsys, "--root", str(host.root), "status", "--json")
+    driver = next(c for c in json.loads(out)["checks"] if c["name"] == "driver")
+    assert driver["detail"] == (
+        "NVIDIA 550.127.08 (proprietary kernel modules); last boot: flatcar-sysext from "
+        "flatcar-nvidia-drivers-570, loaded nvidia, nvidia_uvm, nvidia_modeset in 812 ms")

@@ -6,6 +6,7 @@ own `load_driver`). tests/test_kmod_tree.py runs the real kmod tools on a real m
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -298,3 +299,63 @@ def test_build_enabled_without_cache_plans_a_build(make_host: HostFactory) -> No
     assert (the_plan.choice.strategy, the_plan.choice.action) == ("build", "build")
     assert the_plan.describe()[1] == (f"build nvidia, nvidia_uvm, nvidia_modeset for "
                                       f"{fixtures.KERNEL}, then load them")
+
+
+# -- build strategy through the step ---------------------------------------------------------
+
+
+@dataclass
+class ModuleBuilder:
+    """A builder that 'compiles' by writing module files; the real one needs a Flatcar node."""
+
+    calls: int = 0
+
+    def build(self, workdir: Path, dev_container: Path, driver_installer: Path, kernel: str,
+              flavour: str, out_dir: Path) -> None:
+        self.calls += 1
+        for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
+            (out_dir / f"{name}.ko").write_bytes(f"\x7fELF {name} {kernel} {flavour}".encode())
+
+
+def build_config(host: Host) -> DriverConfig:
+    import bz2
+    import hashlib
+
+    from gpunode.config import BuildConfig
+
+    mirror = host.root / "srv/mirror"
+    mirror.mkdir(parents=True)
+    image = bz2.compress(b"developer container image")
+    (mirror / "dev.bin.bz2").write_bytes(image)
+    (mirror / "driver.run").write_bytes(b"#!/bin/sh\n# NVIDIA installer\n")
+    return DriverConfig(build=BuildConfig(
+        enabled=True, dev_container_url="file:///srv/mirror/dev.bin.bz2",
+        dev_container_sha512=hashlib.sha512(image).hexdigest(),
+        driver_url="/srv/mirror/driver.run",
+        driver_sha256=hashlib.sha256(b"#!/bin/sh\n# NVIDIA installer\n").hexdigest()))
+
+
+def test_build_once_then_every_later_boot_loads_the_cache(make_host: HostFactory) -> None:
+    from gpunode.driver import build
+
+    host = make_host("nc4as-t4-v3", "bare")
+    config = build_config(host)
+    builder = ModuleBuilder()
+    adapters = (build.UrlFetcher(host), builder)
+
+    kernel = kernel_for(host)
+    first = step.plan(host, config, detect(host), kernel)
+    assert first.choice.action == "build"
+    outcome = step.apply(host, first, config, kernel, adapters)
+    entry = f"/opt/gpunode/drivers/{fixtures.KERNEL}/{config.version}-proprietary"
+    assert outcome.source == entry
+    assert builder.calls == 1
+    assert [argv[0] for argv in kernel.calls] == ["insmod"] * 3
+
+    # The next boot of the same kernel: the driver is gone again (a reboot), the cache is not.
+    rebooted = make_host("nc4as-t4-v3", "bare")
+    shutil.copytree(host.root / "opt/gpunode", rebooted.root / "opt/gpunode", symlinks=True)
+    second = step.plan(rebooted, config, detect(rebooted), kernel_for(rebooted))
+    assert (second.choice.action, second.choice.source) == ("load", entry)
+    step.apply(rebooted, second, config, kernel_for(rebooted), adapters)
+    assert builder.calls == 1

@@ -236,6 +236,9 @@ def _build(host: Host, the_plan: Plan, config: DriverConfig, adapters: Any) -> s
         driver_url=config.build.driver_url, driver_sha256=config.build.driver_sha256,
         allow_unverified=config.build.allow_unverified)
     result = build.build(host, inputs, fetcher, builder, build.host_facts(host))
+    removed = build.prune(host, build.installed_kernels(host))
+    if removed:
+        log.get().info("driver.cache.pruned", entries=removed)
     return result.entry.path
 
 
