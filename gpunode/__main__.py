@@ -1,5 +1,5 @@
 import sys
 
-from gpunode.cli import main
+from gpunode.entry import main
 
 sys.exit(main())

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode import log
-from gpunode.config import AgentConfig
+from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
 from gpunode.detect import Detection, detect
 from gpunode.driver.modules import Kmod
 from gpunode.errors import GpunodeError
@@ -34,6 +34,13 @@ class BootRun:
     started_at: str
     steps: list[dict[str, Any]] = field(default_factory=list)
     outcome: str = "ok"
+    watched: list[str] = field(default_factory=list)  # what a no-op boot must find unchanged
+
+
+# Inputs every boot depends on, whatever the node: the agent config, the PCI functions, the
+# kernel and this boot.
+BASE_INPUTS = ("/etc/gpunode/config.toml", "/sys/bus/pci/devices",
+               "/proc/sys/kernel/osrelease", "/proc/sys/kernel/random/boot_id")
 
 
 @dataclass(frozen=True)
@@ -81,10 +88,25 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
     else:
         # Each step is attempted even when an earlier one failed: the runtime config does not
         # need the driver, and the record then names every problem at once.
-        _step(run, "driver", lambda fields: _driver(host, config, detection, adapters, fields))
-        _step(run, "containerd", lambda fields: _containerd(host, config, adapters, fields))
+        _step(run, "driver", lambda fields: _driver(host, config, detection, adapters, fields,
+                                                    run.watched))
+        _step(run, "containerd", lambda fields: _containerd(host, config, adapters, fields,
+                                                            run.watched))
     write_record(host, run)
+    if run.outcome != "failed":
+        _write_stamp(host, run, config)
     return run
+
+
+def _write_stamp(host: Host, run: BootRun, config: AgentConfig) -> None:
+    """Inputs of this successful boot, for the no-op fast path (gpunode/fastpath.py)."""
+    from gpunode import __version__, fastpath
+
+    if config.source not in ("defaults", host.display(DEFAULT_CONFIG_PATH)):
+        return  # --config elsewhere: the fast path does not apply
+    stamp = fastpath.compute(str(host.root), [*BASE_INPUTS, *run.watched], __version__, None)
+    host.make_dirs(fastpath.STAMP.rpartition("/")[0])
+    host.write_atomic(fastpath.STAMP, (json.dumps(stamp) + "\n").encode())
 
 
 def _step(run: BootRun, name: str, action: Callable[[dict[str, Any]], None]) -> None:
@@ -96,7 +118,7 @@ def _step(run: BootRun, name: str, action: Callable[[dict[str, Any]], None]) -> 
 
 
 def _driver(host: Host, config: AgentConfig, detection: Detection, adapters: Adapters,
-            fields: dict[str, Any]) -> None:
+            fields: dict[str, Any], watched: list[str]) -> None:
     from gpunode.driver import step as driver
 
     the_plan = driver.plan(host, config.driver, detection, adapters.kmod)
@@ -104,16 +126,23 @@ def _driver(host: Host, config: AgentConfig, detection: Detection, adapters: Ada
                   action=the_plan.choice.action, reason=the_plan.choice.reason)
     outcome = driver.apply(host, the_plan, config.driver, adapters.kmod, adapters.build)
     fields.update(outcome.fields())
+    watched += ["/proc/driver/nvidia/version", "/proc/driver/nvidia/gpus",
+                *(node.path for node in driver.wanted_nodes(host))]
 
 
 def _containerd(host: Host, config: AgentConfig, adapters: Adapters,
-                fields: dict[str, Any]) -> None:
+                fields: dict[str, Any], watched: list[str]) -> None:
     from gpunode.containerd import step as containerd
+    from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
 
     the_plan = containerd.plan(host, config.containerd, adapters.systemd)
     outcome = containerd.apply(host, the_plan, adapters.systemd,
                                config.containerd.restart_timeout)
     fields.update(changed=outcome.changed, restarted=outcome.restarted, config=outcome.target)
+    watched += [the_plan.active.path, the_plan.target, containerd.DROPIN, containerd.LEDGER,
+                containerd.IMPORT_FILE, "/etc/systemd/system/containerd.service.d",
+                "/etc/containerd/conf.d", config.containerd.runtime_path,
+                *(f"{d}/containerd.service" for d in SYSTEM_UNIT_PATHS)]
 
 
 @contextmanager

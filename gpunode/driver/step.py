@@ -242,16 +242,20 @@ def _build(host: Host, the_plan: Plan, config: DriverConfig, adapters: Any) -> s
     return result.entry.path
 
 
-def make_nodes(host: Host) -> list[str]:
+def wanted_nodes(host: Host) -> list[devices.Node]:
+    """The device nodes the loaded driver calls for."""
     infos = driverinfo.read_gpu_infos(host)
     majors = driverinfo.parse_char_majors(host.read_optional("/proc/devices") or "")
     try:
-        nodes = devices.wanted(majors, [i.minor for i in infos.values() if i.minor is not None],
-                               module_loaded(host, "nvidia_modeset"), devices.cap_minors(host))
+        return devices.wanted(majors, [i.minor for i in infos.values() if i.minor is not None],
+                              module_loaded(host, "nvidia_modeset"), devices.cap_minors(host))
     except devices.MissingMajor as exc:
         raise DriverError(str(exc), "the NVIDIA modules did not register their devices; see "
                           "'dmesg | grep NVRM'") from exc
-    return devices.ensure(host, nodes)
+
+
+def make_nodes(host: Host) -> list[str]:
+    return devices.ensure(host, wanted_nodes(host))
 
 
 def verify(host: Host, gpu_addresses: tuple[str, ...]) -> list[str]:

@@ -1,0 +1,102 @@
+"""The no-op boot: a second `gpunode boot` in the same boot with nothing changed answers from
+a stamp of its inputs, and any changed input sends it through the whole pipeline again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import HostFactory
+from gpunode import entry, fastpath
+from gpunode.host import Host
+
+
+def boot(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], host: Host,
+         *extra: str) -> tuple[int, list[str]]:
+    monkeypatch.setattr(sys, "argv", ["gpunode", "--root", str(host.root), "--log-format",
+                                      "json", *extra, "boot"])
+    code = entry.main()
+    return code, [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()]
+
+
+@pytest.fixture
+def node(make_host: HostFactory) -> Host:
+    return make_host("nc4as-t4-v3", "ready")
+
+
+def test_second_boot_with_nothing_changed_is_answered_from_the_stamp(
+    node: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert boot(monkeypatch, capsys, node)[1][-1] == "boot.done"
+    record = (node.root / "run/gpunode/state.json").read_bytes()
+    assert boot(monkeypatch, capsys, node) == (0, ["boot.unchanged"])
+    assert (node.root / "run/gpunode/state.json").read_bytes() == record  # no new record
+
+
+@pytest.mark.parametrize("change", [
+    "etc/containerd/config.toml", "etc/gpunode/config.toml", "proc/driver/nvidia/version",
+    "dev/nvidia0", "sys/bus/pci/devices/0005:00:00.0", "usr/lib/systemd/system/containerd.service",
+], ids=["containerd-config", "agent-config", "driver", "device-node", "pci", "unit"])
+def test_any_changed_input_runs_the_whole_pipeline(
+    node: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], change: str
+) -> None:
+    boot(monkeypatch, capsys, node)
+    path = node.root / change
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# changed\n")
+    _, events = boot(monkeypatch, capsys, node)
+    assert "boot.unchanged" not in events
+
+
+def test_a_failed_boot_leaves_no_stamp(
+    make_host: HostFactory, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc4as-t4-v3", "bare")  # nothing can load the driver here
+    assert boot(monkeypatch, capsys, host)[0] == 1
+    assert not (host.root / "run/gpunode/inputs.json").exists()
+    assert boot(monkeypatch, capsys, host)[1][-1] == "boot.done"
+
+
+def test_another_gpunode_version_ignores_the_stamp(node: Host) -> None:
+    stamp = fastpath.compute(str(node.root), ["/etc/gpunode/config.toml"], "0.0.1", None)
+    (node.root / "run/gpunode").mkdir(parents=True, exist_ok=True)
+    (node.root / "run/gpunode/inputs.json").write_text(json.dumps(stamp))
+    assert fastpath.unchanged(str(node.root), "0.0.1", None)
+    assert not fastpath.unchanged(str(node.root), "0.0.2", None)
+
+
+@pytest.mark.parametrize(("argv", "parsed"), [
+    (["boot"], ("/", None, None)),
+    (["--root", "/mnt/node", "--log-format=json", "boot"], ("/mnt/node", None, "json")),
+    (["status"], None),
+    (["boot", "--help"], None),
+    (["--verbose", "boot"], None),
+])
+def test_only_a_plain_boot_takes_the_fast_path(argv: list[str], parsed: object) -> None:
+    assert fastpath.boot_args(argv) == parsed
+
+
+@pytest.mark.integration
+def test_no_op_boot_imports_none_of_the_pipeline(node: Host) -> None:
+    argv = [sys.executable, "-X", "importtime", "-m", "gpunode", "--root", str(node.root), "boot"]
+    subprocess.run(argv, capture_output=True, check=True)
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "gpunode.fastpath" in imported
+    assert not imported & {"gpunode.cli", "argparse", "dataclasses", "tomllib", "psutil"}
+    assert json.loads(done.stderr.splitlines()[-1])["event"] == "boot.unchanged"
+
+
+def test_stamp_lists_the_inputs_the_boot_read(node: Host, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    boot(monkeypatch, capsys, node)
+    inputs = json.loads((node.root / "run/gpunode/inputs.json").read_text())["inputs"]
+    assert {"/etc/containerd/config.toml", "/proc/driver/nvidia/version", "/dev/nvidia0",
+            "/dev/nvidia-uvm", "/sys/bus/pci/devices", "/etc/gpunode/config.toml"} <= set(inputs)
+    assert not any(p.startswith(str(node.root)) for p in inputs)  # host paths only
