@@ -158,6 +158,7 @@ def test_loaded_driver_is_verified_and_nodes_are_made(make_host: HostFactory) ->
     kernel = kernel_for(host)
     the_plan = step.plan(host, DriverConfig(), detect(host), kernel)
     assert (the_plan.choice.strategy, the_plan.choice.action) == ("external", "verify")
+    assert "make /dev/nvidiactl (195:255): not a character device" in the_plan.describe()
     outcome = step.apply(host, the_plan, DriverConfig(), kernel)
     assert kernel.calls == []
     assert outcome.version == "550.127.08"
@@ -359,3 +360,16 @@ def test_build_once_then_every_later_boot_loads_the_cache(make_host: HostFactory
     assert (second.choice.action, second.choice.source) == ("load", entry)
     step.apply(rebooted, second, config, kernel_for(rebooted), adapters)
     assert builder.calls == 1
+
+
+def test_driver_autoloaded_without_uvm_gets_the_missing_modules(make_host: HostFactory) -> None:
+    host = make_host("nc4as-t4-v3", "driver", extra={RELEASE: "ID=flatcar\n"})
+    modules_file = host.root / "proc/modules"
+    modules_file.write_text("".join(line + "\n" for line in modules_file.read_text().splitlines()
+                                    if not line.startswith("nvidia_uvm ")))
+    kernel = kernel_for(host)
+    the_plan = step.plan(host, DriverConfig(), detect(host), kernel)
+    assert the_plan.choice.action == "verify"
+    assert the_plan.load.describe() == ["modprobe nvidia_uvm"]
+    step.apply(host, the_plan, DriverConfig(), kernel)
+    assert kernel.calls == [("modprobe", "nvidia_uvm")]

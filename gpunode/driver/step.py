@@ -40,11 +40,12 @@ class Plan:
     load: modules.LoadPlan = field(default_factory=modules.LoadPlan)
     sysext_line: str | None = None  # to add to /etc/flatcar/enabled-sysext.conf
     gpu_addresses: tuple[str, ...] = ()  # GPUs the driver must see (not those on vfio-pci)
+    node_fixes: tuple[str, ...] = ()  # device nodes a loaded driver lacks: "<path>: <why>"
 
     @property
     def changed(self) -> bool:
         return (bool(self.load.steps) or self.choice.action == "build"
-                or self.sysext_line is not None)
+                or self.sysext_line is not None or bool(self.node_fixes))
 
     def describe(self) -> list[str]:
         lines = [f"{self.choice.strategy}: {self.choice.reason} ({self.flavour.flavour} modules: "
@@ -55,6 +56,7 @@ class Plan:
         if self.choice.action == "build":
             lines.append(f"build {', '.join(self.modules)} for {self.kernel}, then load them")
         lines += [f"run {step}" for step in self.load.describe()]
+        lines += [f"make {fix}" for fix in self.node_fixes]
         return lines
 
 
@@ -148,8 +150,20 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
         load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
     elif choice.action == "load" and choice.source:
         load = directory_load(host, choice.source, wanted, config, kmod)
+    elif choice.action == "verify" and not set(wanted) <= loaded:
+        # udev autoloads nvidia for the GPU, never nvidia_uvm: load what is missing from
+        # where the loaded ones came from.
+        directory = facts.prebuilt_dir or facts.cache_entry
+        if directory and not facts.merged_sysexts:
+            load = directory_load(host, directory, wanted, config, kmod)
+        else:
+            load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
+    node_fixes: tuple[str, ...] = ()
+    if choice.action == "verify" and not load.steps:  # all loaded: its nodes can be checked
+        node_fixes = tuple(f"{n.path} ({n.major}:{n.minor}): {why}" for n in wanted_nodes(host)
+                           if (why := devices.problem(host, n)) is not None)
     return Plan(kernel=kernel, flavour=chosen, choice=choice, modules=wanted, load=load,
-                sysext_line=sysext_line,
+                sysext_line=sysext_line, node_fixes=node_fixes,
                 gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"))
 
 
