@@ -130,22 +130,28 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
     chosen = flavour.choose(detection.gpus, config.flavour, on_azure(host))
     version = driverinfo.parse_version(host.read_optional(f"{driverinfo.PROC_NVIDIA}/version")
                                        or "")
-    cache = build.find_usable(host, kernel, config.version, chosen.flavour)
+    wanted = tuple(modules.wanted(config.extra_modules))
+    loaded = loaded_modules(host)
+    merged = merged_sysexts(host)
+    shipped = prebuilt_dir(host, config.prebuilt_dirs, kernel)
+    # Checking the cache hashes every module (tens of MB): only when it can matter.
+    cache_matters = (config.strategy == "build" or (version is None and not merged and not shipped)
+                     or (version is not None and not set(wanted) <= loaded))
+    cache = (build.find_usable(host, kernel, config.version, chosen.flavour) if cache_matters
+             else None)
     facts = strategy.DriverFacts(
         kernel=kernel,
         loaded_version=version.version if version else None,
-        merged_sysexts=merged_sysexts(host),
-        prebuilt_dir=prebuilt_dir(host, config.prebuilt_dirs, kernel),
+        merged_sysexts=merged,
+        prebuilt_dir=shipped,
         cache_entry=cache.path if cache else None,
         build_enabled=config.build.enabled,
     )
     choice = strategy.choose(config.strategy, facts)
-    wanted = tuple(modules.wanted(config.extra_modules))
     sysext_line = _missing_sysext_line(host, config, chosen.flavour)
     if choice.action == "fail" and sysext_line is None:
         raise DriverError(choice.reason, choice.hint)
     load = modules.LoadPlan()
-    loaded = loaded_modules(host)
     if choice.action == "load" and choice.strategy == "flatcar-sysext":
         load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
     elif choice.action == "load" and choice.source:
