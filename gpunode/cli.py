@@ -49,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     boot = commands.add_parser("boot", help="the whole pipeline (what gpunode.service runs)")
     boot.set_defaults(run=_boot)
 
+    label = commands.add_parser("label", help="label the own Node and set its GPUReady "
+                                "condition, with the kubelet's credentials")
+    label.add_argument("--dry-run", action="store_true",
+                       help="print the labels and condition; do not contact the API")
+    label.add_argument("--json", action="store_true", help="print a JSON document")
+    label.set_defaults(run=_label)
+
     driver = commands.add_parser("driver", help="the driver step alone")
     driver_actions = driver.add_subparsers(dest="action", required=True, metavar="ACTION")
     driver_actions.add_parser("load", help="make the NVIDIA modules loaded (and device nodes)"
@@ -141,6 +148,40 @@ def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     run = boot.boot(host, config, boot.adapters_for(host, config))
     log.get().info("boot.done", outcome=run.outcome, steps=[s["name"] for s in run.steps])
     return EXIT_FAILED if run.outcome == "failed" else EXIT_OK
+
+
+def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode.kube import step
+
+    with log.step("label", dry_run=args.dry_run) as fields:
+        want = step.desired(host, config)
+        fields.update(node=want.node, labels=len(want.labels),
+                      condition=want.condition.status)
+        if not any(k.startswith("nvidia.com/gpu.present") for k in want.labels):
+            print("no NVIDIA GPU: nothing to label")
+            return EXIT_OK
+        if args.dry_run:
+            if args.json:
+                _print_json({"schema_version": 1, **want.to_json()})
+            else:
+                print("\n".join([f"node {want.node}", *(f"{k}={v}" for k, v in
+                                                         sorted(want.labels.items())),
+                                  f"condition GPUReady={want.condition.status} "
+                                  f"({want.condition.reason}): {want.condition.message}"]))
+            return EXIT_OK
+        outcome = step.apply(host, config, want)
+        fields.update(labels_changed=outcome.labels_changed,
+                      condition_changed=outcome.condition_changed, calls=list(outcome.calls))
+    if args.json:
+        _print_json({"schema_version": 1, **want.to_json(),
+                     "labels_changed": outcome.labels_changed,
+                     "condition_changed": outcome.condition_changed,
+                     "calls": list(outcome.calls)})
+    else:
+        print(f"node {outcome.node}: labels {'updated' if outcome.labels_changed else 'current'}"
+              f", GPUReady={want.condition.status} "
+              f"{'updated' if outcome.condition_changed else 'current'}")
+    return EXIT_OK
 
 
 def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:

@@ -46,6 +46,16 @@ class KubeletConfig:
 
 
 @dataclass(frozen=True)
+class KubernetesConfig:
+    kubeconfig: str = "/etc/kubernetes/kubelet.conf"
+    node_name: str | None = None  # None: as the kubelet decides (--hostname-override, hostname)
+    labels: dict[str, str] = field(default_factory=dict)  # extra labels for the Node
+    taints: tuple[str, ...] = ("nvidia.com/gpu=present:NoSchedule",)  # set at registration
+    wait_seconds: int = 300  # how long `label` waits for the API server and the Node
+    request_timeout: int = 10
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     enabled: bool = False  # building needs network and minutes: an explicit choice
     dev_container_url: str = ("https://{group}.release.flatcar-linux.net/{board}/{version}/"
@@ -76,6 +86,7 @@ class AgentConfig:
     containerd: ContainerdConfig = field(default_factory=ContainerdConfig)
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     driver: DriverConfig = field(default_factory=DriverConfig)
+    kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     source: str = "defaults"  # the file it was read from, for `status` and logs
 
 
@@ -87,6 +98,25 @@ def _one_of(*allowed: str) -> Callable[[Any], str | None]:
 
 
 DRIVER_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+
+
+def _node_labels(value: dict[str, str]) -> str | None:
+    from gpunode.kube.labels import kubelet_may_set, label_problem
+
+    for key, label in value.items():
+        problem = label_problem(key, label) or kubelet_may_set(key)
+        if problem:
+            return f"cannot hold {key}={label}: {problem}"
+    return None
+
+
+_TAINT_RE = re.compile(r"[^=:\s]+(=[^:\s]*)?:(NoSchedule|PreferNoSchedule|NoExecute)")
+
+
+def _taint(value: str) -> str | None:
+    if _TAINT_RE.fullmatch(value):
+        return None
+    return f"{value!r} is not a taint like key=value:NoSchedule (PreferNoSchedule, NoExecute)"
 
 
 def _hex_digest(value: Any, length: int) -> str | None:
@@ -130,6 +160,11 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("driver", "module_params"): lambda v: None if set(v) <= set(DRIVER_MODULES)
     else f"may only name the modules {', '.join(DRIVER_MODULES)}",
     ("driver.build", "dev_container_sha512"): lambda v: _hex_digest(v, 128),
+    ("kubernetes", "kubeconfig"): _absolute_path,
+    ("kubernetes", "labels"): _node_labels,
+    ("kubernetes", "taints"): lambda v: next(filter(None, map(_taint, v)), None),
+    ("kubernetes", "wait_seconds"): lambda v: None if 0 <= v <= 3600 else "must be 0 to 3600",
+    ("kubernetes", "request_timeout"): lambda v: None if 1 <= v <= 120 else "must be 1 to 120",
     ("driver.build", "driver_sha256"): lambda v: _hex_digest(v, 64),
 }
 

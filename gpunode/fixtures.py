@@ -128,6 +128,7 @@ def build(machine: Machine, root: Path, options: Options | None = None) -> Path:
     _write(root, "/sys/class/dmi/id/product_name", machine.dmi_product + "\n")
     _write(root, "/sys/class/dmi/id/sys_vendor", machine.dmi_vendor + "\n")
     _write(root, "/proc/sys/kernel/osrelease", KERNEL + "\n")
+    _write(root, "/proc/sys/kernel/hostname", f"{machine.name}-vmss000000\n")
     _write(root, "/proc/stat", f"cpu  1 0 1 100 0 0 0 0 0 0\nbtime {BOOT_TIME}\n")
     for fn in machine.functions:
         _write_function(root, fn, False)

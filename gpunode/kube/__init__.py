@@ -1,0 +1,1 @@
+"""Kubernetes: the node describes itself (labels, GPUReady) with the kubelet's identity."""

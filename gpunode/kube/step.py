@@ -1,0 +1,124 @@
+"""`gpunode label`: compute the node's labels and GPUReady condition, then apply them with the
+kubelet's credentials — one GET, and a PATCH only for what differs."""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gpunode import driverinfo, status
+from gpunode.config import AgentConfig
+from gpunode.errors import GpunodeError
+from gpunode.host import Host
+from gpunode.kube import labels
+from gpunode.kube.client import ApiError, NodeApi, read_kubeconfig, with_retries
+from gpunode.state import read_record
+
+KUBELET_FLAG_FILES = ("/var/lib/kubelet/kubeadm-flags.env", "/etc/default/kubelet",
+                      "/etc/sysconfig/kubelet")
+
+
+@dataclass(frozen=True)
+class Desired:
+    node: str
+    labels: dict[str, str]
+    condition: labels.Condition
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "labels": self.labels,
+                "condition": {"type": "GPUReady", "status": self.condition.status,
+                              "reason": self.condition.reason,
+                              "message": self.condition.message}}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    node: str
+    labels_changed: bool
+    condition_changed: bool
+    calls: tuple[str, ...]
+
+
+def node_name(host: Host, config: AgentConfig) -> tuple[str, str]:
+    """The Node's name and where it came from, decided as the kubelet does: its
+    --hostname-override if set (kubeadm writes it to kubeadm-flags.env), else the hostname."""
+    if config.kubernetes.node_name:
+        return config.kubernetes.node_name, "kubernetes.node_name"
+    for path in KUBELET_FLAG_FILES:
+        for line in (host.read_optional(path) or "").splitlines():
+            _, eq, value = line.partition("=")
+            if not eq:
+                continue
+            words = shlex.split(value.strip().strip("\"'"))
+            for i, word in enumerate(words):
+                if word.startswith("--hostname-override="):
+                    return word.split("=", 1)[1].lower(), f"--hostname-override in {path}"
+                if word == "--hostname-override" and i + 1 < len(words):
+                    return words[i + 1].lower(), f"--hostname-override in {path}"
+    hostname = (host.read_optional("/proc/sys/kernel/hostname") or "").strip().lower()
+    if not hostname:
+        raise NodeNameError()
+    return hostname, "the hostname"
+
+
+class NodeNameError(GpunodeError):
+    def __init__(self) -> None:
+        self.hint = "set kubernetes.node_name in the agent config"
+        super().__init__("cannot tell this node's name: no --hostname-override for the "
+                         "kubelet and no hostname")
+
+
+def desired(host: Host, config: AgentConfig) -> Desired:
+    """Labels and condition from the host alone (what `label --dry-run` prints)."""
+    facts = status.observe(host, config)
+    report = status.evaluate(facts)
+    version = driverinfo.parse_version(facts.driver_version_text or "")
+    record = read_record_quietly(host)
+    driver_step: dict[str, Any] = {}
+    if record is not None:
+        driver_step = next((s for s in record.steps if s.get("name") == "driver"), {})
+    infos = driverinfo.read_gpu_infos(host)
+    label_facts = labels.LabelFacts(
+        detection=facts.detection,  # type: ignore[arg-type]
+        models={a: i.model for a, i in infos.items() if i.model},
+        driver_version=version.version if version else None,
+        flavour=driver_step.get("flavour") or (version.flavour if version else None),
+        strategy=driver_step.get("strategy"),
+        ready=report.verdict == "ready",
+        machine=(host.read_optional("/sys/class/dmi/id/product_name") or "").strip() or None,
+    )
+    wanted = labels.compute(label_facts, dict(config.kubernetes.labels)) \
+        if facts.detection is not None else dict(config.kubernetes.labels)
+    checks = [(c.name, c.state, c.detail) for c in report.checks]
+    return Desired(node_name(host, config)[0], wanted, labels.condition_for(checks))
+
+
+def read_record_quietly(host: Host) -> Any:
+    try:
+        return read_record(host)
+    except ValueError:
+        return None  # `status` reports an unreadable record; labels do without it
+
+
+def apply(host: Host, config: AgentConfig, want: Desired, api: NodeApi | None = None,
+          now: str | None = None) -> Outcome:
+    k = config.kubernetes
+    api = api or NodeApi(read_kubeconfig(host, k.kubeconfig), k.request_timeout)
+    deadline = time.monotonic() + k.wait_seconds
+    node = with_retries(lambda: api.get_node(want.node), f"get node {want.node}", deadline)
+    metadata = node.get("metadata", {})
+    patch = labels.label_patch(metadata.get("labels") or {}, metadata.get("annotations") or {},
+                               want.labels)
+    if patch is not None:
+        api.patch_node(want.node, patch)
+    conditions = (node.get("status") or {}).get("conditions") or []
+    stamp = now or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    status_patch = labels.condition_patch(conditions, want.condition, stamp)
+    if status_patch is not None:
+        api.patch_status(want.node, status_patch)
+    return Outcome(want.node, patch is not None, status_patch is not None, tuple(api.calls))
+
+
+__all__ = ["ApiError", "Desired", "Outcome", "apply", "desired", "node_name"]
