@@ -54,6 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     label.add_argument("--dry-run", action="store_true",
                        help="print the labels and condition; do not contact the API")
     label.add_argument("--json", action="store_true", help="print a JSON document")
+    label.add_argument("--registration", choices=("cluster-azure", "kubeadm", "kubelet-flags"),
+                       help="print the taints and labels to set at registration in that form "
+                       "(a kubelet may not change its taints later)")
+    label.add_argument("--pool", default="gpu", help="node pool name (--registration "
+                       "cluster-azure)")
+    label.add_argument("--instance-type", default="Standard_NC4as_T4_v3",
+                       help="instance type (--registration cluster-azure)")
     label.set_defaults(run=_label)
 
     driver = commands.add_parser("driver", help="the driver step alone")
@@ -153,6 +160,8 @@ def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode.kube import step
 
+    if args.registration:
+        return _registration(config, args)
     with log.step("label", dry_run=args.dry_run) as fields:
         want = step.desired(host, config)
         fields.update(node=want.node, labels=len(want.labels),
@@ -181,6 +190,23 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         print(f"node {outcome.node}: labels {'updated' if outcome.labels_changed else 'current'}"
               f", GPUReady={want.condition.status} "
               f"{'updated' if outcome.condition_changed else 'current'}")
+    return EXIT_OK
+
+
+def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode.kube import registration
+
+    k = config.kubernetes
+    if args.registration == "kubelet-flags":
+        print(" ".join(registration.kubelet_flags(k.taints, dict(k.labels))))
+        return EXIT_OK
+    import yaml
+
+    document = (registration.cluster_azure(args.pool, args.instance_type, k.taints,
+                                           dict(k.labels))
+                if args.registration == "cluster-azure"
+                else registration.kubeadm(k.taints, dict(k.labels)))
+    print(yaml.safe_dump(document, sort_keys=False), end="")
     return EXIT_OK
 
 
