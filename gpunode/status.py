@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpunode import driverinfo, systemd
@@ -73,6 +73,19 @@ class StatusFacts:
     last_boot_error: str | None
     config_source: str
     runtime_name: str = "nvidia"
+    node: NodeFacts | None = None  # None: the API was not asked (e.g. `label --dry-run`)
+    machine: str | None = None  # DMI product name
+    user_labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """The own Node object as the API server has it (one GET, no retries)."""
+
+    name: str
+    kubeconfig: str | None  # None: not there, the kubelet has not joined
+    obj: dict[str, Any] | None = None
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,7 @@ class Report:
 # -- observation ---------------------------------------------------------------------------------
 
 
-def observe(host: Host, config: AgentConfig) -> StatusFacts:
+def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> StatusFacts:
     try:
         detection: Detection | None = detect(host)
         detection_error = None
@@ -116,7 +129,29 @@ def observe(host: Host, config: AgentConfig) -> StatusFacts:
         last_boot_error=last_boot_error,
         config_source=config.source,
         runtime_name=config.containerd.runtime_name,
+        node=_observe_node(host, config) if contact_api and detection and detection.gpus
+        else None,
+        machine=(host.read_optional("/sys/class/dmi/id/product_name") or "").strip() or None,
+        user_labels=dict(config.kubernetes.labels),
     )
+
+
+def _observe_node(host: Host, config: AgentConfig) -> NodeFacts:
+    from gpunode.kube.client import NodeApi, read_kubeconfig
+    from gpunode.kube.step import node_name
+
+    try:
+        name = node_name(host, config)[0]
+    except GpunodeError as exc:
+        return NodeFacts("?", None, error=str(exc))
+    path = config.kubernetes.kubeconfig
+    if not host.exists(path):
+        return NodeFacts(name, None)
+    try:
+        api = NodeApi(read_kubeconfig(host, path), timeout=3)
+        return NodeFacts(name, path, obj=api.get_node(name))
+    except GpunodeError as exc:
+        return NodeFacts(name, path, error=str(exc))
 
 
 def expected_dev_nodes(gpu_infos: dict[str, driverinfo.GpuInfo], modeset: bool) -> list[str]:
@@ -204,11 +239,13 @@ def evaluate(facts: StatusFacts) -> Report:
         _last_boot_check(facts),
     ]
     verdict = "not-ready" if any(c.state == FAIL for c in checks) else "ready"
+    checks.insert(-1, _node(facts, detection, verdict == "ready"))
     return Report(tuple(checks), verdict)
 
 
 _GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
-               "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin")
+               "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin",
+               "node")
 
 
 def _describe(functions: tuple[PciFunction, ...]) -> str:
@@ -410,6 +447,44 @@ def _device_plugin(facts: StatusFacts) -> Check:
                      "nvidia.com/gpu.present=true")
     return Check("device_plugin", WARN, f"{node.path} exists but is not a socket",
                  "restart the device plugin pod on this node")
+
+
+def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
+    """The Node as the scheduler sees it: gpunode's labels, GPUReady, nvidia.com/gpu."""
+    from gpunode.kube import labels
+
+    node = facts.node
+    if node is None:
+        return Check("node", SKIP, "the API server was not asked")
+    if node.kubeconfig is None and node.error is None:
+        return Check("node", SKIP, f"node {node.name}: the kubelet has not joined yet (no "
+                     "kubeconfig)")
+    if node.error is not None or node.obj is None:
+        return Check("node", WARN, f"node {node.name}: {node.error}",
+                     "gpunode-label.service retries until the API server answers")
+    version = driverinfo.parse_version(facts.driver_version_text or "")
+    step = next((s for s in facts.last_boot.steps if s.get("name") == "driver"), {}) \
+        if facts.last_boot else {}
+    wanted = labels.compute(labels.LabelFacts(
+        detection=detection, models={a: i.model for a, i in facts.gpu_infos.items() if i.model},
+        driver_version=version.version if version else None,
+        flavour=step.get("flavour") or (version.flavour if version else None),
+        strategy=step.get("strategy"), ready=ready, machine=facts.machine), facts.user_labels)
+    current = node.obj.get("metadata", {}).get("labels") or {}
+    stale = sorted(k for k, v in wanted.items() if current.get(k) != v)
+    conditions = (node.obj.get("status") or {}).get("conditions") or []
+    gpu_ready = next((c.get("status") for c in conditions if c.get("type") == "GPUReady"), None)
+    allocatable = ((node.obj.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")
+    detail = (f"node {node.name}: labels {'current' if not stale else 'not current: '}"
+              f"{', '.join(stale)}; GPUReady={gpu_ready or 'unset'}; nvidia.com/gpu "
+              f"allocatable={allocatable or 0}")
+    if stale or gpu_ready is None:
+        return Check("node", WARN, detail, "run 'gpunode label' (gpunode-label.service does "
+                     "this after the kubelet starts)")
+    if not allocatable or allocatable == "0":
+        return Check("node", WARN, detail, "the device plugin has not advertised nvidia.com/gpu;"
+                     " is its DaemonSet scheduled here?")
+    return Check("node", OK, detail)
 
 
 def _last_boot_check(facts: StatusFacts) -> Check:

@@ -15,14 +15,15 @@ from gpunode.host import Host
 from gpunode.status import Report, evaluate, observe
 
 CHECKS = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
-          "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin",
+          "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin", "node",
           "last_boot")
 
 # Checks that are not "ok" in each (machine, state); every other check must be ok.
-BARE = {"driver": "fail", "driver_gpus": "skip", "device_nodes": "skip",
+NODE = {"node": "skip"}  # no fixture has a kubeconfig: the kubelet has not joined
+BARE = {**NODE, "driver": "fail", "driver_gpus": "skip", "device_nodes": "skip",
         "containerd_runtime": "fail", "containerd_running": "warn", "kubelet_running": "warn",
         "device_plugin": "warn", "last_boot": "skip"}
-DRIVER = {"containerd_runtime": "fail", "device_plugin": "warn", "last_boot": "skip"}
+DRIVER = {**NODE, "containerd_runtime": "fail", "device_plugin": "warn", "last_boot": "skip"}
 NO_GPU = {name: "skip" for name in CHECKS if name != "pci_scan"}
 
 EXPECTED: dict[tuple[str, str], tuple[str, dict[str, str]]] = {
@@ -30,12 +31,12 @@ EXPECTED: dict[tuple[str, str], tuple[str, dict[str, str]]] = {
     ("t4-nouveau", "bare"): ("not-ready", {**BARE, "nouveau": "fail", "gpu_binding": "fail"}),
     ("a100-vfio", "bare"): ("not-ready", {**BARE, "gpu_binding": "warn"}),
     ("a100-vfio", "driver"): ("not-ready", {**DRIVER, "gpu_binding": "warn"}),
-    ("a100-vfio", "ready"): ("ready", {"gpu_binding": "warn"}),
+    ("a100-vfio", "ready"): ("ready", {**NODE, "gpu_binding": "warn"}),
     **{(m, "bare"): ("not-ready", BARE) for m in ("nc4as-t4-v3", "nc24ads-a100-v4",
                                                   "nd96amsr-a100-v4", "nvads-a10-v5")},
     **{(m, "driver"): ("not-ready", DRIVER) for m in ("nc4as-t4-v3", "nc24ads-a100-v4",
                                                       "nd96amsr-a100-v4", "nvads-a10-v5")},
-    **{(m, "ready"): ("ready", {}) for m in ("nc4as-t4-v3", "nc24ads-a100-v4",
+    **{(m, "ready"): ("ready", NODE) for m in ("nc4as-t4-v3", "nc24ads-a100-v4",
                                              "nd96amsr-a100-v4", "nvads-a10-v5")},
 }
 

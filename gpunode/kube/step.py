@@ -72,7 +72,7 @@ class NodeNameError(GpunodeError):
 
 def desired(host: Host, config: AgentConfig) -> Desired:
     """Labels and condition from the host alone (what `label --dry-run` prints)."""
-    facts = status.observe(host, config)
+    facts = status.observe(host, config, contact_api=False)
     report = status.evaluate(facts)
     version = driverinfo.parse_version(facts.driver_version_text or "")
     record = read_record_quietly(host)
