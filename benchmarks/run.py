@@ -136,6 +136,31 @@ def warm_boot_fixture(parent: Path) -> Path:
     return root
 
 
+def bench_label(parent: Path, env: dict[str, str]) -> tuple[dict[str, list[float]], list[str]]:
+    """`gpunode label` with nothing to change against the tests' local HTTPS API server;
+    returns the samples and the requests the timed runs made (one GET each, no PATCH)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from real.kube_api import FakeApiServer, make_node, make_pki
+
+    node = "nc4as-t4-v3-vmss000000"
+    pki = make_pki(parent / "pki", node_name=node)
+    root = build(MACHINES["nc4as-t4-v3"], parent / "labelled", Options(state="ready"))
+    client = root / "var/lib/kubelet/pki/kubelet-client-current.pem"
+    client.parent.mkdir(parents=True)
+    shutil.copy(pki.kubelet_client_current, client)
+    (root / "etc/kubernetes").mkdir(parents=True)
+    with FakeApiServer(pki, nodes=[make_node(node, gpus=1)]) as api:
+        api.write_kubeconfig(root / "etc/kubernetes/kubelet.conf",
+                             Path("/var/lib/kubelet/pki/kubelet-client-current.pem"),
+                             Path("/var/lib/kubelet/pki/kubelet-client-current.pem"))
+        label = [*gpunode_command(), "--root", str(root), "label"]
+        check_exit_zero(label, env)  # the first run labels the node
+        api.requests.clear()
+        samples = bench_processes({"pass": [sys.executable, "-c", "pass"], "label": label}, env)
+        calls = sorted({f"{r.method} {r.path}" for r in api.requests})
+    return samples, calls
+
+
 def heavy_imports(argv: list[str], env: dict[str, str]) -> list[str]:
     """Which of tomlkit and pystemd the command imports (python -X importtime)."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpunode", *argv],
@@ -177,6 +202,7 @@ def main() -> int:
             "pipeline": [*gpunode_command(), "--root", str(warm), "--config", str(agent_config),
                          "boot"],
         }, subprocess_env())
+        labelled, label_calls = bench_label(Path(tmp), subprocess_env())
         template = configure_fixture(Path(tmp))
         configure = bench_configure(template, Path(tmp), subprocess_env())
         heavy = heavy_imports(["--root", str(Path(tmp) / "configured"), "containerd",
@@ -196,6 +222,10 @@ def main() -> int:
     ms = median_ms(boot["pipeline"])
     print(f"  gpunode boot, same node, whole pipeline (no stamp from an earlier boot): median "
           f"{ms:.1f} ms, {ms / base:.1f}x python -c pass")
+    base = median_ms(labelled["pass"])
+    ms = median_ms(labelled["label"])
+    print(f"  gpunode label, nothing to change (local HTTPS API server): median {ms:.1f} ms, "
+          f"{ms / base:.1f}x python -c pass; requests made: {', '.join(label_calls)}")
     base = median_ms(configure["pass"])
     print(f"  containerd configure, Flatcar default (python -c pass in this loop: {base:.1f} ms)")
     for name in ("change", "no-change"):

@@ -166,7 +166,7 @@ def _hint(status: int) -> str:
 
 
 def with_retries(call: Callable[[], dict[str, Any]], what: str, deadline: float,
-                 sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
+                 sleep: Callable[[float], None] | None = None) -> dict[str, Any]:
     """`call()`, tried again with backoff (1 s, doubling, at most 10 s) while the error is
     retryable and `deadline` (monotonic seconds) has not passed."""
     delay = 1.0
@@ -179,6 +179,6 @@ def with_retries(call: Callable[[], dict[str, Any]], what: str, deadline: float,
                 raise
             log.get().info("kube.retry", what=what, attempt=attempt, status=exc.status,
                            error=exc.message, wait_s=delay)
-        sleep(delay)
+        (sleep or time.sleep)(delay)
         delay = min(delay * 2, 10.0)
         attempt += 1

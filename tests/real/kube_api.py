@@ -1,0 +1,766 @@
+"""A stand-in for the Kubernetes API server's Node endpoints, over mutual TLS, for tests.
+
+    pki = make_pki(tmp_path)                       # openssl: CA, server, kubelet client cert
+    with FakeApiServer(pki) as api:                # holds make_node(pki.node_name)
+        api.write_kubeconfig(tmp_path / "kubelet.conf", pki.kubelet_client_current,
+                             pki.kubelet_client_current)
+        ...                                        # the code under test labels its Node
+        assert api.node("gpu-node-1")["metadata"]["labels"]["nvidia.com/gpu.present"] == "true"
+
+What it serves, as kube-apiserver does: GET /api/v1/nodes/NAME, PATCH /api/v1/nodes/NAME and
+PATCH /api/v1/nodes/NAME/status with JSON merge patch (RFC 7386) or strategic merge patch (lists
+merge by key where core/v1 says so: status.conditions and status.addresses by `type`). The client
+is who its certificate says (CN user, O groups); the rules, from the Kubernetes sources:
+
+  * Node authorizer (plugin/pkg/auth/authorizer/node/node_authorizer.go, AuthorizeNodeWithSelectors
+    on by default since 1.32): a node reads only its own Node; patches pass to NodeRestriction.
+  * NodeRestriction admission (plugin/pkg/admission/noderestriction/admission.go): a node modifies
+    only its own Node, never spec.taints, and no kubernetes.io / k8s.io labels outside the kubelet
+    allow-list (k8s.io/kubelet/pkg/apis/well_known_labels.go) nor node-restriction.kubernetes.io
+    ones. It is a mutating plugin, so it sees the patched object before the strategy below.
+  * Node strategies (pkg/registry/core/node/strategy.go): a patch of the node keeps the old
+    status; a patch of /status keeps the old spec (metadata, labels included, may change there).
+  * Validation: label keys and values as apimachinery checks them (422); a no-op patch leaves
+    resourceVersion alone; metadata.resourceVersion / uid in a patch are preconditions (409).
+  * Users in system:masters may do anything; other users get RBAC's 403.
+
+Not modelled: watches, list (only the 403 a node gets; system:masters get a bare NodeList),
+PUT/POST/DELETE (405), JSON patch and apply patch (415), managed fields, list order from
+$setElementOrder (accepted, ignored), strategic-merge directives other than `$patch: delete` in
+keyed lists (400), strategic merge of metadata.finalizers / ownerReferences (replaced).
+Harness bugs are answered 500 and fail __exit__ (FakeApiServer.errors).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import http.server
+import json
+import re
+import secrets
+import socket
+import ssl
+import subprocess
+import threading
+import time
+import traceback
+import urllib.parse
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+DROP = "drop-connection"  # queue_failures status: close the connection without an answer
+TIMEOUT = 5.0  # seconds for any socket operation of the server
+
+# k8s.io/kubelet/pkg/apis/well_known_labels.go: labels a kubelet may set on its own Node.
+KUBELET_LABELS = frozenset({
+    "kubernetes.io/hostname", "topology.kubernetes.io/zone", "topology.kubernetes.io/region",
+    "failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region",
+    "beta.kubernetes.io/instance-type", "node.kubernetes.io/instance-type",
+    "kubernetes.io/os", "kubernetes.io/arch", "beta.kubernetes.io/os", "beta.kubernetes.io/arch",
+})
+KUBELET_LABEL_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
+_MERGE_KEYS = {("status", "conditions"): "type", ("status", "addresses"): "type"}
+
+
+# --- PKI -------------------------------------------------------------------------------------
+
+_OPENSSL_CNF = """\
+[req]
+distinguished_name = dn
+[dn]
+[v3_ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign, digitalSignature
+subjectKeyIdentifier = hash
+[v3_server]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+authorityKeyIdentifier = keyid
+[v3_client]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = clientAuth
+authorityKeyIdentifier = keyid
+"""
+_EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+
+
+@dataclass(frozen=True)
+class Pki:
+    directory: Path
+    node_name: str
+    ca_cert: Path
+    ca_key: Path
+    ca_pem: bytes
+    server_cert: Path
+    server_key: Path
+    client_cert: Path  # CN=system:node:<node_name>, O=system:nodes
+    client_key: Path  # SEC1 "EC PRIVATE KEY", as the kubelet writes it
+    kubelet_client_current: Path  # client cert + key in one file, like /var/lib/kubelet/pki/
+    untrusted_ca_cert: Path
+    untrusted_client_cert: Path  # same subject as client_cert, signed by untrusted_ca_cert
+    untrusted_client_key: Path
+
+    def client_context(self, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+        """A client TLS context trusting the CA, presenting `cert` (default: the kubelet's)."""
+        context = ssl.create_default_context(cadata=self.ca_pem.decode())
+        context.load_cert_chain(cert or self.kubelet_client_current, key)
+        return context
+
+
+def _openssl(directory: Path, *args: str) -> None:
+    try:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True,
+                       text=True, timeout=30)
+    except subprocess.CalledProcessError as exc:
+        raise RuntimeError(f"openssl {' '.join(args)}: {exc.stderr.strip()}") from exc
+
+
+def _make_ca(directory: Path, stem: str, subject: str) -> None:
+    _openssl(directory, "req", "-x509", "-new", "-config", "openssl.cnf", "-extensions", "v3_ca",
+             *_EC, "-keyout", f"{stem}.key", "-out", f"{stem}.crt", "-days", "1", "-subj", subject)
+
+
+def _issue(directory: Path, ca: str, stem: str, subject: str, extensions: str,
+           key_args: Iterable[str] = _EC) -> tuple[Path, Path]:
+    _openssl(directory, "req", "-new", "-config", "openssl.cnf", *key_args,
+             "-out", f"{stem}.csr", "-subj", subject)
+    _openssl(directory, "x509", "-req", "-in", f"{stem}.csr", "-CA", f"{ca}.crt", "-CAkey",
+             f"{ca}.key", "-set_serial", str(secrets.randbits(63)), "-days", "1",
+             "-extfile", "openssl.cnf", "-extensions", extensions, "-out", f"{stem}.crt")
+    (directory / f"{stem}.csr").unlink()
+    return directory / f"{stem}.crt", directory / f"{stem}.key"
+
+
+def issue_client_cert(pki: Pki, stem: str, subject: str) -> tuple[Path, Path]:
+    """Another client certificate from the trusted CA, e.g. "/O=system:masters/CN=admin"."""
+    return _issue(pki.directory, "ca", stem, subject, "v3_client",
+                  [*_EC, "-keyout", f"{stem}.key"])
+
+
+def make_pki(directory: Path, node_name: str = "gpu-node-1") -> Pki:
+    """CA, API server certificate for 127.0.0.1, the kubelet's client certificate, and a client
+    certificate of another CA. EC P-256, valid one day."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "openssl.cnf").write_text(_OPENSSL_CNF)
+    _make_ca(directory, "ca", "/CN=kubernetes")
+    _make_ca(directory, "untrusted-ca", "/CN=someone-else")
+    server = _issue(directory, "ca", "apiserver", "/CN=kube-apiserver", "v3_server",
+                    [*_EC, "-keyout", "apiserver.key"])
+    node_subject = f"/O=system:nodes/CN=system:node:{node_name}"
+    _openssl(directory, "ecparam", "-name", "prime256v1", "-genkey", "-noout",
+             "-out", "kubelet-client.key")
+    client = _issue(directory, "ca", "kubelet-client", node_subject, "v3_client",
+                    ["-key", "kubelet-client.key"])
+    untrusted = _issue(directory, "untrusted-ca", "untrusted-client", node_subject, "v3_client",
+                       [*_EC, "-keyout", "untrusted-client.key"])
+    combined = directory / "kubelet-client-current.pem"
+    combined.write_bytes(client[0].read_bytes() + client[1].read_bytes())
+    for key in directory.glob("*.key"):
+        key.chmod(0o600)
+    combined.chmod(0o600)
+    return Pki(directory=directory, node_name=node_name,
+               ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
+               ca_pem=(directory / "ca.crt").read_bytes(),
+               server_cert=server[0], server_key=server[1],
+               client_cert=client[0], client_key=client[1], kubelet_client_current=combined,
+               untrusted_ca_cert=directory / "untrusted-ca.crt",
+               untrusted_client_cert=untrusted[0], untrusted_client_key=untrusted[1])
+
+
+# --- Node objects ----------------------------------------------------------------------------
+
+def make_node(name: str, *, gpus: int = 0, labels: dict[str, str] | None = None,
+              taints: list[dict[str, Any]] | None = None, ready: bool = True) -> dict[str, Any]:
+    """A Node as a kubeadm cluster shows a freshly joined worker (containerd, amd64)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    resources = {"cpu": "8", "memory": "57629892Ki", "pods": "110", "hugepages-1Gi": "0",
+                 "hugepages-2Mi": "0", "ephemeral-storage": "129886128Ki"}
+    if gpus:
+        resources["nvidia.com/gpu"] = str(gpus)
+
+    def condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+        return {"type": kind, "status": status, "lastHeartbeatTime": now,
+                "lastTransitionTime": now, "reason": reason, "message": message}
+
+    if taints is None and not ready:
+        taints = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+    spec: dict[str, Any] = {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]}
+    if taints:
+        spec["taints"] = taints
+    return {
+        "kind": "Node", "apiVersion": "v1",
+        "metadata": {
+            "name": name, "uid": str(uuid.uuid4()), "resourceVersion": "0",
+            "creationTimestamp": now,
+            "labels": {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+                       "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
+                       "kubernetes.io/os": "linux", **(labels or {})},
+            "annotations": {
+                "kubeadm.alpha.kubernetes.io/cri-socket":
+                    "unix:///var/run/containerd/containerd.sock",
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true"},
+        },
+        "spec": spec,
+        "status": {
+            "capacity": resources, "allocatable": dict(resources),
+            "conditions": [
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory",
+                          "kubelet has sufficient memory available"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure",
+                          "kubelet has no disk pressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID",
+                          "kubelet has sufficient PID available"),
+                condition("Ready", "True", "KubeletReady", "kubelet is posting ready status")
+                if ready else condition("Ready", "False", "KubeletNotReady",
+                                        "container runtime network not ready"),
+            ],
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.4"},
+                          {"type": "Hostname", "address": name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
+                         "containerRuntimeVersion": "containerd://1.7.20",
+                         "kubeletVersion": "v1.31.2", "kubeProxyVersion": "v1.31.2",
+                         "osImage": "Flatcar Container Linux by Kinvolk 3975.2.2 (Oklo)"},
+        },
+    }
+
+
+# --- Patches, rules, Status objects ----------------------------------------------------------
+
+class _Refused(Exception):
+    def __init__(self, code: int, body: dict[str, Any] | str) -> None:
+        self.code, self.body = code, body
+
+
+def status_object(code: int, reason: str, message: str, name: str | None = None,
+                  kind: str | None = None) -> dict[str, Any]:
+    """A metav1.Status as the API server answers errors."""
+    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                            "status": "Failure", "message": message, "reason": reason}
+    details = {key: value for key, value in (("name", name), ("kind", kind)) if value}
+    if details:
+        body["details"] = details
+    body["code"] = code
+    return body
+
+
+def _forbidden(name: str | None, why: str) -> _Refused:
+    subject = f'nodes "{name}"' if name else "nodes"
+    return _Refused(403, status_object(403, "Forbidden", f"{subject} is forbidden: {why}", name,
+                                       "nodes"))
+
+
+def _bad_request(message: str) -> _Refused:
+    return _Refused(400, status_object(400, "BadRequest", message))
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch (returns a new value; `target` is not changed)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def strategic_merge_patch(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
+    """Strategic merge patch for Node: maps merge, lists of _MERGE_KEYS merge by key (an item
+    with "$patch": "delete" removes its match), other lists are replaced."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if key.startswith("$setElementOrder/"):
+            continue
+        if key.startswith("$"):
+            raise _bad_request(f"fake API server: strategic merge directive {key} not supported")
+        here = (*path, key)
+        if value is None:
+            out.pop(key, None)
+        elif here in _MERGE_KEYS and isinstance(value, list):
+            out[key] = _merge_list(out.get(key) or [], value, _MERGE_KEYS[here], here)
+        else:
+            out[key] = strategic_merge_patch(out.get(key), value, here)
+    return out
+
+
+def _merge_list(items: list[Any], patch: list[Any], merge_key: str,
+                path: tuple[str, ...]) -> list[Any]:
+    out = list(items)
+    for item in patch:
+        if not isinstance(item, dict) or merge_key not in item:
+            raise _bad_request(f"{'.'.join(path)}: item {item!r} lacks merge key {merge_key!r}")
+        where = [i for i, old in enumerate(out) if old.get(merge_key) == item[merge_key]]
+        directive = item.get("$patch")
+        if directive == "delete":
+            out = [old for old in out if old.get(merge_key) != item[merge_key]]
+        elif directive is not None:
+            raise _bad_request(f"fake API server: $patch: {directive} not supported in lists")
+        elif where:
+            out[where[0]] = strategic_merge_patch(out[where[0]], item, path)
+        else:
+            out.append(strategic_merge_patch({}, item, path))
+    return out
+
+
+def _namespace(key: str) -> str:
+    return key.split("/", 1)[0] if "/" in key else ""
+
+
+def _in(namespace: str, domain: str) -> bool:
+    return namespace == domain or namespace.endswith("." + domain)
+
+
+def forbidden_labels(new: dict[str, str], old: dict[str, str]) -> list[str]:
+    """NodeRestriction's getForbiddenLabels(getModifiedLabels(new, old)), sorted."""
+    modified = {k for k in new.keys() | old.keys() if new.get(k) != old.get(k)}
+    forbidden = set()
+    for key in modified:
+        namespace = _namespace(key)
+        kubelet_label = key in KUBELET_LABELS or any(
+            _in(namespace, allowed) for allowed in KUBELET_LABEL_NAMESPACES)
+        if _in(namespace, "node-restriction.kubernetes.io") or (
+                (_in(namespace, "kubernetes.io") or _in(namespace, "k8s.io"))
+                and not kubelet_label):
+            forbidden.add(key)
+    return sorted(forbidden)
+
+
+_NAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_VALUE_FMT = f"({_NAME_FMT})?"
+_DNS1123_FMT = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_ALNUM = ("consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
+          "alphanumeric character")
+_NAME_MSG = (f"must {_ALNUM} (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
+             f"validation is '{_NAME_FMT}')")
+_VALUE_MSG = (f"a valid label must be an empty string or {_ALNUM} (e.g. 'MyValue',  or "
+              f"'my_value',  or '12345', regex used for validation is '{_VALUE_FMT}')")
+_PREFIX_MSG = (f"a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+               f"characters, '-' or '.', and must start and end with an alphanumeric character "
+               f"(e.g. 'example.com', regex used for validation is '{_DNS1123_FMT}')")
+
+
+def _key_problems(key: str) -> list[str]:
+    """apimachinery's IsQualifiedName."""
+    parts = key.split("/")
+    if len(parts) > 2:
+        return [f"a qualified name {_NAME_MSG} with an optional DNS subdomain prefix and '/' "
+                "(e.g. 'example.com/MyName')"]
+    problems = []
+    if len(parts) == 2:
+        prefix = parts[0]
+        if not prefix:
+            problems.append("prefix part must be non-empty")
+        elif len(prefix) > 253:
+            problems.append("prefix part must be no more than 253 characters")
+        elif not re.fullmatch(_DNS1123_FMT, prefix):
+            problems.append(f"prefix part {_PREFIX_MSG}")
+    name = parts[-1]
+    if not name:
+        problems.append("name part must be non-empty")
+    elif len(name) > 63:
+        problems.append("name part must be no more than 63 characters")
+    elif not re.fullmatch(_NAME_FMT, name):
+        problems.append(f"name part {_NAME_MSG}")
+    return problems
+
+
+def label_errors(labels: dict[str, str]) -> list[str]:
+    """apimachinery's ValidateLabels, as field errors of metadata.labels."""
+    errors = []
+    for key, value in sorted(labels.items()):
+        errors += [f'metadata.labels: Invalid value: "{key}": {p}' for p in _key_problems(key)]
+        if len(value) > 63:
+            errors.append(f'metadata.labels: Invalid value: "{value}": '
+                          "must be no more than 63 characters")
+        if not re.fullmatch(_VALUE_FMT, value):
+            errors.append(f'metadata.labels: Invalid value: "{value}": {_VALUE_MSG}')
+    return errors
+
+
+def _check_string_map(meta: dict[str, Any], field_name: str) -> None:
+    values = meta.get(field_name)
+    if values is None:
+        return
+    if not isinstance(values, dict):
+        raise _bad_request(f"json: cannot unmarshal into Go struct field ObjectMeta.metadata."
+                           f"{field_name} of type map[string]string")
+    for value in values.values():
+        if not isinstance(value, str):
+            kind = {bool: "bool", dict: "object", list: "array"}.get(type(value), "number")
+            raise _bad_request(f"json: cannot unmarshal {kind} into Go struct field ObjectMeta."
+                               f"metadata.{field_name} of type string")
+
+
+# --- The server ------------------------------------------------------------------------------
+
+@dataclass
+class Request:
+    method: str
+    path: str  # without the query string
+    query: str
+    headers: dict[str, str]  # keys lower-cased
+    body: bytes
+    json: Any  # the parsed body, or None
+    client_cn: str | None
+    client_groups: tuple[str, ...] = ()
+    status: int | None = None  # the answer's status; None: connection dropped
+    injected: bool = False  # answered from queue_failures
+
+
+@dataclass
+class _User:
+    name: str
+    groups: tuple[str, ...]
+
+    @property
+    def node(self) -> str | None:  # pkg/auth/nodeidentifier
+        if "system:nodes" in self.groups and self.name.startswith("system:node:"):
+            return self.name.removeprefix("system:node:")
+        return None
+
+
+class FakeApiServer:
+    """kube-apiserver's Node endpoints on https://127.0.0.1:<ephemeral port>, client certs only."""
+
+    def __init__(self, pki: Pki, nodes: Iterable[dict[str, Any]] | None = None) -> None:
+        self.pki = pki
+        self.requests: list[Request] = []
+        self.handshake_errors: list[str] = []  # client certificates refused, connections dropped
+        self.errors: list[str] = []  # the harness's own bugs (answered 500); fail __exit__
+        self._lock = threading.Lock()
+        self._nodes: dict[str, dict[str, Any]] = {}
+        self._revision = 1000
+        self._failures: list[tuple[str, deque[tuple[Any, Any, dict[str, str]]]]] = []
+        for node in [make_node(pki.node_name)] if nodes is None else nodes:
+            self.set_node(node)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(pki.server_cert, pki.server_key)
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(cadata=pki.ca_pem.decode())
+        self._server = _TlsServer(self, context)
+        self.port: int = self._server.server_address[1]
+        self.url = f"https://127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self) -> FakeApiServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+        self._server.close_connections()
+        self._server.server_close()
+        self._thread.join(TIMEOUT)
+        if self.errors and kind is None:
+            raise AssertionError("FakeApiServer failed internally:\n" + "\n".join(self.errors))
+
+    # -- state for tests
+
+    def set_node(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a Node (as an admin would); gives it a uid if it has none, and a new
+        resourceVersion. Returns the stored copy."""
+        node = copy.deepcopy(obj)
+        meta = node.setdefault("metadata", {})
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        with self._lock:
+            self._store(node)
+            return copy.deepcopy(node)
+
+    def delete_node(self, name: str) -> None:
+        with self._lock:
+            self._nodes.pop(name, None)
+
+    def node(self, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            return copy.deepcopy(self._nodes.get(name))
+
+    def queue_failures(self, path_prefix: str, responses: Iterable[Any]) -> None:
+        """The next requests whose path starts with `path_prefix` get these answers, in order,
+        before normal handling: (status, JSON body or None) or (status, body, headers); status
+        DROP closes the connection without an answer."""
+        queue = deque()
+        for response in responses:
+            status, body, *rest = (response, None) if response == DROP else response
+            queue.append((status, body, rest[0] if rest else {}))
+        with self._lock:
+            self._failures.append((path_prefix, queue))
+
+    def write_kubeconfig(self, path: Path, client_cert_path: str | Path,
+                         client_key_path: str | Path, embed_ca: bool = True,
+                         ca_path: str | Path | None = None) -> Path:
+        """A kubeadm kubelet.conf for this server; the paths are written as given."""
+        if embed_ca:
+            ca = f"certificate-authority-data: {base64.b64encode(self.pki.ca_pem).decode()}"
+        else:
+            ca = f"certificate-authority: {json.dumps(str(ca_path or self.pki.ca_cert))}"
+        user = f"system:node:{self.pki.node_name}"
+        path.write_text(
+            f"apiVersion: v1\nclusters:\n- cluster:\n    {ca}\n    server: {self.url}\n"
+            f"  name: kubernetes\ncontexts:\n- context:\n    cluster: kubernetes\n"
+            f"    user: {user}\n  name: {user}@kubernetes\n"
+            f"current-context: {user}@kubernetes\nkind: Config\npreferences: {{}}\n"
+            f"users:\n- name: {user}\n  user:\n"
+            f"    client-certificate: {json.dumps(str(client_cert_path))}\n"
+            f"    client-key: {json.dumps(str(client_key_path))}\n")
+        return path
+
+    # -- request handling (handler threads)
+
+    def _store(self, node: dict[str, Any]) -> None:
+        self._revision += 1
+        node["metadata"]["resourceVersion"] = str(self._revision)
+        self._nodes[node["metadata"]["name"]] = node
+
+    def _next_failure(self, path: str) -> tuple[Any, Any, dict[str, str]] | None:
+        with self._lock:
+            for prefix, queue in self._failures:
+                if queue and path.startswith(prefix):
+                    return queue.popleft()
+        return None
+
+    def _handle(self, method: str, path: str, content_type: str, body: bytes,
+                user: _User) -> tuple[int, dict[str, Any] | str]:
+        match = re.fullmatch(r"/api/v1/nodes(?:/([^/]+)(/status)?)?", path)
+        if not match:
+            return 404, "404 page not found\n"
+        name, subresource = match[1], "status" if match[2] else ""
+        resource = "nodes/status" if subresource else "nodes"
+        verb = {"GET": "get" if name else "list"}.get(method, method.lower())
+        if method not in ("GET", "PATCH") or (method == "PATCH" and not name):
+            return 405, status_object(405, "MethodNotAllowed", "the server does not allow this "
+                                      "method on the requested resource (fake API server: "
+                                      "GET and PATCH of nodes only)")
+        admin = "system:masters" in user.groups
+        if not admin:
+            self._authorize(user, verb, name, resource)
+        if verb == "list":
+            with self._lock:
+                return 200, {"kind": "NodeList", "apiVersion": "v1",
+                             "metadata": {"resourceVersion": str(self._revision)},
+                             "items": [copy.deepcopy(n) for _, n in sorted(self._nodes.items())]}
+        with self._lock:
+            old = self._nodes.get(name)
+            if old is None:
+                raise _Refused(404, status_object(404, "NotFound", f'nodes "{name}" not found',
+                                                  name, "nodes"))
+            if method == "GET":
+                return 200, copy.deepcopy(old)
+            new = self._patched(old, content_type, body, name)
+            if user.node is not None and not admin:
+                self._admit(user.node, name, new, old)
+            if subresource:
+                new["spec"] = copy.deepcopy(old.get("spec", {}))
+            else:
+                new["status"] = copy.deepcopy(old.get("status", {}))
+            errors = label_errors(new["metadata"].get("labels") or {})
+            if errors:
+                message = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
+                raise _Refused(422, status_object(422, "Invalid", f'Node "{name}" is invalid: '
+                                                  f"{message}", name, kind="Node"))
+            if new != old:
+                self._store(new)
+            return 200, copy.deepcopy(self._nodes[name])
+
+    def _patched(self, old: dict[str, Any], content_type: str, body: bytes,
+                 name: str) -> dict[str, Any]:
+        if content_type not in (MERGE_PATCH, STRATEGIC_PATCH):
+            raise _Refused(415, status_object(
+                415, "UnsupportedMediaType", "the body of the request was in an unknown format "
+                f"- accepted media types include: {MERGE_PATCH}, {STRATEGIC_PATCH} (fake API "
+                "server; the real one also takes json-patch and apply-patch)"))
+        try:
+            patch = json.loads(body)
+        except ValueError as exc:
+            raise _bad_request(f"error decoding patch: {exc}") from exc
+        if not isinstance(patch, dict):
+            raise _bad_request("error decoding patch: the patch is not a JSON object")
+        apply = merge_patch if content_type == MERGE_PATCH else strategic_merge_patch
+        new = apply(old, patch)
+        meta, old_meta = new.get("metadata"), old["metadata"]
+        if not isinstance(meta, dict):
+            raise _bad_request("fake API server: the patch removes metadata")
+        wanted = (patch.get("metadata") or {}) if isinstance(patch.get("metadata"), dict) else {}
+        if wanted.get("resourceVersion") not in (None, old_meta["resourceVersion"]):
+            raise _Refused(409, status_object(
+                409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": the object '
+                "has been modified; please apply your changes to the latest version and try "
+                "again", name, "nodes"))
+        if wanted.get("uid") not in (None, old_meta["uid"]):
+            raise _Refused(409, status_object(
+                409, "Conflict", f"Precondition failed: UID in precondition: {wanted['uid']}, "
+                f"UID in object meta: {old_meta['uid']}", name, "nodes"))
+        if meta.get("name") != name:
+            raise _bad_request(f"the name of the object ({meta.get('name')}) does not match the "
+                               f"name on the URL ({name})")
+        for key in ("uid", "resourceVersion", "creationTimestamp"):
+            meta[key] = old_meta[key]
+        new["kind"], new["apiVersion"] = old.get("kind", "Node"), old.get("apiVersion", "v1")
+        _check_string_map(meta, "labels")
+        _check_string_map(meta, "annotations")
+        return new
+
+    @staticmethod
+    def _authorize(user: _User, verb: str, name: str | None, resource: str) -> None:
+        """The Node authorizer, then RBAC without bindings (users other than nodes and
+        system:masters may do nothing)."""
+        denied = f'User "{user.name}" cannot {verb} resource "{resource}" in API group "" at ' \
+            "the cluster scope"
+        if user.node is None or (verb != "patch" and resource != "nodes"):
+            raise _forbidden(name, denied)
+        if verb == "list":
+            raise _forbidden(name, f"{denied}: node '{user.node}' cannot read all nodes, only "
+                             "its own Node object")
+        if verb == "get" and name != user.node:
+            raise _forbidden(name, f"{denied}: node '{user.node}' cannot read '{name}', only its "
+                             "own Node object")
+
+    @staticmethod
+    def _admit(node: str, name: str, new: dict[str, Any], old: dict[str, Any]) -> None:
+        """NodeRestriction's admitNode for an update."""
+        if name != node:
+            raise _forbidden(name, f'node "{node}" is not allowed to modify node "{name}"')
+        old_taints = (old.get("spec") or {}).get("taints") or []
+        if ((new.get("spec") or {}).get("taints") or []) != old_taints:
+            raise _forbidden(name, f'node "{node}" is not allowed to modify taints')
+        labels = forbidden_labels(new["metadata"].get("labels") or {},
+                                  old["metadata"].get("labels") or {})
+        if labels:
+            raise _forbidden(name, f"is not allowed to modify labels: {', '.join(labels)}")
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = TIMEOUT
+    disable_nagle_algorithm = True  # headers and body go out as two TLS records
+    server: _TlsServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._serve()
+
+    do_PATCH = do_PUT = do_POST = do_DELETE = do_GET
+
+    def _serve(self) -> None:
+        api = self.server.api
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        url = urllib.parse.urlsplit(self.path)
+        try:
+            parsed = json.loads(body) if body else None
+        except ValueError:
+            parsed = None
+        cn, groups = None, []
+        for rdn in self.connection.getpeercert().get("subject", ()):
+            for key, value in rdn:
+                if key == "commonName":
+                    cn = value
+                elif key == "organizationName":
+                    groups.append(value)
+        record = Request(self.command, url.path, url.query,
+                         {k.lower(): v for k, v in self.headers.items()}, body, parsed, cn,
+                         tuple(groups))
+        with api._lock:
+            api.requests.append(record)
+        failure = api._next_failure(url.path)
+        if failure is not None:
+            record.injected = True
+            status, answer, headers = failure
+            if status == DROP:
+                self.close_connection = True
+                return
+        else:
+            headers = {}
+            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            try:
+                status, answer = api._handle(self.command, url.path, content_type.lower(), body,
+                                             _User(cn or "", tuple(groups)))
+            except _Refused as refusal:
+                status, answer = refusal.code, refusal.body
+            except Exception:
+                api.errors.append(traceback.format_exc())
+                status, answer = 500, status_object(500, "InternalError", "fake API server bug")
+        record.status = status
+        self._send(status, answer, headers)
+
+    def _send(self, status: int, answer: Any, headers: dict[str, str]) -> None:
+        if answer is None:
+            data, kind = b"", "application/json"
+        elif isinstance(answer, (bytes, str)):
+            data = answer.encode() if isinstance(answer, str) else answer
+            kind = "text/plain; charset=utf-8"
+        else:
+            data, kind = json.dumps(answer).encode(), "application/json"
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class _TlsServer(http.server.ThreadingHTTPServer):
+    """TLS handshakes in the connection's thread (a stuck client cannot block accept())."""
+
+    daemon_threads = False
+    block_on_close = True  # server_close() joins the connection threads
+
+    def __init__(self, api: FakeApiServer, context: ssl.SSLContext) -> None:
+        self.api = api
+        self.context = context
+        self.connections: set[ssl.SSLSocket] = set()
+        self.connections_lock = threading.Lock()
+        self.closing = False
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        request.settimeout(TIMEOUT)
+        try:
+            tls = self.context.wrap_socket(request, server_side=True)
+        except OSError as exc:
+            self.api.handshake_errors.append(f"{type(exc).__name__}: {exc}")
+            request.close()
+            return
+        with self.connections_lock:
+            self.connections.add(tls)
+        try:
+            self.finish_request(tls, client_address)
+        except OSError as exc:
+            if not self.closing:
+                self.api.handshake_errors.append(f"{type(exc).__name__}: {exc}")
+        except Exception:
+            self.api.errors.append(traceback.format_exc())
+        finally:
+            with self.connections_lock:
+                self.connections.discard(tls)
+            self.shutdown_request(tls)
+
+    def close_connections(self) -> None:
+        """Wake handler threads blocked reading a kept-alive connection."""
+        self.closing = True
+        with self.connections_lock:
+            for connection in list(self.connections):
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
