@@ -92,6 +92,9 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
                                                     run.watched))
         _step(run, "containerd", lambda fields: _containerd(host, config, adapters, fields,
                                                             run.watched))
+        if config.kubernetes.register_with == "kubelet":
+            _step(run, "registration", lambda fields: _registration(host, config, adapters,
+                                                                    fields, run.watched))
     write_record(host, run)
     if run.outcome != "failed":
         _write_stamp(host, run, config)
@@ -128,6 +131,21 @@ def _driver(host: Host, config: AgentConfig, detection: Detection, adapters: Ada
     fields.update(outcome.fields())
     watched += ["/proc/driver/nvidia/version", "/proc/driver/nvidia/gpus",
                 *(node.path for node in driver.wanted_nodes(host))]
+
+
+def _registration(host: Host, config: AgentConfig, adapters: Adapters,
+                  fields: dict[str, Any], watched: list[str]) -> None:
+    """The kubelet registers with the GPU taint and label (written before it first starts)."""
+    from gpunode.kube import registration
+
+    k = config.kubernetes
+    text, why = registration.plan_kubelet_dropin(host, k.taints, dict(k.labels))
+    fields.update(changed=text is not None, reason=why)
+    if text is not None:
+        host.make_dirs(registration.KUBELET_DROPIN.rpartition("/")[0])
+        host.write_atomic(registration.KUBELET_DROPIN, text.encode())
+        adapters.systemd.daemon_reload()
+    watched += [registration.KUBELET_DROPIN, registration.KUBELET_CLIENT_CERT]
 
 
 def _containerd(host: Host, config: AgentConfig, adapters: Adapters,

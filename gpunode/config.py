@@ -51,6 +51,9 @@ class KubernetesConfig:
     node_name: str | None = None  # None: as the kubelet decides (--hostname-override, hostname)
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the Node
     taints: tuple[str, ...] = ("nvidia.com/gpu=present:NoSchedule",)  # set at registration
+    # Who sets them: "chart" (cluster-azure values; gpunode writes nothing) or "kubelet" (a
+    # kubelet.service drop-in with --register-with-taints/--node-labels, before it registers)
+    register_with: str = "chart"
     wait_seconds: int = 300  # how long `label` waits for the API server and the Node
     request_timeout: int = 10
 
@@ -163,6 +166,7 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("kubernetes", "kubeconfig"): _absolute_path,
     ("kubernetes", "labels"): _node_labels,
     ("kubernetes", "taints"): lambda v: next(filter(None, map(_taint, v)), None),
+    ("kubernetes", "register_with"): _one_of("chart", "kubelet"),
     ("kubernetes", "wait_seconds"): lambda v: None if 0 <= v <= 3600 else "must be 0 to 3600",
     ("kubernetes", "request_timeout"): lambda v: None if 1 <= v <= 120 else "must be 1 to 120",
     ("driver.build", "driver_sha256"): lambda v: _hex_digest(v, 64),

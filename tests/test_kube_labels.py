@@ -9,6 +9,7 @@ import yaml
 
 from conftest import HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig
+from gpunode.host import Host
 from gpunode.kube import labels, registration
 from gpunode.kube.step import desired, node_name
 
@@ -165,3 +166,50 @@ def test_deploy_manifests_have_what_the_device_plugin_needs() -> None:
     pod = yaml.safe_load((DEPLOY / "gpu-pod.yaml").read_text())
     assert pod["spec"]["runtimeClassName"] == "nvidia"
     assert pod["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
+
+
+KUBEADM_DROPIN = """[Service]
+Environment="KUBELET_KUBECONFIG_ARGS=--bootstrap-kubeconfig=/etc/kubernetes/bootstrap.conf \\
+--kubeconfig=/etc/kubernetes/kubelet.conf"
+Environment="KUBELET_CONFIG_ARGS=--config=/var/lib/kubelet/config.yaml"
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+ExecStart=
+ExecStart=/opt/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS
+"""
+
+
+def kubeadm_node(make_host: HostFactory) -> Host:
+    return make_host("nc4as-t4-v3", "ready", extra={
+        "/etc/systemd/system/kubelet.service": "[Service]\nExecStart=/opt/bin/kubelet\n",
+        "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf": KUBEADM_DROPIN})
+
+
+def test_kubelet_registration_dropin_extends_the_kubelets_own_command(
+    make_host: HostFactory,
+) -> None:
+    from gpunode import boot
+    from gpunode.systemd import NoSystemd
+    from gpunode.systemd_unit import read_unit
+
+    host = kubeadm_node(make_host)
+    config = AgentConfig(kubernetes=KubernetesConfig(register_with="kubelet"))
+    adapters = boot.Adapters(systemd=NoSystemd(), kmod=None)  # type: ignore[arg-type]
+    boot.boot(host, config, adapters)
+    unit = read_unit(host, "kubelet.service")
+    assert unit.exec_start_raw == (
+        "/opt/bin/kubelet", "$KUBELET_KUBECONFIG_ARGS", "$KUBELET_CONFIG_ARGS",
+        "$KUBELET_KUBEADM_ARGS", "--register-with-taints=nvidia.com/gpu=present:NoSchedule",
+        "--node-labels=nvidia.com/gpu.present=true")
+    text, why = registration.plan_kubelet_dropin(host, config.kubernetes.taints, {})
+    assert (text, why) == (None, "the kubelet drop-in is already in place")
+
+
+def test_no_kubelet_dropin_once_the_kubelet_has_registered(make_host: HostFactory) -> None:
+    host = kubeadm_node(make_host)
+    cert = host.root / "var/lib/kubelet/pki/kubelet-client-current.pem"
+    cert.parent.mkdir(parents=True)
+    cert.write_text("cert\n")
+    text, why = registration.plan_kubelet_dropin(host, ("nvidia.com/gpu=present:NoSchedule",),
+                                                 {})
+    assert text is None
+    assert "registered already" in why

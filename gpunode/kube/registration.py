@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpunode.host import Host
+from gpunode.systemd_unit import read_unit
+
 REGISTRATION_LABELS = {"nvidia.com/gpu.present": "true"}
 FORMATS = ("cluster-azure", "kubeadm", "kubelet-flags")
 
@@ -48,3 +51,33 @@ def kubelet_flags(taints: tuple[str, ...], labels: dict[str, str]) -> list[str]:
     if taints:
         flags.insert(0, f"--register-with-taints={','.join(taints)}")
     return flags
+
+
+KUBELET_UNIT = "kubelet.service"
+KUBELET_DROPIN = "/etc/systemd/system/kubelet.service.d/20-gpunode-registration.conf"
+KUBELET_CLIENT_CERT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+
+
+def kubelet_dropin(raw_exec: tuple[str, ...], flags: list[str]) -> str:
+    """A drop-in that runs the kubelet's own ExecStart with the registration flags added."""
+    argv = [w for w in raw_exec if not w.startswith(("--register-with-taints",
+                                                        "--node-labels"))]
+    return ("# Written by gpunode: register this GPU node with its taint and label (a kubelet\n"
+            "# may not change its taints after registration).\n[Service]\nExecStart=\n"
+            f"ExecStart={' '.join([*argv, *flags])}\n")
+
+
+def plan_kubelet_dropin(host: Host, taints: tuple[str, ...],
+                        labels: dict[str, str]) -> tuple[str | None, str]:
+    """(drop-in text to write or None, why) for `register_with = "kubelet"`."""
+    if host.exists(KUBELET_CLIENT_CERT):
+        return None, "the kubelet has registered already; its taints can no longer change"
+    unit = read_unit(host, KUBELET_UNIT)
+    if unit.fragment is None or not unit.exec_start_raw:
+        return None, "there is no kubelet.service with an ExecStart to extend"
+    # Our own earlier drop-in may be what ExecStart comes from: kubelet_dropin() drops the
+    # flags it added before adding them again, so the result is the same either way.
+    text = kubelet_dropin(unit.exec_start_raw, kubelet_flags(taints, labels))
+    if host.read_optional(KUBELET_DROPIN) == text:
+        return None, "the kubelet drop-in is already in place"
+    return text, f"write {KUBELET_DROPIN}"
