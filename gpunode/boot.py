@@ -65,7 +65,7 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> tuple[Detection
     from gpunode.containerd import step as containerd
     from gpunode.driver import step as driver
 
-    detection = detect(host)
+    detection = detect(host, use_udev=config.detect.use_udev)
     if not detection.gpus:
         return detection, []
     actions: list[Action] = []
@@ -81,7 +81,7 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> tuple[Detection
 def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
     run = BootRun(started_at=_now())
     with _recorded(run, "detect") as fields:
-        detection = detect(host)
+        detection = detect(host, use_udev=config.detect.use_udev)
         fields.update(gpus=len(detection.gpus), functions=len(detection.functions))
     if not detection.gpus:
         run.outcome = "no-gpu"

@@ -97,11 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _detect(host: Host, _config: AgentConfig, args: argparse.Namespace) -> int:
+def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode.detect import detect
 
     with log.step("detect") as fields:
-        detection = detect(host)
+        detection = detect(host, use_udev=config.detect.use_udev)
         fields.update(gpus=len(detection.gpus), functions=len(detection.functions))
     if args.json:
         _print_json({"schema_version": 1, "root": str(host.root), **detection.to_json()})
@@ -217,7 +217,8 @@ def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> i
 
     adapters = boot.adapters_for(host, config)
     with log.step("driver") as fields:
-        the_plan = step.plan(host, config.driver, detect(host), adapters.kmod)
+        detection = detect(host, use_udev=config.detect.use_udev)
+        the_plan = step.plan(host, config.driver, detection, adapters.kmod)
         fields.update(strategy=the_plan.choice.strategy, action=the_plan.choice.action)
         outcome = step.apply(host, the_plan, config.driver, adapters.kmod, adapters.build)
         fields.update(outcome.fields())
@@ -233,7 +234,8 @@ def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> 
     adapters = boot.adapters_for(host, config)
     with log.step("driver.build") as fields:
         kernel = step.kernel_release(host)
-        chosen = flavour.choose(detect(host).gpus, config.driver.flavour, step.on_azure(host))
+        gpus = detect(host, use_udev=config.detect.use_udev).gpus
+        chosen = flavour.choose(gpus, config.driver.flavour, step.on_azure(host))
         b = config.driver.build
         inputs = build.BuildInputs(
             kernel=kernel, driver=config.driver.version, flavour=chosen.flavour,
@@ -258,8 +260,8 @@ def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) ->
     names = ("gpus", "nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes")
     checks = [c for c in report.checks if c.name in names]
     try:
-        the_plan = step.plan(host, config.driver, detect(host), boot.adapters_for(
-            host, config).kmod)
+        detection = detect(host, use_udev=config.detect.use_udev)
+        the_plan = step.plan(host, config.driver, detection, boot.adapters_for(host, config).kmod)
         plan_lines, plan_error = the_plan.describe(), None
     except GpunodeError as exc:
         plan_lines, plan_error = [], str(exc)

@@ -29,6 +29,17 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
+class DetectConfig:
+    # "auto": udev on a live host, sysfs files under --root; "sysfs" where udev's view is not
+    # wanted (no udev in the environment, or a sysfs tree mounted over the real one)
+    source: str = "auto"
+
+    @property
+    def use_udev(self) -> bool | None:
+        return {"auto": None, "udev": True, "sysfs": False}[self.source]
+
+
+@dataclass(frozen=True)
 class ContainerdConfig:
     runtime_name: str = "nvidia"
     config_path: str | None = None  # None: ask containerd.service which file it uses
@@ -86,6 +97,7 @@ class DriverConfig:
 @dataclass(frozen=True)
 class AgentConfig:
     log: LogConfig = field(default_factory=LogConfig)
+    detect: DetectConfig = field(default_factory=DetectConfig)
     containerd: ContainerdConfig = field(default_factory=ContainerdConfig)
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     driver: DriverConfig = field(default_factory=DriverConfig)
@@ -144,6 +156,7 @@ def _runtime_name(value: Any) -> str | None:
 # (section, key) → check returning the problem, or None when the value is fine.
 _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("log", "level"): _one_of(*LOG_LEVELS),
+    ("detect", "source"): _one_of("auto", "udev", "sysfs"),
     ("containerd", "runtime_name"): _runtime_name,
     ("containerd", "config_path"): _absolute_path,
     ("containerd", "runtime_path"): _absolute_path,

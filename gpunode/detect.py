@@ -271,6 +271,14 @@ def _wanted(address: str, raw_vendor: str | None, vendor: str | None, problems: 
 
 
 def module_loaded(host: Host, name: str) -> bool:
-    """Whether a kernel module is loaded, from /proc/modules (what lsmod reads)."""
-    text = host.read_optional("/proc/modules") or ""
-    return any(line.split(" ", 1)[0] == name for line in text.splitlines())
+    return name in loaded_modules(host)
+
+
+def loaded_modules(host: Host) -> set[str]:
+    """Loaded kernel modules: /proc/modules (what lsmod reads), else — a kernel without it —
+    the /sys/module entries whose initstate is "live"."""
+    text = host.read_optional("/proc/modules")
+    if text is not None:
+        return {line.split(" ", 1)[0] for line in text.splitlines() if line}
+    return {name for name in host.list_dir("/sys/module")
+            if (host.read_optional(f"/sys/module/{name}/initstate") or "").strip() == "live"}

@@ -115,6 +115,7 @@ class Options:
     state: str = "ready"
     dev_nodes: str = "auto"  # "auto": real char devices when root, else plain files
     pci_ids: bool = True  # write a small pci.ids with the NVIDIA names
+    flat_sysfs: bool = False  # device directories directly in /sys/bus/pci/devices
     extra: dict[str, str] = field(default_factory=dict)  # host path → content, written last
 
 
@@ -131,14 +132,15 @@ def build(machine: Machine, root: Path, options: Options | None = None) -> Path:
     _write(root, "/proc/sys/kernel/hostname", f"{machine.name}-vmss000000\n")
     _write(root, "/proc/stat", f"cpu  1 0 1 100 0 0 0 0 0 0\nbtime {BOOT_TIME}\n")
     for fn in machine.functions:
-        _write_function(root, fn, False)
+        _write_function(root, fn, False, options.flat_sysfs)
     _write(root, "/proc/modules", _modules(machine, False))
+    _write_sys_modules(root, machine, False)
     _write(root, "/proc/devices", _devices(False))
     if options.pci_ids:
         _write(root, "/usr/share/misc/pci.ids", PCI_IDS_EXCERPT)
     _write_containerd_base(root)
     if loaded:
-        load_driver(root, machine)
+        load_driver(root, machine, options.flat_sysfs)
         _write_nodes(root, machine, options)
     if options.state == "ready":
         _write_ready(root, machine)
@@ -170,9 +172,15 @@ def _link(root: Path, path: str, target: str) -> None:
     link.symlink_to(target)
 
 
-def _write_function(root: Path, fn: Fn, loaded: bool) -> None:
+def _write_function(root: Path, fn: Fn, loaded: bool, flat: bool = False) -> None:
+    """One PCI function as the kernel shows it: the device directory under /sys/devices and a
+    link to it in /sys/bus/pci/devices. `flat` puts the directory itself in
+    /sys/bus/pci/devices (links relative to there), so the tree can be bind-mounted over a
+    real /sys/bus/pci/devices, whose ../../../devices has no such device."""
     domain_bus = fn.address.rsplit(":", 1)[0]
-    devdir = f"/sys/devices/pci{domain_bus}/{fn.address}"
+    devdir = (f"/sys/bus/pci/devices/{fn.address}" if flat
+              else f"/sys/devices/pci{domain_bus}/{fn.address}")
+    up = "../../.." if not flat else "../../../.."  # from the device directory to /sys
     sub_vendor, sub_device = fn.subsystem.split(":")
     attrs = {
         "vendor": f"0x{fn.vendor}", "device": f"0x{fn.device}",
@@ -191,14 +199,18 @@ def _write_function(root: Path, fn: Fn, loaded: bool) -> None:
     attrs["uevent"] = "\n".join(uevent)
     for name, value in attrs.items():
         _write(root, f"{devdir}/{name}", value + "\n")
-    _link(root, f"/sys/bus/pci/devices/{fn.address}", f"../../../devices/pci{domain_bus}/"
-          f"{fn.address}")
+    _link(root, f"{devdir}/subsystem", f"{up}/bus/pci")
+    if not flat:
+        _link(root, f"/sys/bus/pci/devices/{fn.address}",
+              f"../../../devices/pci{domain_bus}/{fn.address}")
     if driver:
         (root / f"sys/bus/pci/drivers/{driver}").mkdir(parents=True, exist_ok=True)
-        _link(root, f"{devdir}/driver", f"../../../bus/pci/drivers/{driver}")
+        _link(root, f"{devdir}/driver", f"{up}/bus/pci/drivers/{driver}")
+    elif (root / devdir.lstrip("/") / "driver").is_symlink():
+        (root / devdir.lstrip("/") / "driver").unlink()
     if fn.iommu is not None:
         (root / f"sys/kernel/iommu_groups/{fn.iommu}/devices").mkdir(parents=True, exist_ok=True)
-        _link(root, f"{devdir}/iommu_group", f"../../../kernel/iommu_groups/{fn.iommu}")
+        _link(root, f"{devdir}/iommu_group", f"{up}/kernel/iommu_groups/{fn.iommu}")
 
 
 BASE_MODULES = ["ext4 1060864 1 - Live 0x0000000000000000", "hv_netvsc 98304 0 - Live "
@@ -216,6 +228,12 @@ def _modules(machine: Machine, loaded: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write_sys_modules(root: Path, machine: Machine, loaded: bool) -> None:
+    """/sys/module/<name>/initstate for every module /proc/modules lists (the same facts)."""
+    for line in _modules(machine, loaded).splitlines():
+        _write(root, f"/sys/module/{line.split(' ', 1)[0]}/initstate", "live\n")
+
+
 NVIDIA_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 508, 509
 
 
@@ -229,13 +247,14 @@ def _devices(loaded: bool) -> str:
             "\n\nBlock devices:\n  7 loop\n  8 sd\n259 blkext\n")
 
 
-def load_driver(root: Path, machine: Machine) -> None:
+def load_driver(root: Path, machine: Machine, flat: bool = False) -> None:
     """What the kernel shows once the NVIDIA modules are loaded: the GPUs bound to nvidia,
     the modules in /proc/modules, their majors in /proc/devices, /proc/driver/nvidia. Device
     nodes are not made (udev does not make them all; gpunode does)."""
     for fn in machine.functions:
-        _write_function(root, fn, True)
+        _write_function(root, fn, True, flat)
     _write(root, "/proc/modules", _modules(machine, True))
+    _write_sys_modules(root, machine, True)
     _write(root, "/proc/devices", _devices(True))
     module = ("NVIDIA UNIX Open Kernel Module for x86_64" if machine.open_modules
               else "NVIDIA UNIX x86_64 Kernel Module")

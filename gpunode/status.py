@@ -103,7 +103,7 @@ class Report:
 
 def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> StatusFacts:
     try:
-        detection: Detection | None = detect(host)
+        detection: Detection | None = detect(host, use_udev=config.detect.use_udev)
         detection_error = None
     except GpunodeError as exc:
         detection, detection_error = None, str(exc)

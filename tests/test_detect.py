@@ -150,3 +150,20 @@ def test_builtin_table_covers_the_gpus_named_in_the_design() -> None:
     for device in ("1eb8", "20b5", "20b0", "20b2", "2330", "2331", "2321", "2236", "2237", "27b8",
                    "26b9", "1db4", "2335"):
         assert device in BUILTIN_NAMES
+
+
+def test_flat_sysfs_layout_reads_the_same(make_host: HostFactory) -> None:
+    """The layout the end-to-end boot test bind-mounts over a real /sys/bus/pci/devices."""
+    normal = detect(make_host("nd96amsr-a100-v4", "driver"))
+    flat = detect(make_host("nd96amsr-a100-v4", "driver", flat_sysfs=True))
+    assert flat.functions == normal.functions
+
+
+def test_loaded_modules_come_from_sys_module_without_proc_modules(make_host: HostFactory) -> None:
+    from gpunode.detect import loaded_modules
+
+    host = make_host("nc4as-t4-v3", "driver")
+    with_proc = loaded_modules(host)
+    (host.root / "proc/modules").unlink()
+    assert loaded_modules(host) == with_proc
+    assert {"nvidia", "nvidia_uvm", "nvidia_modeset"} <= with_proc

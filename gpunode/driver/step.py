@@ -13,6 +13,7 @@ from typing import Any
 from gpunode import command, driverinfo, log
 from gpunode.config import DriverConfig
 from gpunode.detect import Detection, module_loaded
+from gpunode.detect import loaded_modules as detect_loaded_modules
 from gpunode.driver import devices, flavour, modules, strategy
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
@@ -87,8 +88,7 @@ def kernel_release(host: Host) -> str:
 
 
 def loaded_modules(host: Host) -> set[str]:
-    text = host.read_optional("/proc/modules") or ""
-    return {line.split(" ", 1)[0] for line in text.splitlines() if line}
+    return detect_loaded_modules(host)
 
 
 def merged_sysexts(host: Host) -> tuple[str, ...]:

@@ -235,6 +235,7 @@ class SystemdNamespace:
     enable: names of `units` to start at boot (linked into multi-user.target.wants).
     binds: host paths under /tmp, /var/tmp or /run to keep visible inside.
     overlays: further directories to make copy-on-write inside, e.g. ("usr", "var/lib").
+    prepare: shell lines run inside just before systemd starts.
     """
 
     def __init__(
@@ -245,6 +246,7 @@ class SystemdNamespace:
         enable: Iterable[str] = (),
         binds: Iterable[Path] = (),
         overlays: Iterable[str] = (),
+        prepare: Sequence[str] = (),
         boot_timeout: float = 60.0,
         command_timeout: float = 60.0,
     ) -> None:
@@ -255,6 +257,9 @@ class SystemdNamespace:
         # More top-level directories made copy-on-write like /etc ("usr", "var/lib"): a test
         # may then write /usr/share/... or /var/lib/... inside without touching the machine.
         self.overlays = [d.strip("/") for d in overlays]
+        # Shell lines run inside, after every mount above and before systemd starts: e.g.
+        # bind mounts of a fixture over /sys or /proc paths, files on the overlaid /usr.
+        self.prepare = list(prepare)
         self.boot_timeout = boot_timeout
         self.command_timeout = command_timeout
         self.token = secrets.token_hex(8)
@@ -624,9 +629,12 @@ class SystemdNamespace:
             stage = d / "binds" / str(n)
             lines.append(f"mkdir -p {q(str(path))}")
             lines.append(f"mount -n --rbind {q(str(stage))} {q(str(path))}")
+        if self.prepare:
+            lines += ["", "# 6. The test's own preparation (inside the namespace, before boot).",
+                      *self.prepare]
         lines += [
             "",
-            "# 6. systemd, as a container's init.",
+            "# 7. systemd, as a container's init.",
             f"exec env -i container=docker PATH={PATH} LANG=C.UTF-8 \\",
             f"    {systemd} --system --unit=multi-user.target --log-target=journal",
             "",
