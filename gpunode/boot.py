@@ -78,8 +78,35 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> tuple[Detection
     return detection, actions
 
 
+FLATCAR_NVIDIA_UNIT = "nvidia.service"
+
+
+class ConflictError(GpunodeError):
+    hint = (f"mask it: 'systemctl mask {FLATCAR_NVIDIA_UNIT}' (gpunode's Ignition snippet does "
+            "this), then reboot")
+
+
+def _refuse_flatcar_nvidia(systemd: Systemd) -> None:
+    """Flatcar's own nvidia.service compiles and installs a driver too: never both at once."""
+    state = systemd.active_state(FLATCAR_NVIDIA_UNIT)
+    enabled = systemd.enabled(FLATCAR_NVIDIA_UNIT)
+    if state in ("active", "activating") or enabled:
+        raise ConflictError(f"Flatcar's {FLATCAR_NVIDIA_UNIT} is {state} and "
+                            f"{'enabled' if enabled else 'not enabled'}: it installs the driver "
+                            "its own way, and gpunode will not race it")
+
+
 def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
     run = BootRun(started_at=_now())
+    try:
+        _refuse_flatcar_nvidia(adapters.systemd)
+    except ConflictError as exc:
+        log.get().error("step.failed", step="preflight", exc=exc)
+        run.steps.append({"name": "preflight", "outcome": "failed", "duration_ms": 0.0,
+                          "error": str(exc), "hint": exc.hint})
+        run.outcome = "failed"
+        write_record(host, run)
+        return run
     with _recorded(run, "detect") as fields:
         detection = detect(host, use_udev=config.detect.use_udev)
         fields.update(gpus=len(detection.gpus), functions=len(detection.functions))

@@ -33,6 +33,8 @@ class UnitExec:
 class Systemd(Protocol):
     def active_state(self, unit: str) -> str: ...
 
+    def enabled(self, unit: str) -> bool: ...
+
     def exec_start(self, unit: str) -> UnitExec | None: ...
 
     def daemon_reload(self) -> None: ...
@@ -45,6 +47,9 @@ class NoSystemd:
 
     def active_state(self, unit: str) -> str:
         return "inactive"
+
+    def enabled(self, unit: str) -> bool:
+        return False
 
     def exec_start(self, unit: str) -> UnitExec | None:
         return None
@@ -68,6 +73,10 @@ class DbusSystemd:
 
     def active_state(self, unit: str) -> str:
         return str(self._unit(unit).Unit.ActiveState.decode())
+
+    def enabled(self, unit: str) -> bool:
+        state = self._unit(unit).Unit.UnitFileState.decode()
+        return state in ("enabled", "enabled-runtime", "static", "alias")
 
     def exec_start(self, unit: str) -> UnitExec | None:
         """None where systemd cannot be asked (no system bus) or has no such unit."""

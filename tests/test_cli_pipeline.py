@@ -181,3 +181,24 @@ def test_status_shows_how_the_last_boot_loaded_the_driver(
     assert driver["detail"] == (
         "NVIDIA 550.127.08 (proprietary kernel modules); last boot: flatcar-sysext from "
         "flatcar-nvidia-drivers-570, loaded nvidia, nvidia_uvm, nvidia_modeset in 812 ms")
+
+
+def test_boot_refuses_to_run_alongside_flatcars_nvidia_service(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpunode import boot
+    from gpunode.config import AgentConfig
+    from gpunode.systemd import NoSystemd
+
+    class FlatcarNvidiaEnabled(NoSystemd):
+        def enabled(self, unit: str) -> bool:
+            return unit == "nvidia.service"
+
+    host = make_host("nc4as-t4-v3", "ready")
+    adapters = boot.Adapters(systemd=FlatcarNvidiaEnabled(), kmod=None)  # type: ignore[arg-type]
+    run = boot.boot(host, AgentConfig(), adapters)
+    assert run.outcome == "failed"
+    (step,) = run.steps
+    assert step["name"] == "preflight"
+    assert "Flatcar's nvidia.service is inactive and enabled" in step["error"]
+    assert step["hint"].startswith("mask it: 'systemctl mask nvidia.service'")
