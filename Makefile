@@ -55,8 +55,9 @@ fetch-kmod-tree: setup
 test: lint fetch-containerd fetch-kmod-tree
 	$(BIN)/python -m pytest -q
 
-bench: setup
+bench: setup fetch-containerd
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/boot_path.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache
