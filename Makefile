@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO   ?= demo-host
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids \
-                systemd dbus containerd kmod binutils
+                systemd dbus containerd kmod binutils ignition
 
 .PHONY: setup demo test lint fetch-containerd fetch-kmod-tree bench clean
 

@@ -63,6 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="instance type (--registration cluster-azure)")
     label.set_defaults(run=_label)
 
+    ignition = commands.add_parser("ignition", help="render the node snippet that installs "
+                                   "gpunode (sysext, units, config)")
+    ignition.add_argument("--format", choices=("butane", "ignition", "clc"), default="butane")
+    ignition.add_argument("--sysext-url", required=True, metavar="URL",
+                          help="where nodes download gpunode-<version>-x86-64.raw")
+    ignition.add_argument("--sysext-sha512", required=True, metavar="HEX",
+                          help="the image's sha512 (make sysext writes it beside the image)")
+    ignition.add_argument("--agent-config", metavar="FILE",
+                          help="agent config to install as /etc/gpunode/config.toml (checked "
+                          "first)")
+    ignition.add_argument("--units", metavar="DIR", help="directory holding the units "
+                          "(default: units/ of this checkout, else /usr/lib/systemd/system)")
+    ignition.set_defaults(run=_ignition)
+
     driver = commands.add_parser("driver", help="the driver step alone")
     driver_actions = driver.add_subparsers(dest="action", required=True, metavar="ACTION")
     driver_actions.add_parser("load", help="make the NVIDIA modules loaded (and device nodes)"
@@ -207,6 +221,26 @@ def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
                 if args.registration == "cluster-azure"
                 else registration.kubeadm(k.taints, dict(k.labels)))
     print(yaml.safe_dump(document, sort_keys=False), end="")
+    return EXIT_OK
+
+
+def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode import ignition
+
+    agent_config = None
+    if args.agent_config:
+        agent_config = Path(args.agent_config).read_text()
+        load_config(Host(), str(Path(args.agent_config).absolute()))  # refuse a bad one now
+    snippet = ignition.snippet(args.sysext_url, args.sysext_sha512, agent_config,
+                               Path(args.units) if args.units else None)
+    text = ignition.render(snippet, args.format)
+    sys.stdout.write(text)
+    if args.format == "clc":
+        print(f"gpunode: {len(text)} characters (Cluster API's additionalConfig limit: "
+              f"{ignition.CLC_LIMIT})", file=sys.stderr)
+        if len(text) > ignition.CLC_LIMIT:
+            raise UsageError(f"the Container Linux Config is {len(text)} characters, over "
+                             f"Cluster API's {ignition.CLC_LIMIT}")
     return EXIT_OK
 
 

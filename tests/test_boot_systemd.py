@@ -58,10 +58,11 @@ def node_prepare(fixture: Path) -> list[str]:
         # directories in /sys/bus/pci/devices are read as plain sysfs files.
         "mkdir -p /etc/gpunode",
         "printf '[detect]\\nsource = \"sysfs\"\\n' > /etc/gpunode/config.toml",
-        # This test's gpunode is a venv whose interpreter lives under /root (pyenv), which the
-        # unit's ProtectHome=yes hides; on a node gpunode lives in /usr (the sysext).
+        # This test's gpunode is a venv whose interpreter lives under /root (pyenv) and whose
+        # checkout may live under /var/tmp (CI's clone), which the unit's ProtectHome=yes and
+        # PrivateTmp=yes hide; on a node gpunode lives in /usr (the sysext).
         "mkdir -p /run/systemd/system/gpunode.service.d",
-        "printf '[Service]\\nProtectHome=no\\n' > "
+        "printf '[Service]\\nProtectHome=no\\nPrivateTmp=no\\n' > "
         "/run/systemd/system/gpunode.service.d/50-test-venv.conf",
     ]
     return lines

@@ -1,0 +1,171 @@
+"""`gpunode ignition`: the node snippet that installs gpunode, as Butane, Ignition or a CLC.
+
+One model (files, links, units) rendered three ways, so the formats cannot drift: Butane
+(`variant: flatcar`, `version: 1.0.0`), Ignition 3.3.0 JSON (what Butane emits for Flatcar), and
+a Container Linux Config for Cluster API's `ignition.containerLinuxConfig.additionalConfig`
+(appended to the Ignition 2.3 config CAPI generates; at most 32768 characters). The units are
+embedded verbatim from `units/`, the single source the sysext ships too.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpunode import __version__
+from gpunode.errors import UsageError
+
+CLC_LIMIT = 32768
+FORMATS = ("butane", "ignition", "clc")
+EXTENSIONS_DIR = "/opt/extensions/gpunode"
+EXTENSION_LINK = "/etc/extensions/gpunode.raw"
+AGENT_CONFIG = "/etc/gpunode/config.toml"
+NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
+NOUVEAU_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
+UNIT_NAMES = ("gpunode.service", "gpunode-label.service")
+
+
+@dataclass(frozen=True)
+class File:
+    path: str
+    mode: int = 0o644
+    inline: str | None = None
+    url: str | None = None
+    sha512: str | None = None
+
+
+@dataclass(frozen=True)
+class Link:
+    path: str
+    target: str
+
+
+@dataclass(frozen=True)
+class Unit:
+    name: str
+    contents: str | None = None
+    enabled: bool | None = None
+    mask: bool = False
+
+
+@dataclass(frozen=True)
+class Snippet:
+    files: tuple[File, ...] = field(default=())
+    links: tuple[Link, ...] = field(default=())
+    units: tuple[Unit, ...] = field(default=())
+
+
+def units_dir() -> Path:
+    """units/ of the source checkout gpunode runs from, else the units the sysext installed."""
+    checkout = Path(__file__).resolve().parent.parent / "units"
+    return checkout if checkout.is_dir() else Path("/usr/lib/systemd/system")
+
+
+def snippet(sysext_url: str, sysext_sha512: str, agent_config: str | None,
+            units: Path | None = None, version: str = __version__) -> Snippet:
+    if len(sysext_sha512) != 128 or any(c not in "0123456789abcdef" for c in sysext_sha512):
+        raise UsageError("--sysext-sha512 must be the image's sha512: 128 lowercase hex digits "
+                         "(the .sha512 file `make sysext` writes)")
+    scheme = urllib.parse.urlsplit(sysext_url).scheme
+    if scheme not in ("http", "https", "s3", "tftp", "gs"):
+        raise UsageError(f"--sysext-url {sysext_url}: Ignition fetches http(s), s3, gs or tftp "
+                         "URLs")
+    image = f"{EXTENSIONS_DIR}/gpunode-{version}-x86-64.raw"
+    files = [File(image, 0o644, url=sysext_url, sha512=sysext_sha512),
+             File(NOUVEAU_BLACKLIST, 0o644, inline=NOUVEAU_TEXT)]
+    if agent_config is not None:
+        files.append(File(AGENT_CONFIG, 0o644, inline=agent_config))
+    directory = units or units_dir()
+    embedded = []
+    for name in UNIT_NAMES:
+        try:
+            embedded.append(Unit(name, (directory / name).read_text(), enabled=True))
+        except OSError as exc:
+            raise UsageError(f"{directory / name}: {exc.strerror}; run from a gpunode checkout "
+                             "(units/) or on a node with the sysext") from exc
+    return Snippet(files=tuple(files), links=(Link(EXTENSION_LINK, image),),
+                   units=(Unit("nvidia.service", mask=True), *embedded))
+
+
+# -- renderings ----------------------------------------------------------------------------------
+
+
+def to_butane(s: Snippet) -> dict[str, Any]:
+    def file(f: File) -> dict[str, Any]:
+        contents: dict[str, Any] = ({"inline": f.inline} if f.inline is not None else
+                                    {"source": f.url,
+                                     "verification": {"hash": f"sha512-{f.sha512}"}})
+        return {"path": f.path, "mode": f.mode, "contents": contents}
+
+    return {"variant": "flatcar", "version": "1.0.0",
+            "storage": {"files": [file(f) for f in s.files],
+                        "links": [{"path": ln.path, "target": ln.target, "hard": False}
+                                  for ln in s.links]},
+            "systemd": {"units": [_unit(u, "enabled") for u in s.units]}}
+
+
+def to_ignition(s: Snippet) -> dict[str, Any]:
+    def file(f: File) -> dict[str, Any]:
+        contents: dict[str, Any] = (
+            {"source": "data:," + urllib.parse.quote(f.inline, safe="")}
+            if f.inline is not None else
+            {"source": f.url, "verification": {"hash": f"sha512-{f.sha512}"}})
+        return {"path": f.path, "mode": f.mode, "overwrite": True, "contents": contents}
+
+    return {"ignition": {"version": "3.3.0"},
+            "storage": {"files": [file(f) for f in s.files],
+                        "links": [{"path": ln.path, "target": ln.target, "hard": False,
+                                   "overwrite": True} for ln in s.links]},
+            "systemd": {"units": [_unit(u, "enabled") for u in s.units]}}
+
+
+def to_clc(s: Snippet) -> dict[str, Any]:
+    def file(f: File) -> dict[str, Any]:
+        contents: dict[str, Any] = (
+            {"inline": f.inline} if f.inline is not None else
+            {"remote": {"url": f.url, "verification": {"hash": {"function": "sha512",
+                                                                "sum": f.sha512}}}})
+        return {"path": f.path, "filesystem": "root", "mode": f.mode, "contents": contents}
+
+    return {"storage": {"files": [file(f) for f in s.files],
+                        "links": [{"path": ln.path, "filesystem": "root", "target": ln.target,
+                                   "hard": False} for ln in s.links]},
+            "systemd": {"units": [_unit(u, "enable") for u in s.units]}}
+
+
+def _unit(u: Unit, enable_key: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": u.name}
+    if u.mask:
+        out["mask"] = True
+    if u.enabled is not None:
+        out[enable_key] = u.enabled
+    if u.contents is not None:
+        out["contents"] = u.contents
+    return out
+
+
+def render(s: Snippet, fmt: str) -> str:
+    if fmt == "ignition":
+        return json.dumps(to_ignition(s), indent=2) + "\n"
+    import yaml
+
+    document = to_butane(s) if fmt == "butane" else to_clc(s)
+    return yaml.dump(document, Dumper=_literal_dumper(), sort_keys=False, width=1000)
+
+
+def _literal_dumper() -> type:
+    """A SafeDumper that writes multi-line text (unit files, configs) as | blocks."""
+    import yaml
+
+    class LiteralDumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    LiteralDumper.add_representer(str, text)
+    return LiteralDumper
