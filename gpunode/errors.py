@@ -8,9 +8,14 @@ from __future__ import annotations
 
 
 class GpunodeError(Exception):
-    """Base of every error gpunode reports on purpose."""
+    """Base of every error gpunode reports on purpose: a message, and what to do (`hint`)."""
 
     hint: str = ""
+
+    def __init__(self, message: str = "", hint: str = "") -> None:
+        if hint:
+            self.hint = hint
+        super().__init__(message)
 
 
 class ConfigError(GpunodeError):

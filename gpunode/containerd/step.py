@@ -36,9 +36,7 @@ READ_ONLY_PREFIXES = ("/usr/",)  # Flatcar's /usr is a read-only, verified parti
 
 
 class ContainerdStepError(GpunodeError):
-    def __init__(self, message: str, hint: str = "") -> None:
-        self.hint = hint
-        super().__init__(message)
+    """The container runtime step cannot go on; the message says why."""
 
 
 @dataclass(frozen=True)

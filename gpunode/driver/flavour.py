@@ -41,9 +41,7 @@ FLAVOURS = ("open", "proprietary", "grid")
 
 
 class FlavourError(GpunodeError):
-    def __init__(self, message: str, hint: str) -> None:
-        self.hint = hint
-        super().__init__(message)
+    """No driver flavour fits the GPUs as configured."""
 
 
 @dataclass(frozen=True)

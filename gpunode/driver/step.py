@@ -27,9 +27,7 @@ NOUVEAU_HINT = ("blacklist it: write 'blacklist nouveau' and 'options nouveau mo
 
 
 class DriverError(GpunodeError):
-    def __init__(self, message: str, hint: str = "") -> None:
-        self.hint = hint
-        super().__init__(message)
+    """The driver step cannot go on; the message says why."""
 
 
 @dataclass(frozen=True)
