@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO   ?= demo-host
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids \
-                systemd dbus containerd kmod binutils ignition
+                systemd dbus containerd kmod binutils ignition squashfs-tools
 
 .PHONY: setup demo test lint fetch-containerd fetch-kmod-tree bench clean
 
@@ -16,11 +16,12 @@ $(VENV)/.apt-done:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
 	@mkdir -p $(VENV) && touch $@
 
-$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml
+$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml packaging/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	@# compat mode: a plain path entry, not an import hook that every python start would pay for
 	$(BIN)/pip install -q --config-settings editable_mode=compat -e '.[test]'
+	$(BIN)/pip install -q -r packaging/requirements.txt
 	@# The environment may forbid writing bytecode; compile once so timings match a real install.
 	$(BIN)/python -m compileall -q $(VENV)/lib gpunode >/dev/null
 	@touch $@
@@ -40,7 +41,7 @@ demo: setup
 	$(BIN)/gpunode --root $(DEMO)-driver --log-format console status; test $$? -eq 1
 
 lint: setup
-	$(BIN)/ruff check gpunode tests benchmarks
+	$(BIN)/ruff check gpunode tests benchmarks packaging
 
 # Real containerd 1.6, 1.7 and 2.x for the config tests, from Debian's archive (cached in
 # /var/cache/gpunode-tests; GPUNODE_TEST_CACHE moves it), fetched before the tests run.
@@ -61,3 +62,11 @@ bench: setup fetch-containerd
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache
+
+# gpunode as a Flatcar system extension (packaging/build_sysext.py): a self-contained PyInstaller
+# bundle, the units and their enabling drop-in in packaging/build/gpunode-<version>-x86-64.raw,
+# with its .sha512. SYSEXT_ID=_any builds one that any OS accepts.
+SYSEXT_ID ?= flatcar
+.PHONY: sysext
+sysext: setup
+	$(BIN)/python packaging/build_sysext.py --id $(SYSEXT_ID)
