@@ -54,6 +54,7 @@ def node_prepare(fixture: Path) -> list[str]:
         "mkdir -p /usr/share/containerd",
         f"cp {fixture}/usr/share/containerd/config.toml /usr/share/containerd/config.toml",
         "rm -f /etc/containerd/config.toml",  # Debian's package file; Flatcar has none
+        "rm -rf /var/lib/gpunode",  # (overlay) a node gpunode never touched
         # udev gives devices outside /sys/devices the subsystem "subsystem", so the fixture's
         # directories in /sys/bus/pci/devices are read as plain sysfs files.
         "mkdir -p /etc/gpunode",

@@ -39,6 +39,7 @@ def node() -> Iterator[SystemdNamespace]:
             # Flatcar has no /etc/containerd/config.toml (Debian's package ships one: gone in
             # the overlay only).
             ns.run(["rm", "-f", "/etc/containerd/config.toml"])
+            ns.run(["rm", "-rf", "/var/lib/gpunode"])  # (overlay) a node gpunode never touched
             write(ns, "/usr/share/containerd/config.toml", fixtures.FLATCAR_CONTAINERD_CONFIG)
             write(ns, "/usr/bin/nvidia-container-runtime", "#!/bin/sh\nexec runc \"$@\"\n")
             ns.run(["chmod", "755", "/usr/bin/nvidia-container-runtime"])

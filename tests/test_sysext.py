@@ -236,7 +236,9 @@ def flatcar_boot(built: Built, workdir: Path) -> SystemdNamespace:
         f"ln -s {built.image} /etc/extensions/gpunode.raw",
         f"mount -n --bind {workdir / 'no-pci-devices'} /sys/bus/pci/devices",
     ]
-    return SystemdNamespace(units, workdir, prepare=prepare,
+    # /var/lib copy-on-write: gpunode keeps its containerd ledger there (/usr must stay the
+    # machine's: systemd-sysext merges onto it).
+    return SystemdNamespace(units, workdir, prepare=prepare, overlays=("var/lib",),
                             enable=("systemd-sysext.service", "ensure-sysext.service"))
 
 
