@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO   ?= demo-host
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids \
-                systemd dbus containerd kmod binutils ignition squashfs-tools
+                systemd dbus containerd kmod binutils ignition squashfs-tools openssl
 
 .PHONY: setup demo test lint fetch-containerd fetch-kmod-tree bench clean
 
