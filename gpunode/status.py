@@ -401,12 +401,12 @@ def _containerd_runtime(facts: StatusFacts) -> Check:
     where = f"{c.config_path} ({c.config_reason})"
     if c.runtime_file is None:
         have = ", ".join(c.runtime_names) or "none"
-        hint = (f"add a [...containerd.runtimes.{name}] table whose options.BinaryName is the "
-                "NVIDIA container runtime, then restart containerd")
+        hint = ("run 'gpunode containerd configure' (gpunode boot does this at boot); "
+                "'--dry-run' shows the change first")
         if (c.config_path or "").startswith("/usr/"):
-            hint = (f"{c.config_path} is on read-only /usr: copy it to "
-                    "/etc/containerd/config.toml, add the runtime there, and point containerd at "
-                    "it with a containerd.service.d drop-in (Environment=CONTAINERD_CONFIG=...)")
+            hint = (f"{c.config_path} is on read-only /usr: 'gpunode containerd configure' copies "
+                    "it to /etc/containerd/config.toml, adds the runtime there and points "
+                    "containerd at the copy with a containerd.service.d drop-in")
         return Check("containerd_runtime", FAIL,
                      f"no '{name}' runtime in {where}; runtimes: {have}", hint)
     if c.binary_name is None:
