@@ -371,8 +371,8 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
             problems.append(f"{path} is {node.major}:{node.minor}, expected {major}:{minor}")
     if problems:
         return Check("device_nodes", FAIL, "; ".join(problems),
-                     "create them with 'nvidia-modprobe -u -c=0' (or mknod, majors from "
-                     "/proc/devices)")
+                     "run 'gpunode driver load', which makes them (majors from /proc/devices; "
+                     "gpunode boot does this at boot)")
     return Check("device_nodes", OK, f"{_count(len(facts.dev_nodes), 'device node')} present")
 
 
