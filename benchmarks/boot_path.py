@@ -79,9 +79,8 @@ def one_boot(machine: str, flow: str) -> tuple[float, bool]:
             ns.wait_active("containerd.service")
             start = journal_start(ns, first)
             end = int(ns.unit_property("containerd.service", "ActiveEnterTimestampMonotonic"))
-            pid = ns.unit_property("containerd.service", "MainPID")
-            cmdline = ns.run(["cat", f"/proc/{pid}/cmdline"]).stdout.split("\0")
-            config = cmdline[2] if len(cmdline) > 2 else ""
+            argv = ns.main_argv("containerd.service")
+            config = argv[2] if len(argv) > 2 else ""
             dump = ns.run(["containerd", "--config", config, "config", "dump"]).stdout
             return (end - start) / 1000, "nvidia-container-runtime" in dump
     finally:

@@ -113,8 +113,8 @@ def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runt
         started = [e for e in ns.journal("containerd.service")
                    if str(e.get("MESSAGE", "")).startswith("Started ")]
         assert len(started) == 1 and containerd["NRestarts"] == "0"  # started exactly once
-        cmdline = ns.run(["cat", f"/proc/{containerd['MainPID']}/cmdline"]).stdout.split("\0")
-        assert cmdline[1:3] == ["--config", "/etc/containerd/config.toml"]
+        assert ns.main_argv("containerd.service")[1:3] == ["--config",
+                                                           "/etc/containerd/config.toml"]
         dump = ns.run(["containerd", "--config", "/etc/containerd/config.toml", "config",
                        "dump"]).stdout
         assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump
@@ -157,9 +157,8 @@ def test_cpu_node_boot_is_a_no_op(workdir: Path) -> None:
         record = json.loads(ns.run(["cat", "/run/gpunode/state.json"]).stdout)
         assert record["outcome"] == "no-gpu"
         assert ns.run(["test", "-e", "/etc/containerd/config.toml"], check=False).returncode == 1
-        main_pid = props(ns, "containerd.service", "MainPID")["MainPID"]
-        cmdline = ns.run(["cat", f"/proc/{main_pid}/cmdline"]).stdout.split("\0")
-        assert cmdline[1:3] == ["--config", "/usr/share/containerd/config.toml"]
+        assert ns.main_argv("containerd.service")[1:3] == [
+            "--config", "/usr/share/containerd/config.toml"]
 
 
 def test_failing_gpunode_does_not_keep_containerd_or_kubelet_down(workdir: Path) -> None:

@@ -77,8 +77,7 @@ def test_configure_restarts_once_and_containerd_runs_the_new_config(
     events = [json.loads(line) for line in done.stderr.splitlines()]
     assert [e["restarted"] for e in events if e.get("step") == "containerd"] == [True]
     # The running containerd reads the writable copy, through gpunode's drop-in.
-    cmdline = node.run(["cat", f"/proc/{after[1]}/cmdline"]).stdout.split("\0")
-    assert cmdline[1:3] == ["--config", "/etc/containerd/config.toml"]
+    assert node.main_argv(UNIT)[1:3] == ["--config", "/etc/containerd/config.toml"]
     dumped = node.run(["containerd", "--config", "/etc/containerd/config.toml", "config",
                        "dump"]).stdout
     assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dumped
@@ -109,16 +108,12 @@ def test_containerd_that_is_not_running_is_not_started(node: SystemdNamespace) -
     assert node.unit_property(UNIT, "ActiveState") == "inactive"
     node.systemctl("start", UNIT)  # when it starts, it reads the new config
     node.wait_active(UNIT)
-    main_pid = node.unit_property(UNIT, "MainPID")
-    cmdline = node.run(["cat", f"/proc/{main_pid}/cmdline"]).stdout.split("\0")
-    assert cmdline[1:3] == ["--config", "/etc/containerd/config.toml"]
+    assert node.main_argv(UNIT)[1:3] == ["--config", "/etc/containerd/config.toml"]
 
 
 def test_revert_puts_containerd_back_on_the_original_config(node: SystemdNamespace) -> None:
     gpunode(node, "containerd", "configure")
     done = gpunode(node, "containerd", "revert")
     assert done.returncode == 0, done.stderr
-    main_pid = node.unit_property(UNIT, "MainPID")
-    cmdline = node.run(["cat", f"/proc/{main_pid}/cmdline"]).stdout.split("\0")
-    assert cmdline[1:3] == ["--config", "/usr/share/containerd/config.toml"]
+    assert node.main_argv(UNIT)[1:3] == ["--config", "/usr/share/containerd/config.toml"]
     assert node.run(["test", "-e", "/etc/containerd/config.toml"], check=False).returncode == 1

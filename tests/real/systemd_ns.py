@@ -430,6 +430,11 @@ class SystemdNamespace:
         out = self.systemctl("show", *(f"-p{p}" for p in props), unit).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
+    def main_argv(self, unit: str) -> list[str]:
+        """The argv of the unit's running main process, as the kernel has it."""
+        pid = self.unit_property(unit, "MainPID")
+        return self.run(["cat", f"/proc/{pid}/cmdline"]).stdout.rstrip("\0").split("\0")
+
     def wait_active(self, unit: str, timeout: float = 30.0) -> None:
         """Wait until unit is active; fail at once if it fails, with its status and journal."""
 
