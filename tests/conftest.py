@@ -15,6 +15,7 @@ import pytest
 
 from gpunode import fixtures
 from gpunode.host import Host
+from hostile.support import Cli, make_cli
 
 HostFactory = Callable[..., Host]
 
@@ -42,3 +43,9 @@ def make_host(tmp_path: Path) -> HostFactory:
         return Host(root)
 
     return make
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
+    """The command line in-process under the hostile suite's rules (tests/hostile/support.py)."""
+    return make_cli(capsys)

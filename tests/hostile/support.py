@@ -1,0 +1,135 @@
+"""Support for the hostile-input suite: each case is one bad input and the one refusal a user
+must see.
+
+A case runs the real command line in-process (`gpunode.cli.main`) with `--log-format json`,
+under a wall-clock alarm so a hang fails instead of blocking the suite, and then asserts what
+the issue's contract says every refusal looks like:
+
+- the documented exit code;
+- no traceback, and every stderr line is one JSON object (journald gets JSON);
+- exactly one error event, whose `error` matches the case's pattern;
+- every file under the root exactly as it was (content, mode, owner, link target), and no
+  `*.gpunode-tmp` left behind.
+
+Cases that are not refusals (a command that must now *succeed* on an odd input) use `cli()`
+directly and assert what the user sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpunode import log
+from gpunode.cli import main
+
+HANG_SECONDS = 10
+
+
+class Hang(BaseException):
+    """Raised by the alarm: the command blocked (a FIFO, a lock, a socket)."""
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def events(self) -> list[dict[str, object]]:
+        """stderr as JSON lines; a line that is not JSON fails the test that asks."""
+        events = []
+        for line in self.err.splitlines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                raise AssertionError(f"stderr line is not JSON: {line!r}\n{self.err}") from None
+            assert isinstance(event, dict), line
+            events.append(event)
+        return events
+
+    @property
+    def errors(self) -> list[dict[str, object]]:
+        return [e for e in self.events if e.get("level") == "error"]
+
+
+def _on_alarm(signum: int, frame: object) -> None:
+    raise Hang(f"the command did not finish within {HANG_SECONDS} s")
+
+
+Cli = Callable[..., Result]
+
+
+def make_cli(capsys: pytest.CaptureFixture[str]) -> Cli:
+    """cli(*argv) → Result: the command line in-process, JSON logs, bounded in time."""
+
+    def run(*argv: str) -> Result:
+        previous = signal.signal(signal.SIGALRM, _on_alarm)
+        signal.alarm(HANG_SECONDS)
+        try:
+            try:
+                code = main(["--log-format", "json", *argv])
+            except SystemExit as exc:  # argparse's own exits
+                code = exc.code if isinstance(exc.code, int) else 2
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+            log.configure("json")
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err, err
+        return Result(code, out, err)
+
+    return run
+
+
+def snapshot(root: Path) -> dict[str, tuple[object, ...]]:
+    """Every entry under `root`: type, mode, owner and content or link target."""
+    seen: dict[str, tuple[object, ...]] = {}
+    for directory, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            path = Path(directory, name)
+            st = path.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                what: object = os.readlink(path)
+            elif stat.S_ISREG(st.st_mode):
+                what = path.read_bytes() if st.st_size <= 1 << 22 else (st.st_size, st.st_mtime_ns)
+            else:
+                what = st.st_rdev
+            seen[str(path.relative_to(root))] = (stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode),
+                                                 st.st_uid, st.st_gid, what)
+    return seen
+
+
+def assert_unchanged(root: Path, before: dict[str, tuple[object, ...]]) -> None:
+    after = snapshot(root)
+    temps = [p for p in after if p.endswith(".gpunode-tmp")]
+    assert not temps, f"temp files left behind: {temps}"
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    assert not changed, f"files changed by a refused command: {changed}"
+
+
+def assert_refused(result: Result, code: int, pattern: str) -> None:
+    """The documented exit code and exactly one error event matching `pattern`."""
+    errors = result.errors
+    assert result.code == code, (result.code, result.err)
+    assert len(errors) == 1, f"expected one error event, got {errors}"
+    message = f"{errors[0].get('error', '')} {errors[0].get('hint', '')}"
+    assert re.search(pattern, message), f"{pattern!r} not in {message!r}"
+
+
+def check_refusal(cli: Cli, root: Path, argv: list[str], code: int, pattern: str) -> Result:
+    """Run `argv` against `root` and assert the whole refusal contract (module docstring)."""
+    before = snapshot(root)
+    result = cli(*argv)
+    assert_refused(result, code, pattern)
+    assert_unchanged(root, before)
+    return result
