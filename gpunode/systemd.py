@@ -2,6 +2,11 @@
 
 Under `--root` there is no service manager for that tree: `NoSystemd` answers that no unit
 runs, so nothing is restarted; a live host gets `DbusSystemd`.
+
+A live host without a reachable system bus (an image build, a chroot, a container, CI) is normal,
+not a crash: `DbusSystemd` then answers like `NoSystemd` — state "unknown", nothing enabled, no
+ExecStart, reloads skipped — and says so once in the log; `available` tells callers, so they can
+say that whoever runs the tree must restart containerd. Only `restart` refuses.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ class UnitExec:
     environment: dict[str, str]
 
 
+UNKNOWN = "unknown"  # the state of every unit where no service manager can be asked
+
+
 class Systemd(Protocol):
+    @property
+    def available(self) -> bool: ...
+
     def active_state(self, unit: str) -> str: ...
 
     def enabled(self, unit: str) -> bool: ...
@@ -44,6 +55,8 @@ class Systemd(Protocol):
 
 class NoSystemd:
     """No service manager owns this tree (a fixture or a mounted image): nothing runs."""
+
+    available = False
 
     def active_state(self, unit: str) -> str:
         return "inactive"
@@ -61,31 +74,65 @@ class NoSystemd:
         raise SystemdError(unit, "restart", "no systemd manages this root")
 
 
+class Unavailable(SystemdError):
+    """No service manager answers on the system bus (the cause is in the message)."""
+
+
 class DbusSystemd:
     """systemd over its D-Bus API; pystemd is imported on first use only."""
+
+    def __init__(self) -> None:
+        self.unavailable_reason: str | None = None
+
+    @property
+    def available(self) -> bool:
+        """False once a call found no reachable system bus (then it is not asked again)."""
+        return self.unavailable_reason is None
+
+    def _connect(self, make: Any, name: str) -> Any:
+        from pystemd.dbusexc import DBusBaseError
+
+        if self.unavailable_reason is not None:
+            raise Unavailable(name, "connect to", self.unavailable_reason)
+        try:
+            handle = make()
+            handle.load()
+        except DBusBaseError as exc:
+            if not isinstance(exc, _unreachable()):
+                raise SystemdError(name, "load", str(exc)) from exc
+            self.unavailable_reason = f"no systemd on the system bus ({exc})"
+            from gpunode import log
+
+            log.get().warning("systemd.unavailable", reason=self.unavailable_reason,
+                              effect="no unit is asked, reloaded or restarted; whoever runs "
+                              "this tree must restart what needs the changes")
+            raise Unavailable(name, "connect to", self.unavailable_reason) from exc
+        return handle
 
     def _unit(self, unit: str) -> Any:
         from pystemd.systemd1 import Unit
 
-        handle = Unit(unit.encode())
-        handle.load()
-        return handle
+        return self._connect(lambda: Unit(unit.encode()), unit)
 
     def active_state(self, unit: str) -> str:
-        return str(self._unit(unit).Unit.ActiveState.decode())
+        try:
+            return str(self._unit(unit).Unit.ActiveState.decode())
+        except Unavailable:
+            return UNKNOWN
 
     def enabled(self, unit: str) -> bool:
-        state = self._unit(unit).Unit.UnitFileState.decode()
+        try:
+            state = self._unit(unit).Unit.UnitFileState.decode()
+        except Unavailable:
+            return False
         return state in ("enabled", "enabled-runtime", "static", "alias")
 
     def exec_start(self, unit: str) -> UnitExec | None:
         """None where systemd cannot be asked (no system bus) or has no such unit."""
-        from pystemd.dbusexc import DBusBaseError
-
         try:
             handle = self._unit(unit)
-        except DBusBaseError:
-            return None  # no systemd on this bus: the caller falls back to the unit files
+        except Unavailable:
+            return None  # the caller falls back to the unit files
         if handle.Unit.LoadState != b"loaded":
             return None
         commands = handle.Service.ExecStart
@@ -98,8 +145,10 @@ class DbusSystemd:
     def daemon_reload(self) -> None:
         from pystemd.systemd1 import Manager
 
-        manager = Manager()
-        manager.load()
+        try:
+            manager = self._connect(Manager, "systemd")
+        except Unavailable:
+            return  # nothing to reload: no manager has read the old files either
         manager.Manager.Reload()
 
     def restart(self, unit: str, timeout: float) -> None:
@@ -122,6 +171,16 @@ class DbusSystemd:
                 raise SystemdError(unit, "restart", f"it is {state} ({sub}) after the restart")
             time.sleep(0.05)
         raise SystemdError(unit, "restart", f"the restart job did not finish within {timeout:g} s")
+
+
+def _unreachable() -> tuple[type[BaseException], ...]:
+    """pystemd's errors that mean "nobody to ask", as opposed to a refusal by systemd."""
+    from pystemd import dbusexc
+
+    return (dbusexc.DBusFileNotFoundError, dbusexc.DBusConnectionRefusedError,
+            dbusexc.DBusNoServerError, dbusexc.DBusBadAddressError,
+            dbusexc.DBusDisconnectedError, dbusexc.DBusServiceUnknownError,
+            dbusexc.DBusNameHasNoOwnerError)
 
 
 def _split_env(assignment: str) -> tuple[str, str]:

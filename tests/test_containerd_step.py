@@ -27,6 +27,7 @@ class FakeSystemd:
     """Records calls; containerd is 'active'; restart fails while `broken` says so."""
 
     state: str = "active"
+    available: bool = True
     broken: set[str] = field(default_factory=set)  # config texts containerd refuses
     host: Host | None = None
     calls: list[str] = field(default_factory=list)

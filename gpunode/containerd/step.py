@@ -268,8 +268,7 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) 
     if the_plan.dropin_text is not None:
         systemd.daemon_reload()
     if not running:
-        log.get().info("containerd.not_running", target=the_plan.target,
-                       note="containerd will read the new config when it starts")
+        _note_not_restarted(systemd, the_plan.target)
         return Outcome(changed=True, restarted=False, target=the_plan.target,
                        descriptions=descriptions)
     try:
@@ -291,6 +290,17 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) 
             "see 'journalctl -u containerd' for why it refused the new config") from failure
     return Outcome(changed=True, restarted=True, target=the_plan.target,
                    descriptions=descriptions)
+
+
+def _note_not_restarted(systemd: Systemd, target: str) -> None:
+    if systemd.available:
+        log.get().info("containerd.not_running", target=target,
+                       note="containerd will read the new config when it starts")
+    else:
+        log.get().warning("containerd.unmanaged", target=target,
+                          note="containerd is not managed by a reachable systemd here: it reads "
+                          "the new config when it next starts; whoever runs it must restart it "
+                          "if it is running now")
 
 
 def _write(host: Host, the_plan: Plan) -> None:
