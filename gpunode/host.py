@@ -11,14 +11,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpunode import safeio
 from gpunode.errors import HostError
 
 _MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
+# Files the kernel writes: their text is read with replacement, never refused for its bytes.
+_KERNEL_PREFIXES = ("/proc/", "/sys/")
+ATTRIBUTE_LIMIT = 1 << 16  # a sysfs attribute is at most a page; 64 KiB leaves room
 
 
 @dataclass(frozen=True)
@@ -85,29 +91,52 @@ class Host:
         return resolved
 
     # -- reads -------------------------------------------------------------------------------
+    # Every read goes through gpunode.safeio: regular files only (a FIFO, socket, device or
+    # directory is refused, naming what it is), opened non-blocking, at most `limit` bytes.
 
-    def read_text(self, path: str) -> str:
-        try:
-            return self.path(path).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise HostError("read", self.display(path), _reason(exc)) from exc
+    def read_bytes(self, path: str, limit: int = safeio.DEFAULT_LIMIT) -> bytes:
+        data = self._read(path, limit, missing_ok=False)
+        assert data is not None
+        return data
 
-    def read_bytes(self, path: str) -> bytes:
-        try:
-            return self.path(path).read_bytes()
-        except OSError as exc:
-            raise HostError("read", self.display(path), _reason(exc)) from exc
+    def read_text(self, path: str, limit: int = safeio.DEFAULT_LIMIT,
+                  errors: str | None = None) -> str:
+        """The file's text. `errors` None: kernel files (/proc, /sys) replace bytes that are not
+        UTF-8 (the kernel prints what firmware and drivers give it); every other file must be
+        UTF-8, and one that is not is refused with the byte offset. "replace"/"strict" force
+        either."""
+        data = self._read(path, limit, missing_ok=False)
+        assert data is not None
+        return self._decode(path, data, errors)
 
-    def read_optional(self, path: str) -> str | None:
-        """The file's text, or None when it does not exist (other failures still raise)."""
+    def read_optional(self, path: str, limit: int = safeio.DEFAULT_LIMIT,
+                      errors: str | None = None) -> str | None:
+        """The file's text (as read_text), or None when it does not exist (other failures,
+        a directory or FIFO in its place included, still raise)."""
+        data = self._read(path, limit, missing_ok=True)
+        return None if data is None else self._decode(path, data, errors)
+
+    def _read(self, path: str, limit: int, missing_ok: bool) -> bytes | None:
         try:
-            return self.path(path).read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return None
-        except NotADirectoryError:
-            return None
-        except OSError as exc:
+            return safeio.read(self._real(path), limit)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if missing_ok:
+                return None
             raise HostError("read", self.display(path), _reason(exc)) from exc
+        except safeio.Refused as exc:
+            raise HostError("read", self.display(path), str(exc)) from None
+        except OSError as exc:
+            raise HostError("read", self.display(path), _reason(exc, followed=True)) from exc
+
+    def _decode(self, path: str, data: bytes, errors: str | None) -> str:
+        if errors is None:
+            errors = "replace" if path.startswith(_KERNEL_PREFIXES) else "strict"
+        if errors == "replace":
+            return data.decode("utf-8", errors="replace")
+        try:
+            return safeio.decode(data)
+        except safeio.Refused as exc:
+            raise HostError("read", self.display(path), str(exc)) from None
 
     def read_link(self, path: str) -> str | None:
         """The target of a symlink, or None when the path is absent or not a link."""
@@ -203,27 +232,42 @@ class Host:
         return self.path(parent or "/") / name
 
     def make_char_device(self, path: str, major: int, minor: int, mode: int) -> None:
-        """Create a character device node (replacing whatever is there) with exactly `mode`."""
+        """Create a character device node (replacing whatever is there) with exactly `mode`.
+
+        The node is made under a unique temporary name and renamed over the path, so two
+        commands doing this at once both succeed and the path is never missing in between.
+        """
         target = self._entry(path)
+        shown = self.display(path)
+        try:
+            device = os.makedev(major, minor)
+        except (OverflowError, ValueError) as exc:
+            raise HostError("create device", shown, f"{major}:{minor} is not a device number "
+                            f"({exc})") from None
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(target)
-            os.mknod(target, stat.S_IFCHR | mode, os.makedev(major, minor))
-            os.chmod(target, mode)  # mknod applies the umask
+            temp = _make_unique(target, lambda t: os.mknod(t, stat.S_IFCHR | mode, device))
+            try:
+                os.chmod(temp, mode)  # mknod applies the umask
+                os.rename(temp, target)
+            except OSError:
+                _unlink_quietly(temp)
+                raise
         except OSError as exc:
-            raise HostError("create device", self.display(path), _reason(exc)) from exc
+            raise HostError("create device", shown, _reason(exc)) from exc
 
     def symlink(self, path: str, target: str) -> None:
-        """Point `path` at `target` (replacing a link or file there) in one rename."""
+        """Point `path` at `target` (replacing a link or file there) in one rename; the link is
+        made under a unique temporary name, so concurrent callers never collide."""
         link = self._entry(path)
-        temp = link.with_name(f".{link.name}.gpunode-tmp")
         try:
             link.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
-            os.symlink(target, temp)
-            os.rename(temp, link)
+            temp = _make_unique(link, lambda t: os.symlink(target, t))
+            try:
+                os.rename(temp, link)
+            except OSError:
+                _unlink_quietly(temp)
+                raise
         except OSError as exc:
             raise HostError("link", self.display(path), _reason(exc)) from exc
         self._resolved.clear()  # a name may now resolve elsewhere
@@ -270,19 +314,17 @@ class HostDir:
     shown: str
 
     def read(self, name: str) -> str | None:
-        """The entry's text, stripped; None when it does not exist."""
+        """The entry's text, stripped; None when it does not exist. A final symlink, FIFO,
+        directory or other non-regular entry is refused (gpunode.safeio)."""
         try:
-            fd = os.open(self.real + name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            data = safeio.read(self.real + name, ATTRIBUTE_LIMIT, follow=False)
         except FileNotFoundError:
             return None
+        except safeio.Refused as exc:
+            raise HostError("read", f"{self.shown}/{name}", str(exc)) from None
         except OSError as exc:
             raise HostError("read", f"{self.shown}/{name}", _reason(exc)) from exc
-        try:
-            return os.read(fd, 4096).decode("utf-8", errors="replace").strip()
-        except OSError as exc:
-            raise HostError("read", f"{self.shown}/{name}", _reason(exc)) from exc
-        finally:
-            os.close(fd)
+        return data.decode("utf-8", errors="replace").strip()
 
     def read_link(self, name: str) -> str | None:
         try:
@@ -293,10 +335,28 @@ class HostDir:
             raise HostError("read link", f"{self.shown}/{name}", _reason(exc)) from exc
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: OSError, followed: bool = False) -> str:
+    """The OSError as a message; ELOOP means a refused final symlink unless links were
+    being followed (then it is a loop)."""
     if exc.errno == errno.ELOOP:
-        return "is a symlink where a file was expected"
+        return "too many levels of symbolic links" if followed else \
+            "is a symlink where a file was expected"
+    if exc.errno == errno.ENXIO:  # opening a socket
+        return "is a socket, not a regular file"
     return exc.strerror or str(exc)
+
+
+def _make_unique(beside: Path, make: Callable[[str], None]) -> str:
+    """Create an entry with make(name) under a fresh ".<name>.<random>.gpunode-tmp" next to
+    `beside` (the way mkstemp picks names), and return that name."""
+    for _ in range(100):
+        temp = str(beside.with_name(f".{beside.name}.{secrets.token_hex(6)}.gpunode-tmp"))
+        try:
+            make(temp)
+        except FileExistsError:
+            continue
+        return temp
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(beside))
 
 
 def _unlink_quietly(path: str) -> None:

@@ -120,7 +120,7 @@ def test_unreadable_attribute_is_a_problem_not_a_crash(make_host: HostFactory) -
     assert [g.address for g in result.gpus] == ["0001:00:00.0"]  # one bad attribute hides no GPU
     assert result.gpus[0].numa_node is None
     assert result.problems == (f"0001:00:00.0: Failed to read '{host.root}/sys/bus/pci/devices/"
-                               "0001:00:00.0/numa_node': Is a directory",)
+                               "0001:00:00.0/numa_node': is a directory, not a regular file",)
 
 
 def test_function_without_vendor_is_reported(make_host: HostFactory) -> None:

@@ -1,0 +1,132 @@
+"""The one way gpunode reads a file: regular files only, never blocking, never unbounded.
+
+A FIFO, socket, device or directory where a file is expected would block the open (a FIFO
+waits for a writer: `boot` would hold the node for its unit's timeout), have side effects (a
+device's driver runs on open) or fail obscurely; a file of gigabytes would exhaust memory.
+So every read:
+
+- looks at the entry first (stat), and refuses anything but a regular file, naming what it is;
+- opens it with O_NONBLOCK (a FIFO swapped in after the stat still cannot block the open) and
+  checks the opened file again (fstat);
+- reads until EOF, but never more than a cap: files in /proc and /sys report size 0 (or 4096)
+  whatever they hold, so the size is only a first check.
+
+`Host` (host.py) maps host paths under its root and turns `Refused` into a HostError; the
+no-op fast path (fastpath.py) uses this module directly, which is why it imports only os, stat
+and errno.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+MIB = 1 << 20
+DEFAULT_LIMIT = 16 * MIB  # well above any config, record or pci.ids gpunode reads
+_CHUNK = 1 << 16
+_MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISLNK, "a symlink"))
+
+
+class Refused(Exception):
+    """The path exists but is not something gpunode will read; str() says why."""
+
+
+def kind(mode: int) -> str:
+    """What a non-regular entry is, for messages: "a FIFO", "a directory", …"""
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def read(real: str, limit: int = DEFAULT_LIMIT, follow: bool = True) -> bytes:
+    """The bytes of the regular file at the real path `real`.
+
+    Raises Refused for a non-regular file or one over `limit` bytes, and OSError (with the
+    errno: FileNotFoundError, NotADirectoryError, …) when it cannot be opened or read.
+    `follow=False` refuses a final symlink (ELOOP) instead of following it.
+    """
+    st = os.stat(real, follow_symlinks=follow)
+    if not stat.S_ISREG(st.st_mode):
+        if not follow and stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, "is a symlink where a file was expected", real)
+        raise Refused(f"is {kind(st.st_mode)}, not a regular file")
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    fd = os.open(real, flags if follow else flags | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
+            raise Refused(f"is {kind(st.st_mode)}, not a regular file")
+        if st.st_size > limit:
+            raise Refused(too_large(limit))
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            chunk = os.read(fd, _CHUNK)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > limit:
+                raise Refused(too_large(limit))
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def too_large(limit: int) -> str:
+    if limit >= MIB and limit % MIB == 0:
+        return f"is larger than {limit // MIB} MiB"
+    return f"is larger than {limit} bytes"
+
+
+def decode(data: bytes) -> str:
+    """UTF-8 text; raises Refused naming the byte offset of the first invalid byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Refused(f"is not UTF-8 text (invalid byte 0x{data[exc.start]:02x} at byte offset "
+                      f"{exc.start})") from None
+
+
+def resolve(root: str, path: str, follow: bool = True) -> str:
+    """The real path of the host path `path` under `root`, symlinks followed inside the root.
+
+    Absolute link targets are re-rooted; a relative one that climbs above the root, or more
+    than 40 links, raise Refused. `follow=False` leaves a final symlink as it is. A missing
+    component ends the walk (the rest is taken as it is, for the caller's stat to report).
+    Host._resolve does the same with a cache; this one is for the import-cheap fast path.
+    """
+    root = root.rstrip("/")
+    if not root:
+        return path
+    pending = [c for c in path.split("/") if c]
+    parts: list[str] = []
+    links = 0
+    while pending:
+        name = pending.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            if not parts:
+                raise Refused("a symlink climbs above the root")
+            parts.pop()
+            continue
+        candidate = root + "/" + "/".join([*parts, name])
+        if not pending and not follow:
+            parts.append(name)
+            break
+        try:
+            target = os.readlink(candidate)
+        except OSError:
+            parts.append(name)  # not a link, or not there: the name stands as it is
+            continue
+        links += 1
+        if links > _MAX_SYMLINKS:
+            raise Refused("too many levels of symbolic links")
+        if target.startswith("/"):
+            parts = []
+        pending[:0] = [c for c in target.split("/") if c]
+    return root + "/" + "/".join(parts)
