@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from gpunode.host import Host
+from gpunode.integers import MAX_MAJOR, MAX_MINOR, parse_uint
 
 PROC_NVIDIA = "/proc/driver/nvidia"
 
@@ -23,6 +24,7 @@ class GpuInfo:
     address: str
     model: str | None
     minor: int | None
+    minor_problem: str | None = None  # 'Device Minor' is there but not a device minor
 
 
 def parse_version(text: str) -> DriverVersion | None:
@@ -41,13 +43,19 @@ def parse_information(address: str, text: str) -> GpuInfo:
         key, sep, value = line.partition(":")
         if sep:
             fields[key.strip()] = value.strip()
-    minor = fields.get("Device Minor", "")
-    return GpuInfo(address=address, model=fields.get("Model") or None,
-                   minor=int(minor) if minor.isdigit() else None)
+    raw = fields.get("Device Minor")
+    minor = parse_uint(raw, MAX_MINOR)
+    problem = None
+    if raw is not None and minor is None:
+        problem = (f"{PROC_NVIDIA}/gpus/{address}/information: 'Device Minor' is {raw!r}, "
+                   f"expected an integer from 0 to {MAX_MINOR}")
+    return GpuInfo(address=address, model=fields.get("Model") or None, minor=minor,
+                   minor_problem=problem)
 
 
-def parse_char_majors(text: str) -> dict[str, int]:
-    """/proc/devices' "Character devices:" section → name → major."""
+def parse_char_majors(text: str, problems: list[str] | None = None) -> dict[str, int]:
+    """/proc/devices' "Character devices:" section → name → major. A line whose number is not
+    a major (not ASCII digits, or above the kernel's 4095) is skipped, and told in `problems`."""
     majors: dict[str, int] = {}
     in_char = False
     for line in text.splitlines():
@@ -56,9 +64,15 @@ def parse_char_majors(text: str) -> dict[str, int]:
             continue
         if line.startswith("Block devices"):
             break
+        if not in_char or not line.strip():
+            continue
         number, _, name = line.strip().partition(" ")
-        if in_char and number.isdigit() and name:
-            majors.setdefault(name.strip(), int(number))
+        major = parse_uint(number, MAX_MAJOR)
+        if major is not None and name.strip():
+            majors.setdefault(name.strip(), major)
+        elif problems is not None:
+            problems.append(f"/proc/devices: {line.strip()!r} is not '<major> <name>' with a "
+                            f"major from 0 to {MAX_MAJOR}")
     return majors
 
 

@@ -12,8 +12,9 @@ import os
 import stat
 from dataclasses import dataclass
 
-from gpunode import driverinfo, log
+from gpunode import detect, driverinfo, log
 from gpunode.host import Host
+from gpunode.integers import MAX_MINOR, parse_uint
 
 MODE = 0o666
 CAPS_DIR = f"{driverinfo.PROC_NVIDIA}/capabilities/mig"
@@ -31,17 +32,32 @@ class Node:
 
 
 class MissingMajor(ValueError):
-    """/proc/devices lacks a major the driver should have registered."""
+    """/proc/devices lacks a major the driver should have registered, or the driver names a
+    device number the kernel cannot have; the message says which."""
+
+
+def for_host(host: Host) -> list[Node]:
+    """The nodes the loaded driver calls for, from its /proc files; MissingMajor when they
+    name no usable number (a GPU's minor out of range is never silently left out)."""
+    infos = driverinfo.read_gpu_infos(host)
+    bad = [i.minor_problem for i in infos.values() if i.minor_problem]
+    if bad:
+        raise MissingMajor("; ".join(bad))
+    problems: list[str] = []
+    majors = driverinfo.parse_char_majors(host.read_optional("/proc/devices") or "", problems)
+    return wanted(majors, [i.minor for i in infos.values() if i.minor is not None],
+                  detect.module_loaded(host, "nvidia_modeset"), cap_minors(host), problems)
 
 
 def wanted(majors: dict[str, int], gpu_minors: list[int], modeset: bool,
-           cap_minors: dict[str, int]) -> list[Node]:
+           cap_minors: dict[str, int], problems: list[str] | None = None) -> list[Node]:
+    also = f" ({'; '.join(problems)})" if problems else ""
     nvidia = driverinfo.nvidia_major(majors)
     if nvidia is None:
-        raise MissingMajor("/proc/devices has no nvidia-frontend (or nvidia) major")
+        raise MissingMajor(f"/proc/devices has no nvidia-frontend (or nvidia) major{also}")
     uvm = majors.get("nvidia-uvm")
     if uvm is None:
-        raise MissingMajor("/proc/devices has no nvidia-uvm major: is nvidia_uvm loaded?")
+        raise MissingMajor(f"/proc/devices has no nvidia-uvm major: is nvidia_uvm loaded?{also}")
     nodes = [Node("/dev/nvidiactl", nvidia, 255)]
     nodes += [Node(f"/dev/nvidia{m}", nvidia, m) for m in sorted(gpu_minors)]
     if modeset:
@@ -61,8 +77,9 @@ def cap_minors(host: Host) -> dict[str, int]:
         text = host.read_optional(f"{CAPS_DIR}/{name}") or ""
         for line in text.splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "DeviceFileMinor" and value.strip().isdigit():
-                minors[name] = int(value)
+            minor = parse_uint(value, MAX_MINOR)
+            if key.strip() == "DeviceFileMinor" and minor is not None:
+                minors[name] = minor
     return minors
 
 

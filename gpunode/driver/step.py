@@ -12,7 +12,7 @@ from typing import Any
 
 from gpunode import command, driverinfo, log
 from gpunode.config import DriverConfig
-from gpunode.detect import Detection, module_loaded
+from gpunode.detect import Detection
 from gpunode.detect import loaded_modules as detect_loaded_modules
 from gpunode.driver import devices, flavour, modules, strategy
 from gpunode.errors import GpunodeError
@@ -262,11 +262,8 @@ def _build(host: Host, the_plan: Plan, config: DriverConfig, adapters: Any) -> s
 
 def wanted_nodes(host: Host) -> list[devices.Node]:
     """The device nodes the loaded driver calls for."""
-    infos = driverinfo.read_gpu_infos(host)
-    majors = driverinfo.parse_char_majors(host.read_optional("/proc/devices") or "")
     try:
-        return devices.wanted(majors, [i.minor for i in infos.values() if i.minor is not None],
-                              module_loaded(host, "nvidia_modeset"), devices.cap_minors(host))
+        return devices.for_host(host)
     except devices.MissingMajor as exc:
         raise DriverError(str(exc), "the NVIDIA modules did not register their devices; see "
                           "'dmesg | grep NVRM'") from exc
