@@ -98,7 +98,7 @@ def desired(host: Host, config: AgentConfig) -> Desired:
 def read_record_quietly(host: Host) -> Any:
     try:
         return read_record(host)
-    except ValueError:
+    except GpunodeError:  # RecordError, or a HostError: a FIFO or directory in its place
         return None  # `status` reports an unreadable record; labels do without it
 
 
