@@ -15,7 +15,7 @@ from typing import Any
 
 from gpunode import log
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
-from gpunode.detect import Detection, detect
+from gpunode.detect import Detection, detect, require_decided
 from gpunode.driver.modules import Kmod
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
@@ -66,6 +66,7 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> tuple[Detection
     from gpunode.driver import step as driver
 
     detection = detect(host, use_udev=config.detect.use_udev)
+    require_decided(detection)
     if not detection.gpus:
         return detection, []
     actions: list[Action] = []
@@ -107,9 +108,15 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
         run.outcome = "failed"
         write_record(host, run)
         return run
-    with _recorded(run, "detect") as fields:
-        detection = detect(host, use_udev=config.detect.use_udev)
-        fields.update(gpus=len(detection.gpus), functions=len(detection.functions))
+    try:
+        with _recorded(run, "detect") as fields:
+            detection = detect(host, use_udev=config.detect.use_udev)
+            fields.update(gpus=len(detection.gpus), functions=len(detection.functions))
+            require_decided(detection)  # a possible GPU nobody can identify is not "no-gpu"
+    except GpunodeError:
+        run.outcome = "failed"  # recorded and logged by _recorded
+        write_record(host, run)
+        return run
     if not detection.gpus:
         run.outcome = "no-gpu"
     else:

@@ -2,6 +2,15 @@
 
 Two readers yield the same records: pyudev on a live host (`--root /`), plain sysfs files under
 any other root. Parsing is shared and pure, so the two cannot drift apart.
+
+A function whose `vendor` attribute is missing, unreadable or not four hex digits cannot be
+told NVIDIA or not. It is never silently dropped: when its class says it could be a GPU or
+NVSwitch (display 03xx or bridge 0680xx), or the class cannot be read either, its address is
+in `Detection.undecided` and its problem in `problems`. `status` then fails `pci_scan` (the
+node is not-ready, not no-gpu), and `boot` and `plan` refuse to decide (`require_decided`):
+recording "no-gpu" for a node that may have a GPU would hide it, and loading a driver for a
+device nobody can identify would be a guess. A function with a valid vendor other than 10de
+is simply not NVIDIA, whatever else it reports.
 """
 
 from __future__ import annotations
@@ -12,8 +21,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpunode.errors import HostError
+from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
+from gpunode.integers import parse_int, parse_uint
 from gpunode.pciids import NVIDIA_VENDOR_ID, nvidia_names
 
 SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"
@@ -44,6 +54,8 @@ class Detection:
     source: str  # "udev" or "sysfs"
     # "<address or path>: what could not be read or parsed", in the order found
     problems: tuple[str, ...] = field(default=())
+    # functions that may be NVIDIA GPUs but whose vendor cannot be read (module docstring)
+    undecided: tuple[str, ...] = field(default=())
 
     @property
     def gpus(self) -> tuple[PciFunction, ...]:
@@ -66,6 +78,7 @@ class Detection:
             "nouveau_loaded": self.nouveau_loaded,
             "vfio_gpus": [f.address for f in self.vfio_gpus],
             "problems": list(self.problems),
+            "undecided": list(self.undecided),
             "functions": [asdict(f) for f in self.functions],
         }
 
@@ -151,10 +164,9 @@ def _hex_id(address: str, name: str, raw: str | None, width: int,
 def _numa(address: str, raw: str | None, problems: list[str]) -> int | None:
     if raw is None:
         return None  # kernels without NUMA support have no numa_node attribute
-    try:
-        node = int(raw)
-    except ValueError:
-        problems.append(f"{address}: 'numa_node' is {raw!r}, expected an integer")
+    node = parse_int(raw, minimum=-1, maximum=1 << 16)
+    if node is None:
+        problems.append(f"{address}: 'numa_node' is {raw!r}, expected an integer (-1 for none)")
         return None
     return None if node < 0 else node
 
@@ -164,7 +176,23 @@ def _link_name(target: str | None) -> str | None:
 
 
 def _int_or_none(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
+    return parse_uint(text)
+
+
+class UndecidedError(GpunodeError):
+    hint = ("check the device with 'lspci -nn -vvv -s ADDRESS' and the kernel log; gpunode "
+            "decides nothing while a function may be an unreadable GPU")
+
+
+def require_decided(detection: Detection) -> None:
+    """Refuse to act on a detection where a possible GPU could not be identified."""
+    if detection.undecided:
+        problems = [p for p in detection.problems
+                    if p.split(": ", 1)[0] in detection.undecided]
+        raise UndecidedError(f"cannot tell whether {', '.join(detection.undecided)} "
+                             f"{'is an' if len(detection.undecided) == 1 else 'are'} NVIDIA "
+                             f"GPU{'' if len(detection.undecided) == 1 else 's'}: "
+                             f"{'; '.join(problems)}")
 
 
 # -- readers -------------------------------------------------------------------------------------
@@ -177,12 +205,13 @@ def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID,
         use_udev = host.is_live
     names, names_source = nvidia_names(host)
     problems: list[str] = []
+    undecided: list[str] = []
     udev = _load_pyudev() if use_udev else None
     if udev is not None:
-        functions = list(_from_udev(udev, vendor, names, problems))
+        functions = list(_from_udev(udev, vendor, names, problems, undecided))
         source = "udev"
     else:
-        functions = list(_from_sysfs(host, vendor, names, problems))
+        functions = list(_from_sysfs(host, vendor, names, problems, undecided))
         source = "sysfs"
     functions.sort(key=lambda f: f.address)
     return Detection(
@@ -191,11 +220,12 @@ def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID,
         names_source=names_source,
         source=source,
         problems=tuple(problems),
+        undecided=tuple(sorted(undecided)),
     )
 
 
 def _from_sysfs(host: Host, vendor: str | None, names: dict[str, str],
-                problems: list[str]) -> Iterable[PciFunction]:
+                problems: list[str], undecided: list[str]) -> Iterable[PciFunction]:
     if not host.exists(SYSFS_PCI_DEVICES):
         problems.append(f"{host.display(SYSFS_PCI_DEVICES)}: does not exist; is sysfs mounted "
                         "(and --root the node's root)?")
@@ -203,11 +233,12 @@ def _from_sysfs(host: Host, vendor: str | None, names: dict[str, str],
     for address in host.list_dir(SYSFS_PCI_DEVICES):
         try:
             device = host.directory(f"{SYSFS_PCI_DEVICES}/{address}")
-            if not _wanted(address, device.read("vendor"), vendor, problems):
-                continue
-            yield parse_function(address, device.read, device.read_link, names, problems)
         except HostError as exc:
             problems.append(f"{address}: {exc}")
+            undecided.append(address)
+            continue
+        if _wanted(address, device.read, vendor, problems, undecided):
+            yield parse_function(address, device.read, device.read_link, names, problems)
 
 
 def _load_pyudev() -> Any:
@@ -225,15 +256,11 @@ def _load_pyudev() -> Any:
 
 
 def _from_udev(pyudev: Any, vendor: str | None, names: dict[str, str],
-               problems: list[str]) -> Iterable[PciFunction]:
+               problems: list[str], undecided: list[str]) -> Iterable[PciFunction]:
     for dev in pyudev.Context().list_devices(subsystem="pci"):
         device = _UdevDevice(dev)
-        try:
-            if not _wanted(dev.sys_name, device.read("vendor"), vendor, problems):
-                continue
+        if _wanted(dev.sys_name, device.read, vendor, problems, undecided):
             yield parse_function(dev.sys_name, device.read, device.read_link, names, problems)
-        except HostError as exc:
-            problems.append(f"{dev.sys_name}: {exc}")
 
 
 @dataclass(frozen=True)
@@ -261,13 +288,31 @@ class _UdevDevice:
             raise HostError("read link", path, exc.strerror or str(exc)) from exc
 
 
-def _wanted(address: str, raw_vendor: str | None, vendor: str | None, problems: list[str]) -> bool:
+def _wanted(address: str, read: ReadAttr, vendor: str | None, problems: list[str],
+            undecided: list[str]) -> bool:
+    """Whether the function is of `vendor`; one whose vendor cannot be read or parsed is a
+    problem, and undecided when it could be a GPU (module docstring)."""
     if vendor is None:
         return True
-    if not raw_vendor:
-        problems.append(f"{address}: no 'vendor' attribute; cannot tell whether it is NVIDIA")
-        return False
-    return raw_vendor.lower().removeprefix("0x") == vendor
+    why = None
+    try:
+        raw = read("vendor")
+    except HostError as exc:
+        raw, why = None, str(exc)
+    if raw is not None:
+        text = raw.lower().removeprefix("0x")
+        if len(text) == 4 and all(c in "0123456789abcdef" for c in text):
+            return text == vendor
+        why = f"'vendor' is {raw!r}, expected 0x and 4 hex digits"
+    why = why or "no 'vendor' attribute"
+    problems.append(f"{address}: {why}; cannot tell whether it is NVIDIA")
+    try:
+        class_code = _hex_id(address, "class", read("class"), 6, [])
+    except HostError:
+        class_code = None
+    if class_code is None or classify(class_code) in ("gpu", "nvswitch"):
+        undecided.append(address)
+    return False
 
 
 def module_loaded(host: Host, name: str) -> bool:

@@ -13,7 +13,7 @@ from conftest import HostFactory
 from gpunode.cli import main
 
 DETECT_KEYS = {"schema_version", "root", "source", "names_source", "gpu_count", "nvswitch_count",
-               "nouveau_loaded", "vfio_gpus", "problems", "functions"}
+               "nouveau_loaded", "vfio_gpus", "problems", "undecided", "functions"}
 FUNCTION_KEYS = {"address", "vendor_id", "device_id", "subsystem_vendor_id",
                  "subsystem_device_id", "class_code", "kind", "product_name", "numa_node",
                  "driver", "iommu_group"}
