@@ -187,21 +187,30 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
 
 
 def load_config(host: Host, path: str | None = None) -> AgentConfig:
-    """Read and validate the agent config; `path` is a host path (default under the root)."""
+    """Read and validate the agent config. `path` None: the default under the root, where a
+    missing file means defaults; a path given (--config) must exist, even when it names the
+    default file (README, "Configuration")."""
+    explicit = path is not None
     path = path or DEFAULT_CONFIG_PATH
     shown = host.display(path)
     try:
-        text = host.read_optional(path)
+        # Strict UTF-8 (a config is never kernel text) and a FIFO is refused, never waited on.
+        text = host.read_optional(path, errors="strict")
     except HostError as exc:
         raise ConfigError(shown, None, f"cannot be read: {exc.reason}") from exc
     if text is None:
-        if path != DEFAULT_CONFIG_PATH:
+        if explicit:
             raise ConfigError(shown, None, "does not exist (omit --config to use defaults)")
         return AgentConfig()
+    # A byte-order mark, as some editors write, is not TOML; it carries nothing, so it goes.
+    text = text.removeprefix("\ufeff")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(shown, None, f"not valid TOML: {exc}", error_line(exc)) from exc
+    except RecursionError:
+        raise ConfigError(shown, None, "not valid for gpunode: arrays or tables nested too "
+                          "deeply to read (the agent config needs two levels)") from None
     return parse_config(doc, text, shown)
 
 
@@ -216,7 +225,7 @@ def parse_config(doc: dict[str, Any], text: str, shown: str) -> AgentConfig:
                               or _header_line(text, name))
         if not isinstance(value, dict):
             raise ConfigError(shown, name, f"must be a table ([{name}]), not "
-                              f"{_type_name(value)}", key_line(text, "", name))
+                              f"{_a(_type_name(value))}", key_line(text, "", name))
         sections[name] = _parse_section(section_types[name], name, value, text, shown)
     return AgentConfig(**sections, source=shown)
 
@@ -235,12 +244,12 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
         if dataclasses.is_dataclass(expected):  # a sub-table: [section.key]
             if not isinstance(value, dict):
                 raise ConfigError(shown, dotted, f"must be a table ([{dotted}]), not "
-                                  f"{_type_name(value)}", line)
+                                  f"{_a(_type_name(value))}", line)
             values[key] = _parse_section(expected, dotted, value, text, shown)
             continue
         if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
-            raise ConfigError(shown, dotted, f"must be a {_TYPE_NAMES[expected]}, not "
-                              f"{_type_name(value)} ({value!r})", line)
+            raise ConfigError(shown, dotted, f"must be {_a(_TYPE_NAMES[expected])}, not "
+                              f"{_a(_type_name(value))} ({value!r})", line)
         if expected is list:
             if not all(isinstance(item, str) for item in value):
                 raise ConfigError(shown, dotted, f"must be an array of strings, not {value!r}",
@@ -268,6 +277,11 @@ def _expected_type(hint: Any) -> type:
 
 _TYPE_NAMES = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",
                dict: "table"}
+
+
+def _a(noun: str) -> str:
+    """The noun with its indefinite article: "an integer", "a string"."""
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 def _type_name(value: Any) -> str:

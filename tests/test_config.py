@@ -87,5 +87,5 @@ def test_explicit_config_path_is_read_from_this_machine_not_the_root(
 
 def test_unreadable_config_is_refused(tmp_path: Path) -> None:
     (tmp_path / "etc/gpunode/config.toml").mkdir(parents=True)
-    with pytest.raises(ConfigError, match="cannot be read: Is a directory"):
+    with pytest.raises(ConfigError, match="cannot be read: is a directory, not a regular file"):
         load_config(Host(tmp_path))
