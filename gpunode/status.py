@@ -76,6 +76,8 @@ class StatusFacts:
     node: NodeFacts | None = None  # None: the API was not asked (e.g. `label --dry-run`)
     machine: str | None = None  # DMI product name
     user_labels: dict[str, str] = field(default_factory=dict)
+    # the driver's /proc files are there but cannot be read (a directory, a FIFO): why
+    driver_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -107,9 +109,15 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         detection_error = None
     except GpunodeError as exc:
         detection, detection_error = None, str(exc)
-    version_text = host.read_optional(f"{driverinfo.PROC_NVIDIA}/version")
-    gpu_infos = driverinfo.read_gpu_infos(host) if version_text is not None else {}
-    majors = driverinfo.parse_char_majors(host.read_optional("/proc/devices") or "")
+    version_text, version_error = _read(host, f"{driverinfo.PROC_NVIDIA}/version")
+    gpu_infos: dict[str, driverinfo.GpuInfo] = {}
+    if version_text is not None:
+        try:
+            gpu_infos = driverinfo.read_gpu_infos(host)
+        except GpunodeError as exc:
+            version_error = str(exc)
+    devices_text, devices_error = _read(host, "/proc/devices")
+    majors = driverinfo.parse_char_majors(devices_text or "")
     modeset = module_loaded(host, "nvidia_modeset")
     paths = expected_dev_nodes(gpu_infos, modeset)
     last_boot, last_boot_error = _last_boot(host)
@@ -131,9 +139,19 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         runtime_name=config.containerd.runtime_name,
         node=_observe_node(host, config) if contact_api and detection and detection.gpus
         else None,
-        machine=(host.read_optional("/sys/class/dmi/id/product_name") or "").strip() or None,
+        machine=(_read(host, "/sys/class/dmi/id/product_name")[0] or "").strip() or None,
         user_labels=dict(config.kubernetes.labels),
+        driver_error=version_error or devices_error,
     )
+
+
+def _read(host: Host, path: str) -> tuple[str | None, str | None]:
+    """(text or None when absent, None) — or (None, why) when it is there but unreadable (a
+    directory, a FIFO): the check that needs it says so instead of status stopping."""
+    try:
+        return host.read_optional(path), None
+    except GpunodeError as exc:
+        return None, str(exc)
 
 
 def _observe_node(host: Host, config: AgentConfig) -> NodeFacts:
@@ -272,7 +290,8 @@ def _pci_scan(d: Detection) -> Check:
     # A problem with an NVIDIA function, or with the PCI tree as a whole, can hide a GPU.
     nvidia = {f.address for f in d.functions}
     where = [p.split(": ", 1)[0] for p in d.problems]
-    serious = [w for w in where if w in nvidia or not _PCI_ADDRESS.fullmatch(w)]
+    serious = [w for w in where
+               if w in nvidia or w in d.undecided or not _PCI_ADDRESS.fullmatch(w)]
     return Check("pci_scan", FAIL if serious else WARN, "; ".join(d.problems),
                  "a PCI function's sysfs attributes could not be read or parsed: check the "
                  "device with 'lspci -vvv -s ADDRESS' and the kernel log")
@@ -310,6 +329,10 @@ def _bindings(by_driver: dict[str, list[str]]) -> str:
 
 
 def _driver(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
+    if facts.driver_error is not None:
+        return Check("driver", FAIL, f"cannot read what the driver reports: {facts.driver_error}",
+                     "/proc/driver/nvidia and /proc/devices are the kernel's; under --root, "
+                     "check the tree (is /proc the node's?)")
     if facts.driver_version_text is None:
         return Check("driver", FAIL, f"{driverinfo.PROC_NVIDIA}/version is missing: the NVIDIA "
                      "driver is not loaded",
@@ -358,7 +381,7 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
     if driver is None:
         return Check("device_nodes", SKIP, "driver not loaded")
     wanted = _wanted_numbers(facts)
-    problems: list[str] = []
+    problems = [i.minor_problem for i in facts.gpu_infos.values() if i.minor_problem]
     for path, node in facts.dev_nodes.items():
         major, minor = wanted.get(path, (None, None))
         if node.kind == "missing":

@@ -194,7 +194,8 @@ def test_garbage_boot_record_is_a_warning(make_host: HostFactory) -> None:
     host = make_host("nc4as-t4-v3", "ready", extra={"/run/gpunode/state.json": "{not json"})
     c = check(report_for(host), "last_boot")
     assert c.state == "warn"
-    assert c.detail.startswith("boot record unreadable: not JSON")
+    assert c.detail.startswith(f"boot record unreadable: {host.root}/run/gpunode/state.json: "
+                               "not JSON")
 
 
 def test_missing_sysfs_is_not_mistaken_for_a_cpu_node(tmp_path: Path) -> None:
