@@ -8,52 +8,79 @@ recomputes them; when all are equal it logs one event and exits, without importi
 pipeline (which costs several times Python's own start). /run is empty after a reboot, so the
 first boot of every kernel always runs in full.
 
-This module must stay cheap to import: os and json only.
+This module must stay cheap to import: os, json and gpunode.safeio (itself os and stat) only.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import time
 from typing import Any
 
+from gpunode import safeio
+
 STAMP = "/run/gpunode/inputs.json"
 STAMP_VERSION = 1
 _CONTENT_PREFIXES = ("/proc/",)
+_STAMP_LIMIT = 1 << 20  # a stamp is a few KiB
+_CONTENT_LIMIT = 1 << 20  # the /proc files signed are a few lines
 _LISTED = ("/sys/bus/pci/devices", "/proc/driver/nvidia/gpus",
            "/etc/systemd/system/containerd.service.d", "/etc/containerd/conf.d")
 
 
+class _Unreadable(Exception):
+    """An input cannot be signed (a FIFO, a loop, a link out of the root): never "unchanged"."""
+
+
 def signature(root: str, path: str) -> Any:
-    """What must stay equal for `path` (a host path): listing, content, or lstat fields."""
-    real = root.rstrip("/") + path
+    """What must stay equal for `path` (a host path): listing, content, or stat fields.
+
+    Paths resolve inside the root (gpunode.safeio.resolve), never on the machine gpunode runs
+    on. A symlink is signed by its own lstat and target text *and* by what it points at, so an
+    edit of the target (e.g. /etc/containerd/config.toml → a file elsewhere) is a change.
+    """
     try:
         if path in _LISTED:
-            return sorted(os.listdir(real))
+            return sorted(os.listdir(safeio.resolve(root, path)))
         if path.startswith(_CONTENT_PREFIXES):
-            with open(real, encoding="utf-8", errors="replace") as f:
-                return f.read()
-        st = os.lstat(real)
-    except FileNotFoundError:
+            return safeio.read(safeio.resolve(root, path), _CONTENT_LIMIT).decode(
+                "utf-8", errors="replace")
+        entry = safeio.resolve(root, path, follow=False)
+        st = os.lstat(entry)
+        fields = [st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_rdev]
+        if stat.S_ISLNK(st.st_mode):
+            target = os.stat(safeio.resolve(root, path))
+            fields += [os.readlink(entry), target.st_mode, target.st_ino, target.st_size,
+                       target.st_mtime_ns, target.st_rdev]
+        return fields
+    except (FileNotFoundError, NotADirectoryError):
         return None
-    except NotADirectoryError:
-        return None
-    return [st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_rdev]
+    except (OSError, safeio.Refused) as exc:
+        raise _Unreadable(str(exc)) from None
 
 
 def compute(root: str, paths: list[str], version: str, config: str | None) -> dict[str, Any]:
+    inputs: dict[str, Any] = {}
+    for path in sorted(set(paths)):
+        try:
+            inputs[path] = signature(root, path)
+        except _Unreadable as exc:
+            inputs[path] = {"unreadable": str(exc)}  # never equal: unchanged() re-signs first
     return {"stamp_version": STAMP_VERSION, "gpunode": version, "config": config,
-            "inputs": {p: signature(root, p) for p in sorted(set(paths))}}
+            "inputs": inputs}
 
 
 def unchanged(root: str, version: str, config: str | None) -> bool:
-    """True when the last successful boot's inputs are all as they were."""
+    """True when the last successful boot's inputs are all as they were. A stamp that cannot
+    be read or understood (not a file, not UTF-8 JSON, wrong types) is simply not "unchanged":
+    the full boot runs and writes a new one."""
     try:
-        with open(root.rstrip("/") + STAMP, encoding="utf-8") as f:
-            stamp = json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
+        text = safeio.decode(safeio.read(safeio.resolve(root, STAMP), _STAMP_LIMIT))
+        stamp = json.loads(text)
+    except (OSError, safeio.Refused, ValueError, RecursionError):
         return False
     if not isinstance(stamp, dict) or stamp.get("stamp_version") != STAMP_VERSION:
         return False
@@ -62,8 +89,16 @@ def unchanged(root: str, version: str, config: str | None) -> bool:
     inputs = stamp.get("inputs")
     if not isinstance(inputs, dict) or not inputs:
         return False
-    # json turns the lstat tuples into lists; signature() returns lists for the same reason
-    return all(signature(root, path) == value for path, value in inputs.items())
+    # json turns the stat tuples into lists; signature() returns lists for the same reason
+    for path, value in inputs.items():
+        if not path.startswith("/") or isinstance(value, dict):
+            return False
+        try:
+            if signature(root, path) != value:
+                return False
+        except _Unreadable:
+            return False
+    return True
 
 
 def boot_args(argv: list[str]) -> tuple[str, str | None, str | None] | None:
@@ -80,6 +115,8 @@ def boot_args(argv: list[str]) -> tuple[str, str | None, str | None] | None:
                 return None
             value = rest.pop(0)
         if name == "--root":
+            if not value:
+                return None  # the CLI refuses an empty --root
             root = value
         elif name == "--config":
             config = os.path.abspath(value)
