@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -111,6 +112,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+Command = Callable[[Host, AgentConfig, argparse.Namespace], int]
+
+
+def _changes_node(name: str) -> Callable[[Command], Command]:
+    """The command holds the node lock (gpunode/nodelock.py) while it runs; `--dry-run`
+    changes nothing and takes none. `boot` waits longer for it than the others."""
+
+    def wrap(command: Command) -> Command:
+        @functools.wraps(command)
+        def locked(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+            from gpunode import nodelock
+
+            if getattr(args, "dry_run", False):
+                return command(host, config, args)
+            wait = nodelock.BOOT_WAIT_SECONDS if name == "boot" else nodelock.WAIT_SECONDS
+            with nodelock.held(host, name, wait):
+                return command(host, config, args)
+
+        return locked
+
+    return wrap
+
+
 def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode.detect import detect
 
@@ -163,6 +187,7 @@ def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@_changes_node("boot")
 def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot
 
@@ -244,6 +269,7 @@ def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@_changes_node("driver load")
 def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot
     from gpunode.detect import detect
@@ -260,6 +286,7 @@ def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> i
     return EXIT_OK
 
 
+@_changes_node("driver build")
 def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot
     from gpunode.detect import detect
@@ -323,6 +350,7 @@ def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> Agent
                                                                        **overrides))
 
 
+@_changes_node("containerd configure")
 def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import systemd
     from gpunode.containerd import step
@@ -342,6 +370,7 @@ def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namesp
     return EXIT_OK
 
 
+@_changes_node("containerd revert")
 def _containerd_revert(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import systemd
     from gpunode.containerd import step
@@ -359,12 +388,19 @@ def _print_json(document: object) -> None:
 
 
 def _host(root: str) -> Host:
+    if not root:
+        raise UsageError("--root is empty: name the node's root directory (/ for this machine)")
     path = Path(root)
     if not path.is_absolute():
         path = Path.cwd() / path
-    if not path.is_dir():
+    try:
+        is_dir = path.is_dir()
+        resolved = path.resolve()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise UsageError(f"--root {root}: cannot be used ({exc})") from None
+    if not is_dir:
         raise UsageError(f"--root {root}: not a directory")
-    return Host(path.resolve())
+    return Host(resolved)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,108 @@
+"""The node lock: one gpunode command at a time changes a node.
+
+`boot`, `driver load`, `driver build`, `containerd configure` (not `--dry-run`) and
+`containerd revert` each read the node, decide and write; two at once would each decide from
+the other's half-done state (and race on the same device nodes and config files). Each takes
+an exclusive flock(2) on /run/gpunode/lock under the root (created 0600; /run is emptied at
+every boot, and a lock held by a process dies with it, so a crash never leaves the node
+locked). Read-only commands (status, detect, plan, driver status) take no lock and never wait.
+
+A command waits a bounded time, then fails naming the process that holds the lock (its pid
+and command are written into the file). `boot` waits longest: two boots (the unit at startup
+and an operator's, or a retry) should run one after the other, and a boot that loads a driver
+or restarts containerd takes tens of seconds, so it waits up to 5 minutes — well inside
+gpunode.service's 30-minute timeout. The other commands are run by hand and wait 10 seconds:
+a person should hear soon that something else is at work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import time
+from collections.abc import Iterator
+
+from gpunode import log
+from gpunode.errors import GpunodeError, HostError
+from gpunode.host import Host
+
+LOCK_PATH = "/run/gpunode/lock"
+BOOT_WAIT_SECONDS = 300.0
+WAIT_SECONDS = 10.0
+_POLL_SECONDS = 0.05
+
+
+class LockBusy(GpunodeError):
+    """Another gpunode command holds the node lock past the wait."""
+
+
+@contextlib.contextmanager
+def held(host: Host, command: str, wait: float) -> Iterator[None]:
+    """Hold the node lock for the block; wait up to `wait` seconds for it."""
+    shown = host.display(LOCK_PATH)
+    host.make_dirs(LOCK_PATH.rpartition("/")[0])
+    fd = _open(host, shown)
+    try:
+        _acquire(fd, shown, command, wait)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
+        except OSError as exc:
+            raise HostError("write", shown, exc.strerror or str(exc)) from exc
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays (unlinking it races other waiters)
+
+
+def _open(host: Host, shown: str) -> int:
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(host.path(LOCK_PATH), flags, 0o600)
+    except OSError as exc:
+        reason = ("is a symlink, not the lock file" if exc.errno == errno.ELOOP
+                  else exc.strerror or str(exc))
+        raise HostError("open the node lock", shown, reason) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        from gpunode.safeio import kind
+
+        raise HostError("open the node lock", shown, f"is {kind(mode)}, not a regular file")
+    return fd
+
+
+def _acquire(fd: int, shown: str, command: str, wait: float) -> None:
+    deadline = time.monotonic() + wait
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise HostError("lock", shown, exc.strerror or str(exc)) from exc
+        holder = _holder(fd)
+        if time.monotonic() >= deadline:
+            raise LockBusy(f"another gpunode command ({holder}) is changing this node and "
+                           f"holds {shown}; gave up after waiting {wait:g} s",
+                           "wait for it to finish and run this again; 'ps' shows what the "
+                           "holder is doing")
+        if not told:
+            log.get().info("lock.waiting", lock=shown, holder=holder, command=command,
+                           wait_s=wait)
+            told = True
+        time.sleep(_POLL_SECONDS)
+
+
+def _holder(fd: int) -> str:
+    """'pid 1234, gpunode boot' from the lock file, as far as it can be read."""
+    try:
+        text = os.pread(fd, 256, 0).decode("utf-8", errors="replace").split()
+    except OSError:
+        text = []
+    if not text or not text[0].isascii() or not text[0].isdigit():
+        return "pid unknown"
+    return f"pid {text[0]}" + (f", gpunode {' '.join(text[1:])}" if len(text) > 1 else "")
