@@ -59,8 +59,10 @@ def held(host: Host, command: str, wait: float) -> Iterator[None]:
 
 def _open(host: Host, shown: str) -> int:
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    directory, _, name = LOCK_PATH.rpartition("/")
     try:
-        fd = os.open(host.path(LOCK_PATH), flags, 0o600)
+        # The directory resolved inside the root; the lock itself never through a symlink.
+        fd = os.open(host.path(directory) / name, flags, 0o600)
     except OSError as exc:
         reason = ("is a symlink, not the lock file" if exc.errno == errno.ELOOP
                   else exc.strerror or str(exc))
