@@ -6,6 +6,7 @@ of it would cost more than the rest of detection).
 
 from __future__ import annotations
 
+from gpunode.errors import HostError
 from gpunode.host import Host
 
 NVIDIA_VENDOR_ID = "10de"
@@ -37,7 +38,12 @@ BUILTIN_NAMES: dict[str, str] = {
 def nvidia_names(host: Host) -> tuple[dict[str, str], str]:
     """Device id → name, and where the names came from (a pci.ids path or "builtin")."""
     for path in PCI_IDS_PATHS:
-        text = host.read_optional(path)
+        try:
+            # Names only: a stray byte is replaced, and a file that is no file (a FIFO, a
+            # directory) is passed over for the next one or the built-in table.
+            text = host.read_optional(path, errors="replace")
+        except HostError:
+            continue
         if text is not None:
             names = parse_vendor_block(text, NVIDIA_VENDOR_ID)
             if names:

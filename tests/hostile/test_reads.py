@@ -576,3 +576,13 @@ def test_an_input_that_became_a_fifo_is_a_change_not_a_hang(make_host: HostFacto
     assert fastpath.unchanged(str(node.root), __version__, None)
     _replace(node.root, VERSION, fifo)
     assert run_bounded(lambda: fastpath.unchanged(str(node.root), __version__, None)) is False
+
+
+@pytest.mark.parametrize("odd", ["fifo", "directory"])
+def test_a_pci_ids_that_is_no_file_gives_the_builtin_names(
+    make_host: HostFactory, cli: Cli, odd: str
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready")
+    _replace(host.root, "usr/share/misc/pci.ids", ODD[odd][0])
+    result = cli("--root", str(host.root), "detect", "--json")
+    assert (result.code, json.loads(result.out)["names_source"]) == (0, "builtin")
