@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -100,3 +101,43 @@ def test_stamp_lists_the_inputs_the_boot_read(node: Host, monkeypatch: pytest.Mo
     assert {"/etc/containerd/config.toml", "/proc/driver/nvidia/version", "/dev/nvidia0",
             "/dev/nvidia-uvm", "/sys/bus/pci/devices", "/etc/gpunode/config.toml"} <= set(inputs)
     assert not any(p.startswith(str(node.root)) for p in inputs)  # host paths only
+
+
+def test_an_edited_symlink_target_runs_the_whole_pipeline(
+    node: Host, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/etc/containerd/config.toml a link to a file elsewhere: editing that file is a change."""
+    config = node.root / "etc/containerd/config.toml"
+    real = node.root / "srv/containerd.toml"
+    real.parent.mkdir()
+    real.write_bytes(config.read_bytes())
+    config.unlink()
+    config.symlink_to("/srv/containerd.toml")  # absolute: resolved inside the root
+    boot(monkeypatch, capsys, node)
+    assert boot(monkeypatch, capsys, node)[1] == ["boot.unchanged"]
+    with real.open("a") as f:
+        f.write("# edited by hand\n")
+    assert "boot.unchanged" not in boot(monkeypatch, capsys, node)[1]
+
+
+def test_a_symlink_is_signed_by_its_target_inside_the_root_never_outside(node: Host) -> None:
+    (node.root / "etc/hostname").write_text("fixture\n")
+    (node.root / "etc/link").symlink_to("/etc/hostname")
+    sig = fastpath.signature(str(node.root), "/etc/link")
+    assert sig[5:] == ["/etc/hostname", *_fields(node.root / "etc/hostname")]
+
+
+def test_a_symlink_that_climbs_out_of_the_root_is_never_unchanged(node: Host) -> None:
+    from gpunode import __version__
+
+    (node.root / "etc/escape").symlink_to("../../../../../../../../../../etc/hostname")
+    stamp = fastpath.compute(str(node.root), ["/etc/escape"], __version__, None)
+    assert stamp["inputs"]["/etc/escape"] == {"unreadable": "a symlink climbs above the root"}
+    (node.root / "run/gpunode").mkdir(parents=True, exist_ok=True)
+    (node.root / "run/gpunode/inputs.json").write_text(json.dumps(stamp))
+    assert not fastpath.unchanged(str(node.root), __version__, None)
+
+
+def _fields(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_rdev]

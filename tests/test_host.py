@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
+import threading
 from pathlib import Path
 
 import pytest
 
+from gpunode import safeio
 from gpunode.errors import HostError
 from gpunode.host import Host
+from gpunode.integers import MAX_MAJOR, MAX_MINOR, parse_int, parse_uint
 
 
 @pytest.fixture
@@ -106,3 +110,68 @@ def test_directory_entries_are_read_without_following_a_final_symlink(root: Path
 
 def test_live_host_uses_paths_as_they_are() -> None:
     assert Host().path("/proc/modules") == Path("/proc/modules")
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("195", 195), (" 7\n", 7), ("0", 0), ("²", None), ("¹⁹⁵", None), ("٣", None), ("1_000", None),
+    ("", None), ("-1", None), ("+1", None), ("0x10", None), ("7\u3000", None), ("9" * 41, None),
+])
+def test_integers_are_ascii_digits_only(text: str, value: int | None) -> None:
+    assert parse_uint(text) == value
+
+
+def test_integers_above_a_bound_are_refused() -> None:
+    assert (parse_uint("4095", MAX_MAJOR), parse_uint("4096", MAX_MAJOR)) == (4095, None)
+    assert (parse_uint("1048575", MAX_MINOR), parse_uint("99999999999", MAX_MINOR)) == (
+        1048575, None)
+
+
+@pytest.mark.parametrize(("text", "value"), [("-1", -1), ("3", 3), ("- 1", None), ("-²", None),
+                                             ("--1", None), ("-", None)])
+def test_signed_integers_take_one_leading_minus(text: str, value: int | None) -> None:
+    assert parse_int(text, minimum=-1) == value
+
+
+def test_a_device_number_the_kernel_cannot_have_is_a_host_error(root: Path) -> None:
+    with pytest.raises(HostError, match=r"Failed to create device .*: 195:99999999999 is not a "
+                       r"device number"):
+        Host(root).make_char_device("/dev/nvidia0", 195, 99999999999, 0o666)
+    assert not (root / "dev/nvidia0").exists()
+
+
+def test_links_and_device_nodes_made_at_once_by_many_callers_all_succeed(root: Path) -> None:
+    """Unique temp names: no 'File exists' from a neighbour's temp, and none left behind."""
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        host = Host(root)
+        try:
+            for _ in range(20):
+                host.symlink("/dev/char/195:255", "../nvidiactl")
+                if os.geteuid() == 0:
+                    host.make_char_device("/dev/nvidiactl", 195, 255, 0o666)
+        except BaseException as exc:  # collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert os.readlink(root / "dev/char/195:255") == "../nvidiactl"
+    assert not [p for p in (root / "dev").rglob("*") if p.name.endswith(".gpunode-tmp")]
+    if os.geteuid() == 0:
+        st = (root / "dev/nvidiactl").lstat()
+        assert (stat.S_ISCHR(st.st_mode), os.major(st.st_rdev), os.minor(st.st_rdev),
+                stat.S_IMODE(st.st_mode)) == (True, 195, 255, 0o666)
+
+
+def test_resolving_for_the_fast_path_matches_the_host(root: Path) -> None:
+    (root / "etc/containerd").symlink_to("/usr/share/containerd")
+    assert safeio.resolve(str(root), "/etc/containerd/config.toml") == str(
+        Host(root).path("/etc/containerd/config.toml"))
+    assert safeio.resolve(str(root), "/etc/containerd", follow=False) == f"{root}/etc/containerd"
+    (root / "etc/up").symlink_to("../../..")
+    with pytest.raises(safeio.Refused, match="climbs above the root"):
+        safeio.resolve(str(root), "/etc/up/x")
