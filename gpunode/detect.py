@@ -6,7 +6,8 @@ any other root. Parsing is shared and pure, so the two cannot drift apart.
 A function whose `vendor` attribute is missing, unreadable or not four hex digits cannot be
 told NVIDIA or not. It is never silently dropped: when its class says it could be a GPU or
 NVSwitch (display 03xx or bridge 0680xx), or the class cannot be read either, its address is
-in `Detection.undecided` and its problem in `problems`. `status` then fails `pci_scan` (the
+in `Detection.undecided` and its problem in `problems`; so is an NVIDIA function whose class
+cannot be read (it may be a GPU). `status` then fails `pci_scan` (the
 node is not-ready, not no-gpu), and `boot` and `plan` refuse to decide (`require_decided`):
 recording "no-gpu" for a node that may have a GPU would hide it, and loading a driver for a
 device nobody can identify would be a guess. A function with a valid vendor other than 10de
@@ -214,6 +215,9 @@ def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID,
         functions = list(_from_sysfs(host, vendor, names, problems, undecided))
         source = "sysfs"
     functions.sort(key=lambda f: f.address)
+    # An NVIDIA function whose class cannot be read may be a GPU just the same.
+    undecided += [f.address for f in functions
+                  if f.class_code is None and f.vendor_id == NVIDIA_VENDOR_ID]
     return Detection(
         functions=tuple(functions),
         nouveau_loaded=module_loaded(host, "nouveau"),

@@ -118,7 +118,10 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
             version_error = str(exc)
     devices_text, devices_error = _read(host, "/proc/devices")
     majors = driverinfo.parse_char_majors(devices_text or "")
-    modeset = module_loaded(host, "nvidia_modeset")
+    try:
+        modeset = module_loaded(host, "nvidia_modeset")
+    except GpunodeError as exc:
+        modeset, version_error = False, version_error or str(exc)
     paths = expected_dev_nodes(gpu_infos, modeset)
     last_boot, last_boot_error = _last_boot(host)
     return StatusFacts(
@@ -182,7 +185,10 @@ def expected_dev_nodes(gpu_infos: dict[str, driverinfo.GpuInfo], modeset: bool) 
 
 
 def _dev_node(host: Host, path: str) -> DevNode:
-    st = host.stat(path)
+    try:
+        st = host.stat(path)
+    except GpunodeError:  # e.g. a symlink loop: there, but not a device anyone can open
+        return DevNode(path, "other")
     if st is None:
         return DevNode(path, "missing")
     if stat.S_ISCHR(st.st_mode):

@@ -586,3 +586,45 @@ def test_a_pci_ids_that_is_no_file_gives_the_builtin_names(
     _replace(host.root, "usr/share/misc/pci.ids", ODD[odd][0])
     result = cli("--root", str(host.root), "detect", "--json")
     assert (result.code, json.loads(result.out)["names_source"]) == (0, "builtin")
+
+
+STATUS_READS = ["proc/modules", "proc/devices", VERSION, INFO, DMI, RECORD,
+                "etc/containerd/config.toml", "usr/lib/systemd/system/containerd.service",
+                "etc/systemd/system/containerd.service.d/10-gpunode.conf", "proc/stat",
+                "proc/812/stat", "proc/812/comm", "proc/1033/cmdline",
+                "sys/devices/pci0001:00/0001:00:00.0/class", "usr/share/misc/pci.ids",
+                "sys/class/dmi/id/sys_vendor", "proc/sys/kernel/hostname"]
+
+
+@pytest.mark.parametrize("path", STATUS_READS, ids=[p.rpartition("/")[2] + "@" + p.split("/")[0]
+                                                     for p in STATUS_READS])
+@pytest.mark.parametrize("odd", ["fifo", "directory"])
+def test_status_always_shows_its_table_whatever_a_file_it_reads_has_become(
+    make_host: HostFactory, cli: Cli, path: str, odd: str
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready")
+    _replace(host.root, path, ODD[odd][0])
+    result = cli("--root", str(host.root), "status", "--json")
+    assert result.code in (0, 1), result.err
+    assert json.loads(result.out)["checks"]
+    assert result.code == 0 or any(c["state"] == "fail" for c in json.loads(result.out)["checks"])
+
+
+BOOT_READS = ["proc/modules", "proc/devices", VERSION, INFO, "proc/sys/kernel/osrelease",
+              "etc/containerd/config.toml", "usr/lib/systemd/system/containerd.service",
+              "etc/systemd/system/containerd.service.d/10-gpunode.conf",
+              "sys/devices/pci0001:00/0001:00:00.0/class", "sys/class/dmi/id/sys_vendor",
+              "var/lib/gpunode/containerd.json", "etc/flatcar/enabled-sysext.conf"]
+
+
+@pytest.mark.parametrize("path", BOOT_READS, ids=[p.rpartition("/")[2] for p in BOOT_READS])
+def test_boot_never_blocks_on_a_fifo_and_always_writes_its_record(
+    make_host: HostFactory, cli: Cli, path: str
+) -> None:
+    host = make_host("nc4as-t4-v3", "driver")
+    _replace(host.root, path, fifo)
+    result = cli("--root", str(host.root), "boot")
+    assert result.code in (0, 1), result.err
+    record = json.loads((host.root / RECORD).read_text())
+    assert record["outcome"] == ("ok" if result.code == 0 else "failed")
+    assert len(result.errors) == sum(s["outcome"] == "failed" for s in record["steps"])
