@@ -628,3 +628,33 @@ def test_boot_never_blocks_on_a_fifo_and_always_writes_its_record(
     record = json.loads((host.root / RECORD).read_text())
     assert record["outcome"] == ("ok" if result.code == 0 else "failed")
     assert len(result.errors) == sum(s["outcome"] == "failed" for s in record["steps"])
+
+
+COMMAND_READS = [
+    (["driver", "load"], "proc/modules"), (["driver", "load"], "proc/devices"),
+    (["driver", "load"], "proc/sys/kernel/osrelease"), (["driver", "load"], INFO),
+    (["plan"], "proc/sys/kernel/osrelease"),
+    (["containerd", "configure"], "etc/containerd/config.toml"),
+    (["containerd", "configure"], "usr/lib/systemd/system/containerd.service"),
+    (["containerd", "configure", "--dry-run"], "etc/containerd/config.toml"),
+    (["containerd", "revert"], "var/lib/gpunode/containerd.json"),
+    (["label", "--dry-run"], DMI),
+]
+
+
+@pytest.mark.parametrize(("argv", "path"), COMMAND_READS,
+                         ids=[f"{' '.join(a)}:{p.rpartition('/')[2]}" for a, p in COMMAND_READS])
+def test_every_command_refuses_a_fifo_it_would_read(
+    make_host: HostFactory, cli: Cli, argv: list[str], path: str
+) -> None:
+    host = _runtime(make_host("nc4as-t4-v3", "ready"))
+    _replace(host.root, path, fifo)
+    check_refusal(cli, host.root, ["--root", str(host.root), *argv], 1,
+                  f"{re.escape(path.rpartition('/')[2])}'?: is a FIFO, not a regular file")
+
+
+def _runtime(host: Host) -> Host:
+    binary = host.root / "usr/bin/nvidia-container-runtime"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    return host
