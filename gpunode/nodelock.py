@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from gpunode import log
 from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
+from gpunode.integers import parse_uint
 
 LOCK_PATH = "/run/gpunode/lock"
 BOOT_WAIT_SECONDS = 300.0
@@ -105,6 +106,6 @@ def _holder(fd: int) -> str:
         text = os.pread(fd, 256, 0).decode("utf-8", errors="replace").split()
     except OSError:
         text = []
-    if not text or not text[0].isascii() or not text[0].isdigit():
+    if not text or parse_uint(text[0]) is None:
         return "pid unknown"
     return f"pid {text[0]}" + (f", gpunode {' '.join(text[1:])}" if len(text) > 1 else "")
