@@ -4,6 +4,10 @@ Every path is an absolute *host* path ("/sys/bus/pci/devices"); the Host maps it
 Under a root other than "/", symlinks are resolved the way the node itself would see them:
 absolute targets are re-rooted, and a relative target that climbs above the root is refused,
 so a fixture tree or a mounted node image can never make gpunode touch the machine it runs on.
+
+Every read goes through gpunode.safeio (regular files only, non-blocking, capped); links and
+device nodes are made under unique temporary names and renamed into place, so concurrent
+commands never trip over each other's temporaries.
 """
 
 from __future__ import annotations
