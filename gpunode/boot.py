@@ -61,21 +61,48 @@ def adapters_for(host: Host, config: AgentConfig) -> Adapters:
                     build=build.default_adapters(config.driver.build, host))
 
 
-def plan(host: Host, config: AgentConfig, adapters: Adapters) -> tuple[Detection, list[Action]]:
+@dataclass(frozen=True)
+class Problem:
+    """A step boot would attempt and that would fail as the node is now."""
+
+    step: str
+    error: str
+    hint: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    detection: Detection
+    actions: list[Action]
+    problems: list[Problem]
+
+
+def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
+    """What boot would do, step by step. A step that could not be done (no driver source, a
+    refused containerd config) is part of the answer, not a failure to answer: boot attempts
+    each step anyway, and so the plan names every problem at once."""
     from gpunode.containerd import step as containerd
     from gpunode.driver import step as driver
 
     detection = detect(host, use_udev=config.detect.use_udev)
+    result = Plan(detection, [], [])
     if not detection.gpus:
-        return detection, []
-    actions: list[Action] = []
-    driver_plan = driver.plan(host, config.driver, detection, adapters.kmod)
-    if driver_plan.changed:
-        actions += [Action("driver", line) for line in driver_plan.describe()]
-    the_plan = containerd.plan(host, config.containerd, adapters.systemd)
-    if the_plan.changed:
-        actions += [Action("containerd", line) for line in the_plan.describe()]
-    return detection, actions
+        return result
+
+    def driver_actions() -> list[str]:
+        the_plan = driver.plan(host, config.driver, detection, adapters.kmod)
+        return the_plan.describe() if the_plan.changed else []
+
+    def containerd_actions() -> list[str]:
+        the_plan = containerd.plan(host, config.containerd, adapters.systemd)
+        return the_plan.describe() if the_plan.changed else []
+
+    for name, describe in (("driver", driver_actions), ("containerd", containerd_actions)):
+        try:
+            result.actions.extend(Action(name, line) for line in describe())
+        except GpunodeError as exc:
+            result.problems.append(Problem(name, str(exc), exc.hint or None))
+    return result
 
 
 FLATCAR_NVIDIA_UNIT = "nvidia.service"

@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from gpunode import __version__, log
 from gpunode.config import AgentConfig, load_config
@@ -20,10 +21,30 @@ from gpunode.host import Host
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+CONFIG_HINT = ("correct the agent config (README, 'Agent config', lists every key and its "
+               "valid values), or name another file with --config")
+
+
+class ArgumentsError(UsageError):
+    """argparse refused the command line; main() reports it like any usage error."""
+
+    def __init__(self, message: str, usage: str, prog: str) -> None:
+        self.usage = usage
+        self.prog = prog
+        super().__init__(message, hint=f"see '{prog} --help'")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is raised (main() logs it in the chosen format)
+    instead of printed and exited on the spot. Subcommand parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentsError(message, self.format_usage(), self.prog)
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpunode", description="Make an NVIDIA GPU node ready "
-                                     "for Kubernetes at boot, and explain its state.")
+    parser = _Parser(prog="gpunode", description="Make an NVIDIA GPU node ready "
+                     "for Kubernetes at boot, and explain its state.")
     parser.add_argument("--version", action="version", version=f"gpunode {__version__}")
     parser.add_argument("--root", default="/", metavar="DIR",
                         help="host root to observe and change (default: /)")
@@ -144,22 +165,31 @@ def _status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
 
 def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    """Exit 0 whenever it could plan, even a boot that would fail: that is the answer."""
     from gpunode import boot
 
     with log.step("plan") as fields:
-        detection, actions = boot.plan(host, config, boot.adapters_for(host, config))
-        fields.update(actions=len(actions))
+        the_plan = boot.plan(host, config, boot.adapters_for(host, config))
+        actions, problems = the_plan.actions, the_plan.problems
+        fields.update(actions=len(actions), problems=[p.step for p in problems])
     if args.json:
         _print_json({"schema_version": 1, "root": str(host.root),
-                     "gpu_count": len(detection.gpus), "changes": bool(actions),
+                     "gpu_count": len(the_plan.detection.gpus), "changes": bool(actions),
                      "actions": [{"step": a.step, "description": a.description}
-                                 for a in actions]})
-    elif not detection.gpus:
+                                 for a in actions],
+                     "would_fail": bool(problems),
+                     "problems": [dataclasses.asdict(p) for p in problems]})
+    elif not the_plan.detection.gpus:
         print("no NVIDIA GPU: nothing to do")
-    elif not actions:
+    elif not actions and not problems:
         print("nothing to change: the node is already configured")
     else:
-        print("\n".join(f"{a.step}: {a.description}" for a in actions))
+        lines = [f"{a.step}: {a.description}" for a in actions]
+        for p in problems:
+            lines.append(f"{p.step}: would fail: {p.error}")
+            if p.hint:
+                lines.append(f"  hint: {p.hint}")
+        print("\n".join(lines))
     return EXIT_OK
 
 
@@ -368,7 +398,12 @@ def _host(root: str) -> Host:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except ArgumentsError as exc:
+        log.configure(_log_format(argv))
+        return _refused(exc, None, _console_format(argv))
     log.configure(args.log_format)
     run: Callable[[Host, AgentConfig, argparse.Namespace], int] = args.run
     try:
@@ -377,12 +412,54 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.configure(args.log_format, config.log.level)
         return run(host, config, args)
     except (ConfigError, UsageError) as exc:
-        print(f"gpunode: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _refused(exc, args.command, args.log_format == "console" or (
+            args.log_format is None and sys.stderr.isatty()))
     except GpunodeError as exc:
         if log.LOGGED not in getattr(exc, "__notes__", ()):
             log.get().error("command.failed", command=args.command, exc=exc)
         return EXIT_FAILED
+
+
+def _refused(exc: UsageError | ConfigError, command: str | None, console: bool) -> int:
+    """A usage or agent-config error: exit 2, with one line on a terminal (argparse's usage
+    first, as it prints it) and one JSON event otherwise, both with what to do."""
+    if log.LOGGED in getattr(exc, "__notes__", ()):
+        return EXIT_USAGE  # its step already logged it (in the chosen format)
+    if not exc.hint:
+        exc.hint = CONFIG_HINT if isinstance(exc, ConfigError) else "see 'gpunode --help'"
+    if console:
+        if isinstance(exc, ArgumentsError):
+            print(f"{exc.usage}{exc.prog}: error: {exc}", file=sys.stderr)
+        else:
+            print(f"gpunode: {exc}", file=sys.stderr)
+        print(f"gpunode: hint: {exc.hint}", file=sys.stderr)
+        return EXIT_USAGE
+    fields: dict[str, object] = {"command": command, "exit_code": EXIT_USAGE}
+    if isinstance(exc, ConfigError):
+        fields.update(file=exc.file, key=exc.key, line=exc.line)
+    if isinstance(exc, ArgumentsError):
+        fields.update(usage=exc.usage.strip())
+    log.get().error("command.refused", exc=exc, **fields)
+    return EXIT_USAGE
+
+
+def _log_format(argv: Sequence[str]) -> str | None:
+    """--log-format as given, read without argparse (which just refused the command line);
+    None (console on a TTY, JSON otherwise) when absent or not a valid choice."""
+    for i, word in enumerate(argv):
+        if word == "--":
+            break
+        name, eq, value = word.partition("=")
+        if len(name) >= 3 and "--log-format".startswith(name):
+            if not eq:
+                value = argv[i + 1] if i + 1 < len(argv) else ""
+            return value if value in ("console", "json") else None
+    return None
+
+
+def _console_format(argv: Sequence[str]) -> bool:
+    chosen = _log_format(argv)
+    return chosen == "console" or (chosen is None and sys.stderr.isatty())
 
 
 def _load_config(host: Host, config: str | None) -> AgentConfig:
