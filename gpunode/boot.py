@@ -113,10 +113,19 @@ class ConflictError(GpunodeError):
             "this), then reboot")
 
 
-def _refuse_flatcar_nvidia(systemd: Systemd) -> None:
-    """Flatcar's own nvidia.service compiles and installs a driver too: never both at once."""
+def _refuse_flatcar_nvidia(host: Host, systemd: Systemd) -> None:
+    """Flatcar's own nvidia.service compiles and installs a driver too: never both at once.
+
+    Where no service manager answers (an image build, a chroot, a container) nobody can say
+    whether it runs: that is logged, and boot goes on."""
     state = systemd.active_state(FLATCAR_NVIDIA_UNIT)
     enabled = systemd.enabled(FLATCAR_NVIDIA_UNIT)
+    if host.is_live and not systemd.available:  # known only once it was asked
+        log.get().warning("boot.preflight_unchecked", unit=FLATCAR_NVIDIA_UNIT,
+                          reason=systemd.unavailable_reason,
+                          note=f"could not check that Flatcar's {FLATCAR_NVIDIA_UNIT} is not "
+                          "running or enabled; mask it where gpunode installs the driver")
+        return
     if state in ("active", "activating") or enabled:
         raise ConflictError(f"Flatcar's {FLATCAR_NVIDIA_UNIT} is {state} and "
                             f"{'enabled' if enabled else 'not enabled'}: it installs the driver "
@@ -126,7 +135,7 @@ def _refuse_flatcar_nvidia(systemd: Systemd) -> None:
 def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
     run = BootRun(started_at=_now())
     try:
-        _refuse_flatcar_nvidia(adapters.systemd)
+        _refuse_flatcar_nvidia(host, adapters.systemd)
     except ConflictError as exc:
         log.get().error("step.failed", step="preflight", exc=exc)
         run.steps.append({"name": "preflight", "outcome": "failed", "duration_ms": 0.0,
@@ -198,7 +207,11 @@ def _registration(host: Host, config: AgentConfig, adapters: Adapters,
     if text is not None:
         host.make_dirs(registration.KUBELET_DROPIN.rpartition("/")[0])
         host.write_atomic(registration.KUBELET_DROPIN, text.encode())
-        adapters.systemd.daemon_reload()
+        if adapters.systemd.available:
+            adapters.systemd.daemon_reload()
+        else:
+            fields.update(daemon_reload=f"skipped: {adapters.systemd.unavailable_reason}; the "
+                          "kubelet's service manager reads the drop-in when it next loads units")
     watched += [registration.KUBELET_DROPIN, registration.KUBELET_CLIENT_CERT]
 
 
