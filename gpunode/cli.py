@@ -255,23 +255,40 @@ def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
 
 
 def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    """Everything is checked before anything is printed: stdout gets a whole snippet or
+    nothing."""
     from gpunode import ignition
 
     agent_config = None
     if args.agent_config:
-        agent_config = Path(args.agent_config).read_text()
-        load_config(Host(), str(Path(args.agent_config).absolute()))  # refuse a bad one now
+        agent_config = _snippet_agent_config(str(Path(args.agent_config).absolute()))
     snippet = ignition.snippet(args.sysext_url, args.sysext_sha512, agent_config,
                                Path(args.units) if args.units else None)
     text = ignition.render(snippet, args.format)
-    sys.stdout.write(text)
     if args.format == "clc":
-        print(f"gpunode: {len(text)} characters (Cluster API's additionalConfig limit: "
-              f"{ignition.CLC_LIMIT})", file=sys.stderr)
         if len(text) > ignition.CLC_LIMIT:
             raise UsageError(f"the Container Linux Config is {len(text)} characters, over "
-                             f"Cluster API's {ignition.CLC_LIMIT}")
+                             f"Cluster API's additionalConfig limit of {ignition.CLC_LIMIT}",
+                             "shorten the agent config (comments, defaults), or deliver it "
+                             "another way (format ignition or butane)")
+        log.get().info("ignition.clc_size", characters=len(text), limit=ignition.CLC_LIMIT)
+    sys.stdout.write(text)
     return EXIT_OK
+
+
+def _snippet_agent_config(path: str) -> str:
+    """The agent config to install: a UTF-8 regular file read through the Host, and refused
+    now, exactly as the node would refuse it, if it is not valid."""
+    from gpunode import ignition
+
+    try:
+        text = ignition.read_input(Host(), path)
+    except ignition.InputRefused as exc:
+        raise ConfigError(path, None, exc.reason) from exc
+    except GpunodeError as exc:  # the Host could not read it
+        raise ConfigError(path, None, f"cannot be read: {exc}") from exc
+    load_config(Host(), path)
+    return text
 
 
 def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
