@@ -123,6 +123,10 @@ def test_containerd_configure_of_a_file_without_a_bus_writes_it_and_exits_0(
         gpunode(tmp_path, "configure", "containerd", "configure", "--config", str(config),
                 "--runtime-path", str(runtime)),
         gpunode(tmp_path, "revert", "containerd", "revert", "--config", str(config)),
+        f"cp {shlex.quote(str(config))} {shlex.quote(str(tmp_path / 'after-revert.toml'))}",
+        "rm -f /usr/bin/containerd  # (the /usr overlay) a tree whose containerd is elsewhere",
+        gpunode(tmp_path, "no-binary", "containerd", "configure", "--config", str(config),
+                "--runtime-path", str(runtime)),
     ])
     assert done.returncode == 0, done.stderr
     code, out, events = result(tmp_path, "configure")
@@ -134,7 +138,15 @@ def test_containerd_configure_of_a_file_without_a_bus_writes_it_and_exits_0(
     assert not [e for e in events if e["level"] == "error"]
     code, _, events = result(tmp_path, "revert")
     assert code == 0, events
-    assert config.read_text() == original
+    assert (tmp_path / "after-revert.toml").read_text() == original
+    # Without a containerd binary the runtime is copied from the file alone, and the warning
+    # says what happened to the program.
+    code, _, events = result(tmp_path, "no-binary")
+    assert code == 0, events
+    [dump] = [e for e in events if e["event"] == "containerd.dump_unavailable"]
+    assert dump["error"] == (f"'/usr/bin/containerd --config {config} config dump' could not "
+                             "be started: No such file or directory")
+    assert 'BinaryName = "' in config.read_text()
 
 
 @pytest.mark.integration
