@@ -41,6 +41,18 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise ArgumentsError(message, self.format_usage(), self.prog)
 
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As argparse's, but words nobody understood are blamed on the (sub)command they
+        follow, whose --help lists what it takes."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            words = [getattr(parsed, "command", None), getattr(parsed, "action", None)]
+            prog = " ".join([self.prog, *(w for w in words if w)])
+            raise ArgumentsError(f"unrecognized arguments: {' '.join(extras)}",
+                                 self.format_usage(), prog)
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gpunode", description="Make an NVIDIA GPU node ready "

@@ -158,8 +158,8 @@ def test_the_log_format_is_honoured_even_when_argparse_refuses_the_line(
     code = main(["--log-format=console", "detect", "--bogus"])
     _, err = capsys.readouterr()
     assert code == 2
-    assert err.splitlines()[-2:] == ["gpunode: error: unrecognized arguments: --bogus",
-                                     "gpunode: hint: see 'gpunode --help'"]
+    assert err.splitlines()[-2:] == ["gpunode detect: error: unrecognized arguments: --bogus",
+                                     "gpunode: hint: see 'gpunode detect --help'"]
     assert err.startswith("usage: gpunode ")
 
 

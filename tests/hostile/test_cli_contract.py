@@ -17,7 +17,10 @@ from hostile.support import Cli, check_refusal
 USAGE: dict[str, tuple[list[str], str]] = {
     "unknown-command": (["frobnicate"], r"invalid choice: 'frobnicate'.*gpunode --help"),
     "no-command": ([], r"the following arguments are required: COMMAND"),
-    "unknown-option": (["detect", "--bogus"], r"unrecognized arguments: --bogus"),
+    "unknown-option": (["detect", "--bogus"],
+                       r"unrecognized arguments: --bogus.*see 'gpunode detect --help'"),
+    "unknown-option-of-an-action": (["containerd", "revert", "--x"],
+                                    r"--x.*see 'gpunode containerd revert --help'"),
     "bad-log-format": (["--log-format", "xml", "detect"],
                        r"argument --log-format: invalid choice: 'xml'"),
     "missing-required-option": (["ignition", "--sysext-sha512", "0"],
