@@ -97,7 +97,18 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
         the_plan = containerd.plan(host, config.containerd, adapters.systemd)
         return the_plan.describe() if the_plan.changed else []
 
-    for name, describe in (("driver", driver_actions), ("containerd", containerd_actions)):
+    def registration_actions() -> list[str]:
+        from gpunode.kube import registration
+
+        k = config.kubernetes
+        text, why = registration.plan_kubelet_dropin(host, k.taints, dict(k.labels))
+        return [f"{why}: the kubelet registers with the GPU taint and labels"] \
+            if text is not None else []
+
+    steps = [("driver", driver_actions), ("containerd", containerd_actions)]
+    if config.kubernetes.register_with == "kubelet":
+        steps.append(("registration", registration_actions))
+    for name, describe in steps:
         try:
             result.actions.extend(Action(name, line) for line in describe())
         except GpunodeError as exc:

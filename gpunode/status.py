@@ -470,13 +470,11 @@ def _restart_pending(facts: StatusFacts, pids: list[int], running: str) -> Check
     when it started its main process can tell, to the microsecond."""
     start = facts.containerd_start
     changed = facts.containerd.config_mtime
-    unknown = start.unknown
-    if start.started is not None and start.pid not in pids:
-        unknown = (f"{CONTAINERD_UNIT}'s main process is pid {start.pid}, not a running "
-                   "containerd")
-    if start.started is None or unknown is not None:
+    if start.started is None or start.pid not in pids:
+        why = start.unknown if start.started is None else (
+            f"{CONTAINERD_UNIT}'s main process is pid {start.pid}, not a running containerd")
         return Check("containerd_running", OK, f"{running}; cannot tell whether a restart is "
-                     f"pending: {unknown}")
+                     f"pending: {why}")
     if changed is not None and changed > start.started:
         return Check("containerd_running", WARN, f"{running}, but "
                      f"{facts.containerd.config_path} changed after it started: a restart is "
