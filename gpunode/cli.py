@@ -431,8 +431,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except ArgumentsError as exc:
-        log.configure(_log_format(argv))
-        return _refused(exc, None, _console_format(argv))
+        chosen = _log_format(argv)
+        log.configure(chosen)
+        return _refused(exc, None, _console(chosen))
     log.configure(args.log_format)
     run: Callable[[Host, AgentConfig, argparse.Namespace], int] = args.run
     try:
@@ -441,8 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.configure(args.log_format, config.log.level)
         return run(host, config, args)
     except (ConfigError, UsageError) as exc:
-        return _refused(exc, args.command, args.log_format == "console" or (
-            args.log_format is None and sys.stderr.isatty()))
+        return _refused(exc, args.command, _console(args.log_format))
     except GpunodeError as exc:
         if log.LOGGED not in getattr(exc, "__notes__", ()):
             log.get().error("command.failed", command=args.command, exc=exc)
@@ -450,8 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _refused(exc: UsageError | ConfigError, command: str | None, console: bool) -> int:
-    """A usage or agent-config error: exit 2, with one line on a terminal (argparse's usage
-    first, as it prints it) and one JSON event otherwise, both with what to do."""
+    """A usage or agent-config error: exit 2, on a console the plain `gpunode: …` line
+    (argparse's usage first, as it prints it) and a hint line, else one JSON event."""
     if log.LOGGED in getattr(exc, "__notes__", ()):
         return EXIT_USAGE  # its step already logged it (in the chosen format)
     if not exc.hint:
@@ -486,9 +486,9 @@ def _log_format(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _console_format(argv: Sequence[str]) -> bool:
-    chosen = _log_format(argv)
-    return chosen == "console" or (chosen is None and sys.stderr.isatty())
+def _console(log_format: str | None) -> bool:
+    """As log.configure decides: console when asked, or by default on a terminal."""
+    return log_format == "console" or (log_format is None and sys.stderr.isatty())
 
 
 def _load_config(host: Host, config: str | None) -> AgentConfig:
