@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode import log
-from gpunode.errors import GpunodeError
+from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -103,7 +103,8 @@ def read_kubeconfig(host: Host, path: str) -> Kubeconfig:
         ca_source = f"certificate-authority-data in {shown}"
     elif cluster.get("certificate-authority"):
         ca_file = _file(shown, "certificate-authority", cluster, base)
-        ca_pem, ca_source = host.read_bytes(ca_file), host.display(ca_file)
+        ca_pem, ca_source = _read(host, shown, "certificate-authority", ca_file), \
+            host.display(ca_file)
     return Kubeconfig(path=shown, server=_server(shown, cluster.get("server")), ca_pem=ca_pem,
                       ca_source=ca_source, **_client(host, shown, user, base))
 
@@ -116,7 +117,8 @@ def _client(host: Host, shown: str, user: dict[str, Any], base: str) -> dict[str
         source = f"client-certificate-data in {shown}"
     elif user.get("client-certificate"):
         cert_file = _file(shown, "client-certificate", user, base)
-        pem, source = host.read_bytes(cert_file), host.display(cert_file)
+        pem = _read(host, shown, "client-certificate", cert_file)
+        source = host.display(cert_file)
     else:
         raise KubeconfigError(shown, "the user has no client-certificate or "
                               "client-certificate-data (gpunode uses the kubelet's "
@@ -127,9 +129,19 @@ def _client(host: Host, shown: str, user: dict[str, Any], base: str) -> dict[str
     elif user.get("client-key"):
         key_file = _file(shown, "client-key", user, base)
         if key_file != cert_file:
-            pem += b"\n" + host.read_bytes(key_file)
+            pem += b"\n" + _read(host, shown, "client-key", key_file)
             source += f" and {host.display(key_file)}"
     return {"client_pem": pem, "client_source": source}
+
+
+def _read(host: Host, shown: str, key: str, file: str) -> bytes:
+    try:
+        return host.read_bytes(file)
+    except HostError as exc:
+        raise KubeconfigError(shown, f"{key} {host.display(file)} cannot be read: {exc.reason}",
+                              "the kubelet writes its credentials when it joins and rotates "
+                              "them in /var/lib/kubelet/pki; check the path in the "
+                              "kubeconfig") from exc
 
 
 def _named(shown: str, doc: dict[str, Any], kind: str, inner: str, name: object,

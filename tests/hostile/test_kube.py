@@ -95,7 +95,8 @@ KUBECONFIGS: dict[str, tuple[str, str]] = {
     "no-client-cert": (yaml.safe_dump(user(token="abc")),
                        r"the user has no client-certificate or client-certificate-data"),
     "client-cert-missing-file": (yaml.safe_dump(user(**{"client-certificate": "/nope.pem"})),
-                                 r"Failed to read '\S*/nope\.pem'"),
+                                 r"kubelet\.conf: client-certificate \S*/nope\.pem cannot be "
+                                 r"read: No such file"),
 }
 
 
