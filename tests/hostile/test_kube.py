@@ -238,3 +238,14 @@ def test_inline_client_certificate_data_is_used(
     result = cli("--root", str(registered.root), "label")
     assert result.code == 0, result.err
     assert {r.client_cn for r in api.requests} == {f"system:node:{NODE}"}
+
+
+@integration
+def test_status_with_an_api_reply_of_the_wrong_shape_warns_on_the_node_check(
+    registered: Host, api: FakeApiServer, cli: Cli
+) -> None:
+    api.queue_failures(f"/api/v1/nodes/{NODE}", [(200, {"metadata": {"labels": "gpu=yes"}})])
+    result = cli("--root", str(registered.root), "status", "--json")
+    node = next(c for c in json.loads(result.out)["checks"] if c["name"] == "node")
+    assert (result.code, node["state"]) == (0, "warn")
+    assert "has metadata.labels that is a string, not a map" in node["detail"]
