@@ -61,22 +61,60 @@ def adapters_for(host: Host, config: AgentConfig) -> Adapters:
                     build=build.default_adapters(config.driver.build, host))
 
 
-def plan(host: Host, config: AgentConfig, adapters: Adapters) -> tuple[Detection, list[Action]]:
+@dataclass(frozen=True)
+class Problem:
+    """A step boot would attempt and that would fail as the node is now."""
+
+    step: str
+    error: str
+    hint: str | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    detection: Detection
+    actions: list[Action]
+    problems: list[Problem]
+
+
+def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
+    """What boot would do, step by step. A step that could not be done (no driver source, a
+    refused containerd config) is part of the answer, not a failure to answer: boot attempts
+    each step anyway, and so the plan names every problem at once."""
     from gpunode.containerd import step as containerd
     from gpunode.driver import step as driver
 
     detection = detect(host, use_udev=config.detect.use_udev)
     require_decided(detection)
+    result = Plan(detection, [], [])
     if not detection.gpus:
-        return detection, []
-    actions: list[Action] = []
-    driver_plan = driver.plan(host, config.driver, detection, adapters.kmod)
-    if driver_plan.changed:
-        actions += [Action("driver", line) for line in driver_plan.describe()]
-    the_plan = containerd.plan(host, config.containerd, adapters.systemd)
-    if the_plan.changed:
-        actions += [Action("containerd", line) for line in the_plan.describe()]
-    return detection, actions
+        return result
+
+    def driver_actions() -> list[str]:
+        the_plan = driver.plan(host, config.driver, detection, adapters.kmod)
+        return the_plan.describe() if the_plan.changed else []
+
+    def containerd_actions() -> list[str]:
+        the_plan = containerd.plan(host, config.containerd, adapters.systemd)
+        return the_plan.describe() if the_plan.changed else []
+
+    def registration_actions() -> list[str]:
+        from gpunode.kube import registration
+
+        k = config.kubernetes
+        text, why = registration.plan_kubelet_dropin(host, k.taints, dict(k.labels))
+        return [f"{why}: the kubelet registers with the GPU taint and labels"] \
+            if text is not None else []
+
+    steps = [("driver", driver_actions), ("containerd", containerd_actions)]
+    if config.kubernetes.register_with == "kubelet":
+        steps.append(("registration", registration_actions))
+    for name, describe in steps:
+        try:
+            result.actions.extend(Action(name, line) for line in describe())
+        except GpunodeError as exc:
+            result.problems.append(Problem(name, str(exc), exc.hint or None))
+    return result
 
 
 FLATCAR_NVIDIA_UNIT = "nvidia.service"
@@ -87,10 +125,19 @@ class ConflictError(GpunodeError):
             "this), then reboot")
 
 
-def _refuse_flatcar_nvidia(systemd: Systemd) -> None:
-    """Flatcar's own nvidia.service compiles and installs a driver too: never both at once."""
+def _refuse_flatcar_nvidia(host: Host, systemd: Systemd) -> None:
+    """Flatcar's own nvidia.service compiles and installs a driver too: never both at once.
+
+    Where no service manager answers (an image build, a chroot, a container) nobody can say
+    whether it runs: that is logged, and boot goes on."""
     state = systemd.active_state(FLATCAR_NVIDIA_UNIT)
     enabled = systemd.enabled(FLATCAR_NVIDIA_UNIT)
+    if host.is_live and not systemd.available:  # known only once it was asked
+        log.get().warning("boot.preflight_unchecked", unit=FLATCAR_NVIDIA_UNIT,
+                          reason=systemd.unavailable_reason,
+                          note=f"could not check that Flatcar's {FLATCAR_NVIDIA_UNIT} is not "
+                          "running or enabled; mask it where gpunode installs the driver")
+        return
     if state in ("active", "activating") or enabled:
         raise ConflictError(f"Flatcar's {FLATCAR_NVIDIA_UNIT} is {state} and "
                             f"{'enabled' if enabled else 'not enabled'}: it installs the driver "
@@ -100,7 +147,7 @@ def _refuse_flatcar_nvidia(systemd: Systemd) -> None:
 def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
     run = BootRun(started_at=_now())
     try:
-        _refuse_flatcar_nvidia(adapters.systemd)
+        _refuse_flatcar_nvidia(host, adapters.systemd)
     except ConflictError as exc:
         log.get().error("step.failed", step="preflight", exc=exc)
         run.steps.append({"name": "preflight", "outcome": "failed", "duration_ms": 0.0,
@@ -178,7 +225,11 @@ def _registration(host: Host, config: AgentConfig, adapters: Adapters,
     if text is not None:
         host.make_dirs(registration.KUBELET_DROPIN.rpartition("/")[0])
         host.write_atomic(registration.KUBELET_DROPIN, text.encode())
-        adapters.systemd.daemon_reload()
+        if adapters.systemd.available:
+            adapters.systemd.daemon_reload()
+        else:
+            fields.update(daemon_reload=f"skipped: {adapters.systemd.unavailable_reason}; the "
+                          "kubelet's service manager reads the drop-in when it next loads units")
     watched += [registration.KUBELET_DROPIN, registration.KUBELET_CLIENT_CERT]
 
 

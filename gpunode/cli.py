@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from gpunode import __version__, log
 from gpunode.config import AgentConfig, load_config
@@ -21,10 +22,42 @@ from gpunode.host import Host
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
+CONFIG_HINT = ("correct the agent config (README, 'Agent config', lists every key and its "
+               "valid values), or name another file with --config")
+
+
+class ArgumentsError(UsageError):
+    """argparse refused the command line; main() reports it like any usage error."""
+
+    def __init__(self, message: str, usage: str, prog: str) -> None:
+        self.usage = usage
+        self.prog = prog
+        super().__init__(message, hint=f"see '{prog} --help'")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is raised (main() logs it in the chosen format)
+    instead of printed and exited on the spot. Subcommand parsers are of the same class."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentsError(message, self.format_usage(), self.prog)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As argparse's, but words nobody understood are blamed on the (sub)command they
+        follow, whose --help lists what it takes."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            words = [getattr(parsed, "command", None), getattr(parsed, "action", None)]
+            prog = " ".join([self.prog, *(w for w in words if w)])
+            raise ArgumentsError(f"unrecognized arguments: {' '.join(extras)}",
+                                 self.format_usage(), prog)
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpunode", description="Make an NVIDIA GPU node ready "
-                                     "for Kubernetes at boot, and explain its state.")
+    parser = _Parser(prog="gpunode", description="Make an NVIDIA GPU node ready "
+                     "for Kubernetes at boot, and explain its state.")
     parser.add_argument("--version", action="version", version=f"gpunode {__version__}")
     parser.add_argument("--root", default="/", metavar="DIR",
                         help="host root to observe and change (default: /)")
@@ -168,22 +201,31 @@ def _status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
 
 def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    """Exit 0 whenever it could plan, even a boot that would fail: that is the answer."""
     from gpunode import boot
 
     with log.step("plan") as fields:
-        detection, actions = boot.plan(host, config, boot.adapters_for(host, config))
-        fields.update(actions=len(actions))
+        the_plan = boot.plan(host, config, boot.adapters_for(host, config))
+        actions, problems = the_plan.actions, the_plan.problems
+        fields.update(actions=len(actions), problems=[p.step for p in problems])
     if args.json:
         _print_json({"schema_version": 1, "root": str(host.root),
-                     "gpu_count": len(detection.gpus), "changes": bool(actions),
+                     "gpu_count": len(the_plan.detection.gpus), "changes": bool(actions),
                      "actions": [{"step": a.step, "description": a.description}
-                                 for a in actions]})
-    elif not detection.gpus:
+                                 for a in actions],
+                     "would_fail": bool(problems),
+                     "problems": [dataclasses.asdict(p) for p in problems]})
+    elif not the_plan.detection.gpus:
         print("no NVIDIA GPU: nothing to do")
-    elif not actions:
+    elif not actions and not problems:
         print("nothing to change: the node is already configured")
     else:
-        print("\n".join(f"{a.step}: {a.description}" for a in actions))
+        lines = [f"{a.step}: {a.description}" for a in actions]
+        for p in problems:
+            lines.append(f"{p.step}: would fail: {p.error}")
+            if p.hint:
+                lines.append(f"  hint: {p.hint}")
+        print("\n".join(lines))
     return EXIT_OK
 
 
@@ -250,23 +292,40 @@ def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
 
 
 def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    """Everything is checked before anything is printed: stdout gets a whole snippet or
+    nothing."""
     from gpunode import ignition
 
     agent_config = None
     if args.agent_config:
-        agent_config = Path(args.agent_config).read_text()
-        load_config(Host(), str(Path(args.agent_config).absolute()))  # refuse a bad one now
+        agent_config = _snippet_agent_config(str(Path(args.agent_config).absolute()))
     snippet = ignition.snippet(args.sysext_url, args.sysext_sha512, agent_config,
                                Path(args.units) if args.units else None)
     text = ignition.render(snippet, args.format)
-    sys.stdout.write(text)
     if args.format == "clc":
-        print(f"gpunode: {len(text)} characters (Cluster API's additionalConfig limit: "
-              f"{ignition.CLC_LIMIT})", file=sys.stderr)
         if len(text) > ignition.CLC_LIMIT:
             raise UsageError(f"the Container Linux Config is {len(text)} characters, over "
-                             f"Cluster API's {ignition.CLC_LIMIT}")
+                             f"Cluster API's additionalConfig limit of {ignition.CLC_LIMIT}",
+                             "shorten the agent config (comments, defaults), or deliver it "
+                             "another way (format ignition or butane)")
+        log.get().info("ignition.clc_size", characters=len(text), limit=ignition.CLC_LIMIT)
+    sys.stdout.write(text)
     return EXIT_OK
+
+
+def _snippet_agent_config(path: str) -> str:
+    """The agent config to install: a UTF-8 regular file read through the Host, and refused
+    now, exactly as the node would refuse it, if it is not valid."""
+    from gpunode import ignition
+
+    try:
+        text = ignition.read_input(Host(), path)
+    except ignition.InputRefused as exc:
+        raise ConfigError(path, None, exc.reason) from exc
+    except GpunodeError as exc:  # the Host could not read it
+        raise ConfigError(path, None, f"cannot be read: {exc}") from exc
+    load_config(Host(), path)
+    return text
 
 
 @_changes_node("driver load")
@@ -404,7 +463,13 @@ def _host(root: str) -> Host:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except ArgumentsError as exc:
+        chosen = _log_format(argv)
+        log.configure(chosen)
+        return _refused(exc, None, _console(chosen))
     log.configure(args.log_format)
     run: Callable[[Host, AgentConfig, argparse.Namespace], int] = args.run
     try:
@@ -413,12 +478,53 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.configure(args.log_format, config.log.level)
         return run(host, config, args)
     except (ConfigError, UsageError) as exc:
-        print(f"gpunode: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _refused(exc, args.command, _console(args.log_format))
     except GpunodeError as exc:
         if log.LOGGED not in getattr(exc, "__notes__", ()):
             log.get().error("command.failed", command=args.command, exc=exc)
         return EXIT_FAILED
+
+
+def _refused(exc: UsageError | ConfigError, command: str | None, console: bool) -> int:
+    """A usage or agent-config error: exit 2, on a console the plain `gpunode: …` line
+    (argparse's usage first, as it prints it) and a hint line, else one JSON event."""
+    if log.LOGGED in getattr(exc, "__notes__", ()):
+        return EXIT_USAGE  # its step already logged it (in the chosen format)
+    if not exc.hint:
+        exc.hint = CONFIG_HINT if isinstance(exc, ConfigError) else "see 'gpunode --help'"
+    if console:
+        if isinstance(exc, ArgumentsError):
+            print(f"{exc.usage}{exc.prog}: error: {exc}", file=sys.stderr)
+        else:
+            print(f"gpunode: {exc}", file=sys.stderr)
+        print(f"gpunode: hint: {exc.hint}", file=sys.stderr)
+        return EXIT_USAGE
+    fields: dict[str, object] = {"command": command, "exit_code": EXIT_USAGE}
+    if isinstance(exc, ConfigError):
+        fields.update(file=exc.file, key=exc.key, line=exc.line)
+    if isinstance(exc, ArgumentsError):
+        fields.update(usage=exc.usage.strip())
+    log.get().error("command.refused", exc=exc, **fields)
+    return EXIT_USAGE
+
+
+def _log_format(argv: Sequence[str]) -> str | None:
+    """--log-format as given, read without argparse (which just refused the command line);
+    None (console on a TTY, JSON otherwise) when absent or not a valid choice."""
+    for i, word in enumerate(argv):
+        if word == "--":
+            break
+        name, eq, value = word.partition("=")
+        if len(name) >= 3 and "--log-format".startswith(name):
+            if not eq:
+                value = argv[i + 1] if i + 1 < len(argv) else ""
+            return value if value in ("console", "json") else None
+    return None
+
+
+def _console(log_format: str | None) -> bool:
+    """As log.configure decides: console when asked, or by default on a terminal."""
+    return log_format == "console" or (log_format is None and sys.stderr.isatty())
 
 
 def _load_config(host: Host, config: str | None) -> AgentConfig:

@@ -10,11 +10,15 @@ from gpunode.errors import GpunodeError
 
 
 class CommandFailed(GpunodeError):
-    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str) -> None:
+    """'<argv>' <what happened>: <last stderr lines>. `returncode` is None when the program
+    never exited on its own: it could not be started, ran too long, or was not run at all."""
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str,
+                 how: str | None = None) -> None:
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr = stderr
-        status = "timed out" if returncode is None else f"exited {returncode}"
+        status = how or ("was not run" if returncode is None else f"exited {returncode}")
         tail = stderr.strip().splitlines()[-3:]
         super().__init__(f"'{' '.join(self.argv)}' {status}" + (f": {' / '.join(tail)}"
                                                                   if tail else ""))
@@ -26,9 +30,16 @@ def run(argv: Sequence[str], timeout: float = 30.0) -> str:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
                               check=False)
     except subprocess.TimeoutExpired as exc:
-        raise CommandFailed(argv, None, str(exc.stderr or "")) from exc
+        raise CommandFailed(argv, None, _text(exc.stderr),
+                            f"timed out after {timeout:g} s") from exc
     except OSError as exc:
-        raise CommandFailed(argv, None, exc.strerror or str(exc)) from exc
+        raise CommandFailed(argv, None, exc.strerror or str(exc), "could not be started") from exc
     if done.returncode != 0:
         raise CommandFailed(argv, done.returncode, done.stderr)
     return done.stdout
+
+
+def _text(output: str | bytes | None) -> str:
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""

@@ -10,6 +10,8 @@ embedded verbatim from `units/`, the single source the sysext ships too.
 from __future__ import annotations
 
 import json
+import re
+import stat
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 
 from gpunode import __version__
 from gpunode.errors import UsageError
+from gpunode.host import Host
 
 CLC_LIMIT = 32768
 FORMATS = ("butane", "ignition", "clc")
@@ -64,28 +67,94 @@ def units_dir() -> Path:
     return checkout if checkout.is_dir() else Path("/usr/lib/systemd/system")
 
 
+MAX_INPUT = 1 << 20  # bytes: an agent config or unit file larger than this is a mistake
+
+
+class InputRefused(UsageError):
+    """A file named on the command line that cannot go into a snippet (exit 2)."""
+
+    def __init__(self, path: str, reason: str, hint: str = "") -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}", hint)
+
+
+def read_input(host: Host, path: str) -> str:
+    """A file for the snippet, read through the Host: a regular file (a FIFO would block, a
+    device never ends), at most MAX_INPUT bytes, and UTF-8 text (Ignition carries text)."""
+    st = host.stat(path)
+    if st is None:
+        raise InputRefused(path, "does not exist")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputRefused(path, f"is {_file_kind(st.st_mode)}, not a regular file")
+    if st.st_size > MAX_INPUT:
+        raise InputRefused(path, f"is {st.st_size} bytes; a snippet file may have at most "
+                           f"{MAX_INPUT}")
+    data = host.read_bytes(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise InputRefused(path, f"line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} "
+                           f"at offset {exc.start})", "save the file as UTF-8") from exc
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a file")
+
+
+def check_url(url: str) -> None:
+    """A URL Ignition fetches as written: Ignition (Go's url.Parse) refuses control characters,
+    bad ports and %-escapes; spaces and non-ASCII must be percent-encoded to reach a server."""
+    problem = None
+    if any(not (0x20 < ord(c) < 0x7f) for c in url):
+        problem = ("it holds a space, a control character or a non-ASCII character; "
+                   "percent-encode them (a space is %20)")
+    else:
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # noqa: B018 -- parses it: ValueError for 'abc' or 99999
+        except ValueError as exc:
+            problem = str(exc)
+        else:
+            if parts.scheme not in ("http", "https", "s3", "tftp", "gs"):
+                problem = "Ignition fetches http(s), s3, gs or tftp URLs"
+            elif not parts.hostname:
+                problem = "it names no host"
+            elif re.search(r"%(?![0-9A-Fa-f]{2})", url):
+                problem = "a '%' that does not start a %XX escape"
+    if problem:
+        raise UsageError(f"--sysext-url {url!r}: not a URL Ignition can fetch: {problem}",
+                         "give the image's full URL, e.g. https://host/path/gpunode-"
+                         f"{__version__}-x86-64.raw")
+
+
 def snippet(sysext_url: str, sysext_sha512: str, agent_config: str | None,
-            units: Path | None = None, version: str = __version__) -> Snippet:
+            units: Path | None = None, version: str = __version__,
+            host: Host | None = None) -> Snippet:
     if len(sysext_sha512) != 128 or any(c not in "0123456789abcdef" for c in sysext_sha512):
         raise UsageError("--sysext-sha512 must be the image's sha512: 128 lowercase hex digits "
                          "(the .sha512 file `make sysext` writes)")
-    scheme = urllib.parse.urlsplit(sysext_url).scheme
-    if scheme not in ("http", "https", "s3", "tftp", "gs"):
-        raise UsageError(f"--sysext-url {sysext_url}: Ignition fetches http(s), s3, gs or tftp "
-                         "URLs")
+    check_url(sysext_url)
     image = f"{EXTENSIONS_DIR}/gpunode-{version}-x86-64.raw"
     files = [File(image, 0o644, url=sysext_url, sha512=sysext_sha512),
              File(NOUVEAU_BLACKLIST, 0o644, inline=NOUVEAU_TEXT)]
     if agent_config is not None:
         files.append(File(AGENT_CONFIG, 0o644, inline=agent_config))
-    directory = units or units_dir()
+    directory = (units or units_dir()).absolute()
+    reader = host or Host()
     embedded = []
     for name in UNIT_NAMES:
         try:
-            embedded.append(Unit(name, (directory / name).read_text(), enabled=True))
-        except OSError as exc:
-            raise UsageError(f"{directory / name}: {exc.strerror}; run from a gpunode checkout "
-                             "(units/) or on a node with the sysext") from exc
+            text = read_input(reader, str(directory / name))
+        except InputRefused as exc:
+            raise InputRefused(exc.path, exc.reason, exc.hint or "run from a gpunode checkout "
+                               "(units/) or on a node with the sysext, or name the units' "
+                               "directory with --units") from exc
+        embedded.append(Unit(name, text, enabled=True))
     return Snippet(files=tuple(files), links=(Link(EXTENSION_LINK, image),),
                    units=(Unit("nvidia.service", mask=True), *embedded))
 

@@ -57,6 +57,19 @@ class ContainerdFacts:
 
 
 @dataclass(frozen=True)
+class DaemonStart:
+    """When containerd.service's main process started, as systemd recorded it (microseconds,
+    the wall clock file mtimes use), or why that cannot be known. /proc's start time is not
+    used: it is whole-second btime plus clock ticks, and at boot gpunode writes the config less
+    than a second before containerd starts, so it would call every first boot a pending restart.
+    """
+
+    pid: int | None = None
+    started: float | None = None  # seconds since the epoch
+    unknown: str | None = None  # why `started` is None
+
+
+@dataclass(frozen=True)
 class StatusFacts:
     root: str
     detection: Detection | None
@@ -78,6 +91,7 @@ class StatusFacts:
     user_labels: dict[str, str] = field(default_factory=dict)
     # the driver's /proc files are there but cannot be read (a directory, a FIFO): why
     driver_error: str | None = None
+    containerd_start: DaemonStart = DaemonStart(unknown="not observed")
 
 
 @dataclass(frozen=True)
@@ -145,6 +159,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         machine=(_read(host, "/sys/class/dmi/id/product_name")[0] or "").strip() or None,
         user_labels=dict(config.kubernetes.labels),
         driver_error=version_error or devices_error,
+        containerd_start=_containerd_start(host),
     )
 
 
@@ -223,6 +238,24 @@ def _containerd(host: Host, config: AgentConfig) -> ContainerdFacts:
         runtime_names=tuple(sorted(tables)),
         config_mtime=max(mtimes) if mtimes else None,
     )
+
+
+CONTAINERD_UNIT = "containerd.service"
+
+
+def _containerd_start(host: Host) -> DaemonStart:
+    if not host.is_live:
+        return DaemonStart(unknown=f"under --root {host.root} no service manager says when "
+                           "containerd started")
+    manager = systemd.for_host(True)
+    try:
+        main = manager.main_process(CONTAINERD_UNIT)
+    except GpunodeError as exc:
+        return DaemonStart(unknown=str(exc))
+    if main is None:
+        return DaemonStart(unknown=manager.unavailable_reason or f"{CONTAINERD_UNIT} has no "
+                           "running main process (something else runs containerd)")
+    return DaemonStart(pid=main.pid, started=main.started)
 
 
 def _last_boot(host: Host) -> tuple[BootRecord | None, str | None]:
@@ -452,17 +485,31 @@ def _containerd_runtime(facts: StatusFacts) -> Check:
 
 def _process(facts: StatusFacts, name: str) -> Check:
     pids = facts.processes.running.get(name, [])
-    started = facts.processes.started.get(name)
+    if not pids:
+        return Check(f"{name}_running", WARN, f"{name} is not running",
+                     f"'systemctl status {name}' says why; during boot it starts after gpunode")
+    running = f"{name} running (pid {', '.join(map(str, pids))})"
+    if name == "containerd" and facts.containerd.config_mtime is not None:
+        return _restart_pending(facts, pids, running)
+    return Check(f"{name}_running", OK, running)
+
+
+def _restart_pending(facts: StatusFacts, pids: list[int], running: str) -> Check:
+    """Whether containerd runs with an older config than the file: only systemd's own record of
+    when it started its main process can tell, to the microsecond."""
+    start = facts.containerd_start
     changed = facts.containerd.config_mtime
-    if name == "containerd" and pids and started and changed and changed > started:
-        return Check("containerd_running", WARN, f"containerd running (pid "
-                     f"{', '.join(map(str, pids))}), but {facts.containerd.config_path} changed "
-                     "after it started: a restart is pending",
+    if start.started is None or start.pid not in pids:
+        why = start.unknown if start.started is None else (
+            f"{CONTAINERD_UNIT}'s main process is pid {start.pid}, not a running containerd")
+        return Check("containerd_running", OK, f"{running}; cannot tell whether a restart is "
+                     f"pending: {why}")
+    if changed is not None and changed > start.started:
+        return Check("containerd_running", WARN, f"{running}, but "
+                     f"{facts.containerd.config_path} changed after it started: a restart is "
+                     "pending",
                      "run 'systemctl restart containerd' when pods on this node can take it")
-    if pids:
-        return Check(f"{name}_running", OK, f"{name} running (pid {', '.join(map(str, pids))})")
-    return Check(f"{name}_running", WARN, f"{name} is not running",
-                 f"'systemctl status {name}' says why; during boot it starts after gpunode")
+    return Check("containerd_running", OK, running)
 
 
 def _device_plugin(facts: StatusFacts) -> Check:

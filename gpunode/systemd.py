@@ -5,15 +5,16 @@ runs, so nothing is restarted; a live host gets `DbusSystemd`.
 
 A live host without a reachable system bus (an image build, a chroot, a container, CI) is normal,
 not a crash: `DbusSystemd` then answers like `NoSystemd` — state "unknown", nothing enabled, no
-ExecStart, reloads skipped — and says so once in the log; `available` tells callers, so they can
-say that whoever runs the tree must restart containerd. Only `restart` refuses.
+ExecStart, no main process, reloads skipped — and says so once per process in the log;
+`available` and `unavailable_reason` tell callers, so they can say that whoever runs the tree
+must restart containerd, or what they cannot know. Only `restart` refuses.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from gpunode.errors import GpunodeError
 
@@ -35,6 +36,18 @@ class UnitExec:
     environment: dict[str, str]
 
 
+@dataclass(frozen=True)
+class MainProcess:
+    """A running service's main process as systemd recorded it when it started it."""
+
+    pid: int
+    # ExecMainStartTimestamp: CLOCK_REALTIME in microseconds, taken when systemd forked the
+    # process — the same clock a file's mtime is, and unlike /proc's start time (whole-second
+    # btime plus clock ticks) exact enough to order "config written" against "daemon started"
+    # when gpunode writes the config a few milliseconds before containerd starts.
+    started: float  # seconds since the epoch
+
+
 UNKNOWN = "unknown"  # the state of every unit where no service manager can be asked
 
 
@@ -42,11 +55,16 @@ class Systemd(Protocol):
     @property
     def available(self) -> bool: ...
 
+    @property
+    def unavailable_reason(self) -> str | None: ...
+
     def active_state(self, unit: str) -> str: ...
 
     def enabled(self, unit: str) -> bool: ...
 
     def exec_start(self, unit: str) -> UnitExec | None: ...
+
+    def main_process(self, unit: str) -> MainProcess | None: ...
 
     def daemon_reload(self) -> None: ...
 
@@ -57,6 +75,7 @@ class NoSystemd:
     """No service manager owns this tree (a fixture or a mounted image): nothing runs."""
 
     available = False
+    unavailable_reason = "no systemd manages this root"
 
     def active_state(self, unit: str) -> str:
         return "inactive"
@@ -65,6 +84,9 @@ class NoSystemd:
         return False
 
     def exec_start(self, unit: str) -> UnitExec | None:
+        return None
+
+    def main_process(self, unit: str) -> MainProcess | None:
         return None
 
     def daemon_reload(self) -> None:
@@ -80,6 +102,9 @@ class Unavailable(SystemdError):
 
 class DbusSystemd:
     """systemd over its D-Bus API; pystemd is imported on first use only."""
+
+    # The first adapter of a process to find no bus says so; status and boot make several.
+    warned: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.unavailable_reason: str | None = None
@@ -101,6 +126,9 @@ class DbusSystemd:
             if not isinstance(exc, _unreachable()):
                 raise SystemdError(name, "load", str(exc)) from exc
             self.unavailable_reason = f"no systemd on the system bus ({exc})"
+            if DbusSystemd.warned:
+                raise Unavailable(name, "connect to", self.unavailable_reason) from exc
+            DbusSystemd.warned = True
             from gpunode import log
 
             log.get().warning("systemd.unavailable", reason=self.unavailable_reason,
@@ -141,6 +169,26 @@ class DbusSystemd:
         argv = tuple(w.decode() for w in commands[-1][1])
         env = dict(_split_env(e.decode()) for e in handle.Service.Environment)
         return UnitExec(argv=argv, environment=env)
+
+    def main_process(self, unit: str) -> MainProcess | None:
+        """The unit's running main process and when systemd started it; None where systemd
+        cannot be asked, or the unit is not active with a main process."""
+        from pystemd.dbusexc import DBusBaseError
+
+        try:
+            handle = self._unit(unit)
+        except Unavailable:
+            return None
+        try:
+            if handle.Unit.LoadState != b"loaded" or handle.Unit.ActiveState != b"active":
+                return None
+            pid = int(handle.Service.MainPID)
+            started = int(handle.Service.ExecMainStartTimestamp)
+        except DBusBaseError as exc:
+            raise SystemdError(unit, "read the main process of", str(exc)) from exc
+        if pid == 0 or started == 0:
+            return None
+        return MainProcess(pid=pid, started=started / 1_000_000)
 
     def daemon_reload(self) -> None:
         from pystemd.systemd1 import Manager

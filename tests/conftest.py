@@ -2,7 +2,8 @@
 
 Unit tests run against fixture host trees only. A test that needs a real component (a
 subprocess, the machine's own /sys through udev) says so with @pytest.mark.integration;
-any other test that starts a process fails at once instead of quietly depending on the machine.
+any other test that starts a process or asks systemd over D-Bus fails at once instead of
+quietly depending on the machine.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ def _no_real_processes(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
         raise AssertionError(f"unit test started a process {args!r}; mark it integration")
 
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+    def no_bus(*args: object, **kwargs: object) -> None:
+        raise AssertionError("unit test asked systemd over D-Bus; use a fake Systemd or mark "
+                             "it integration (and start a systemd: tests/real/systemd_ns.py)")
+
+    monkeypatch.setattr("gpunode.systemd.DbusSystemd._connect", no_bus)
 
 
 @pytest.fixture

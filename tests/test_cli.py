@@ -125,14 +125,72 @@ def test_root_that_is_not_a_directory_is_a_usage_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = run(capsys, "--root", str(tmp_path / "nope"), "detect")
+    [event] = [json.loads(line) for line in err.splitlines()]
     assert code == 2
-    assert err.strip() == f"gpunode: --root {tmp_path / 'nope'}: not a directory"
+    assert (event["event"], event["level"], event["exit_code"]) == ("command.refused", "error", 2)
+    assert event["error"] == f"--root {tmp_path / 'nope'}: not a directory"
+    assert event["hint"] == "see 'gpunode --help'"
 
 
-def test_unknown_command_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_command_is_a_usage_error_in_json(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "frobnicate")
+    [event] = [json.loads(line) for line in err.splitlines()]
+    assert (code, out) == (2, "")
+    assert event["error"].startswith("argument COMMAND: invalid choice: 'frobnicate'")
+    assert event["hint"] == "see 'gpunode --help'"
+    assert event["usage"].startswith("usage: gpunode ")
+
+
+def test_a_subcommand_s_usage_error_names_that_subcommand(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run(capsys, "ignition", "--format", "yaml")
+    [event] = [json.loads(line) for line in err.splitlines()]
+    assert code == 2
+    assert event["error"].startswith("argument --format: invalid choice: 'yaml'")
+    assert event["hint"] == "see 'gpunode ignition --help'"
+
+
+def test_the_log_format_is_honoured_even_when_argparse_refuses_the_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--log-format comes before the command; a refusal after it still uses it."""
+    code = main(["--log-format=console", "detect", "--bogus"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.splitlines()[-2:] == ["gpunode detect: error: unrecognized arguments: --bogus",
+                                     "gpunode: hint: see 'gpunode detect --help'"]
+    assert err.startswith("usage: gpunode ")
+
+
+def test_console_usage_error_is_the_plain_gpunode_line_with_its_hint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["--log-format", "console", "--root", str(tmp_path / "nope"), "detect"])
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.splitlines() == [f"gpunode: --root {tmp_path / 'nope'}: not a directory",
+                                "gpunode: hint: see 'gpunode --help'"]
+
+
+def test_invalid_agent_config_is_one_json_event_naming_file_key_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("[log]\nlevel = \"loud\"\n")
+    code, _, err = run(capsys, "--config", str(config), "detect")
+    [event] = [json.loads(line) for line in err.splitlines()]
+    assert code == 2
+    assert (event["file"], event["key"], event["line"]) == (str(config), "log.level", 2)
+    assert event["error"].startswith(f"{config}:2: key 'log.level': ")
+    assert "README, 'Agent config'" in event["hint"]
+
+
+def test_help_and_version_still_exit_0_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
-        main(["frobnicate"])
-    assert info.value.code == 2
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.startswith("gpunode ")
 
 
 @pytest.mark.integration

@@ -39,6 +39,27 @@ def test_plan_lists_the_changes_and_touches_nothing(
     assert sorted(node.root.rglob("*")) == before
 
 
+def test_plan_on_a_bare_node_exits_0_and_names_what_boot_would_fail_at(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """plan could plan: that boot would fail at two steps is its answer, not its failure."""
+    host = make_host("nc4as-t4-v3", "bare")
+    code, out, events = run(capsys, "--root", str(host.root), "plan", "--json")
+    doc = json.loads(out)
+    assert code == 0
+    assert (doc["changes"], doc["would_fail"]) == (False, True)
+    assert [(p["step"], p["error"].split(":")[0]) for p in doc["problems"]] == [
+        ("driver", "nothing can provide the NVIDIA modules for kernel 6.6.60-flatcar"),
+        ("containerd", f"runtime binary {host.root}/usr/bin/nvidia-container-runtime is not "
+                       "an executable file on this host")]
+    assert all(p["hint"] for p in doc["problems"])
+    assert [e["level"] for e in events] == ["info"]
+    code, out, _ = run(capsys, "--root", str(host.root), "plan")
+    assert code == 0
+    assert out.splitlines()[0].startswith("driver: would fail: nothing can provide")
+    assert out.splitlines()[1].startswith("  hint: enable the Flatcar driver sysext")
+
+
 def test_boot_configures_records_and_a_second_boot_changes_nothing(
     node: Host, capsys: pytest.CaptureFixture[str]
 ) -> None:

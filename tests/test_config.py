@@ -3,6 +3,7 @@ with file, line, key and what would be valid."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -66,7 +67,9 @@ def test_cli_exits_2_with_one_message_and_leaves_the_file_alone(
     assert main(["--root", str(tmp_path), "--log-format", "json", "status"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert err[0].startswith(f"gpunode: {tmp_path}/etc/gpunode/config.toml")
+    event = json.loads(err[0])  # one JSON event under --log-format json
+    assert (event["level"], event["exit_code"]) == ("error", 2)
+    assert event["error"].startswith(f"{tmp_path}/etc/gpunode/config.toml")
     assert (host.root / "etc/gpunode/config.toml").read_bytes() == before
 
 
@@ -82,7 +85,7 @@ def test_explicit_config_path_is_read_from_this_machine_not_the_root(
     bad = tmp_path / "agent.toml"
     bad.write_text("[log]\nlevel = 'loud'\n")
     assert main(["--root", str(tmp_path / "root"), "--config", str(bad), "detect"]) == 2
-    assert f"gpunode: {bad}:2: key 'log.level'" in capsys.readouterr().err
+    assert f"{bad}:2: key 'log.level'" in capsys.readouterr().err
 
 
 def test_unreadable_config_is_refused(tmp_path: Path) -> None:

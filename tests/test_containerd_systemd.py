@@ -105,7 +105,9 @@ def test_containerd_that_is_not_running_is_not_started(node: SystemdNamespace) -
     node.systemctl("stop", UNIT)
     done = gpunode(node, "containerd", "configure")
     assert done.returncode == 0, done.stderr
-    assert node.unit_property(UNIT, "ActiveState") == "inactive"
+    # "failed" when containerd's own stop ended non-zero (seen under load): stopped either way,
+    # and gpunode must not have started it
+    assert node.unit_property(UNIT, "ActiveState") in ("inactive", "failed")
     node.systemctl("start", UNIT)  # when it starts, it reads the new config
     node.wait_active(UNIT)
     assert node.main_argv(UNIT)[1:3] == ["--config", "/etc/containerd/config.toml"]

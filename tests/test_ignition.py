@@ -122,3 +122,25 @@ def test_cli_refuses_an_invalid_agent_config_before_rendering(
     out, err = capsys.readouterr()
     assert out == ""
     assert f"{bad}:2: key 'log.level'" in err
+
+
+@pytest.mark.integration
+def test_ignition_validate_accepts_what_the_checks_let_through(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """UTF-8 text in the agent config, percent-escapes and a query in the URL: rendered by the
+    command line, and valid for ignition-validate."""
+    config = tmp_path / "config.toml"
+    config.write_text('# Knoten für GPU-Pools — “ü”\n[log]\nlevel = "info"\n')
+    url = "https://downloads.example.com/my%20images/gpunode.raw?sig=a%2Fb&v=1"
+    code = main(["--log-format", "json", "ignition", "--format", "ignition", "--sysext-url",
+                 url, "--sysext-sha512", SHA512, "--agent-config", str(config)])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    files = {f["path"]: f for f in json.loads(out)["storage"]["files"]}
+    assert files["/opt/extensions/gpunode/gpunode-0.1.0-x86-64.raw"]["contents"]["source"] == url
+    path = tmp_path / "gpunode.ign"
+    path.write_text(out)
+    done = subprocess.run(["ignition-validate", str(path)], capture_output=True, text=True,
+                          check=False)
+    assert (done.returncode, done.stdout + done.stderr) == (0, "")

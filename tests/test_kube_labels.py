@@ -204,6 +204,22 @@ def test_kubelet_registration_dropin_extends_the_kubelets_own_command(
     assert (text, why) == (None, "the kubelet drop-in is already in place")
 
 
+def test_plan_names_the_kubelet_registration_drop_in_boot_would_write(
+    make_host: HostFactory,
+) -> None:
+    from gpunode import boot
+    from gpunode.systemd import NoSystemd
+
+    host = kubeadm_node(make_host)
+    config = AgentConfig(kubernetes=KubernetesConfig(register_with="kubelet"))
+    adapters = boot.Adapters(systemd=NoSystemd(), kmod=None)  # type: ignore[arg-type]
+    actions = [(a.step, a.description) for a in boot.plan(host, config, adapters).actions]
+    assert actions == [("registration", f"write {registration.KUBELET_DROPIN}: the kubelet "
+                        "registers with the GPU taint and labels")]
+    boot.boot(host, config, adapters)
+    assert boot.plan(host, config, adapters).actions == []
+
+
 def test_no_kubelet_dropin_once_the_kubelet_has_registered(make_host: HostFactory) -> None:
     host = kubeadm_node(make_host)
     cert = host.root / "var/lib/kubelet/pki/kubelet-client-current.pem"

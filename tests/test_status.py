@@ -229,12 +229,12 @@ def test_flatcar_read_only_config_gets_the_writable_copy_hint(make_host: HostFac
     assert c.hint.startswith("/usr/share/containerd/config.toml is on read-only /usr")
 
 
-def test_config_changed_after_containerd_started_means_restart_pending(
+def test_under_a_root_a_changed_config_is_not_called_a_pending_restart(
     make_host: HostFactory,
 ) -> None:
+    """Only systemd can say when containerd started (tests/test_status_restart.py)."""
     host = make_host("nc4as-t4-v3", "ready")
     (host.root / "etc/containerd/config.toml").touch()  # now: long after the fixture's boot
     c = check(report_for(host), "containerd_running")
-    assert c.state == "warn"
-    assert c.detail == ("containerd running (pid 812), but /etc/containerd/config.toml changed "
-                        "after it started: a restart is pending")
+    assert c.state == "ok"
+    assert "cannot tell whether a restart is pending" in c.detail

@@ -294,3 +294,28 @@ def test_the_bus_is_the_namespace_s_own(containerd_ns: tuple[SystemdNamespace, P
     assert seen["fragment"] == f"/run/systemd/system/{UNIT}"
     # (the config's path names this test's random work directory)
     assert seen["environment"] == [f"CONTAINERD_CONFIG={config}"]
+
+
+MAIN_PROCESS = """\
+import json
+from gpunode.systemd import DbusSystemd
+main = DbusSystemd().main_process("containerd.service")
+print(json.dumps({"pid": main.pid, "started": main.started} if main else None))
+"""
+
+
+def test_gpunode_reads_when_systemd_started_containerd_to_the_microsecond(
+    containerd_ns: tuple[SystemdNamespace, Path],
+) -> None:
+    """gpunode.systemd's main_process is systemd's MainPID and ExecMainStartTimestamp (what
+    status orders the config's mtime against), as busctl reads them from the same bus."""
+    ns, _ = containerd_ns
+    ns.wait_active(UNIT, timeout=30)
+    seen = json.loads(ns.run([sys.executable, "-c", MAIN_PROCESS], timeout=60).stdout)
+    path = "/org/freedesktop/systemd1/unit/containerd_2eservice"
+    busctl = ns.run(["busctl", "get-property", "org.freedesktop.systemd1", path,
+                     "org.freedesktop.systemd1.Service", "ExecMainStartTimestamp",
+                     "MainPID"]).stdout.split()
+    assert busctl[0] == "t" and busctl[2] == "u"
+    assert seen == {"pid": int(busctl[3]), "started": int(busctl[1]) / 1_000_000}
+    assert seen["pid"] == int(ns.unit_property(UNIT, "MainPID"))

@@ -11,15 +11,16 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import os
 import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode import log
-from gpunode.errors import GpunodeError
+from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -43,22 +44,42 @@ class ApiError(GpunodeError):
 
 
 class KubeconfigError(GpunodeError):
-    def __init__(self, path: str, reason: str) -> None:
-        self.hint = "point kubernetes.kubeconfig at the kubelet's kubeconfig"
+    def __init__(self, path: str, reason: str, hint: str = "") -> None:
+        self.path = path
+        self.reason = reason
+        self.hint = hint or "point kubernetes.kubeconfig at the kubelet's kubeconfig"
         super().__init__(f"{path}: {reason}")
+
+
+class ReplyError(ApiError):
+    """The API server answered, but not with the object asked for (a proxy's HTML page, a list
+    where a Node belongs, labels that are not a map): never retried, never guessed at."""
+
+    def __init__(self, what: str, url: str, problem: str) -> None:
+        super().__init__(what, 200, f"the reply from {url} {problem}",
+                         "is kubernetes.kubeconfig's server the API server itself (not a proxy "
+                         "or another service)?")
+
+    @property
+    def retryable(self) -> bool:
+        return False
 
 
 @dataclass(frozen=True)
 class Kubeconfig:
-    server: str
-    ca_pem: bytes | None  # None: the system trust store
-    cert_file: str  # real paths
-    key_file: str
+    path: str  # as the user reads it, for messages
+    server: str  # an https URL whose host and port parse
+    ca_pem: bytes | None = field(repr=False)  # None: the system trust store
+    ca_source: str
+    client_pem: bytes = field(repr=False)  # certificate chain and key, PEM
+    client_source: str  # where they came from: file paths or "<key> in <kubeconfig>"
 
 
 def read_kubeconfig(host: Host, path: str) -> Kubeconfig:
-    """The current context's server, CA and client certificate (files may be host paths)."""
-    import yaml  # only `gpunode label` needs it
+    """The current context's server, CA and client certificate, every value checked: the
+    files it names are host paths (relative ones: to the kubeconfig's directory, as kubectl
+    reads them), and read through the Host like every other file."""
+    import yaml  # only `gpunode label` and `status` need it
 
     shown = host.display(path)
     text = host.read_optional(path)
@@ -66,33 +87,128 @@ def read_kubeconfig(host: Host, path: str) -> Kubeconfig:
         raise KubeconfigError(shown, "does not exist (has the kubelet joined the cluster?)")
     try:
         doc = yaml.safe_load(text)
-        current = doc.get("current-context")
-        context = _named(doc, "contexts", current)["context"]
-        cluster = _named(doc, "clusters", context["cluster"])["cluster"]
-        user = _named(doc, "users", context["user"])["user"]
-        server = str(cluster["server"])
-    except (yaml.YAMLError, AttributeError, KeyError, TypeError) as exc:
-        raise KubeconfigError(shown, f"not a usable kubeconfig ({type(exc).__name__}: {exc})"
-                              ) from exc
-    ca: bytes | None = None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise KubeconfigError(shown, f"not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise KubeconfigError(shown, f"not a kubeconfig: the document is {_kind(doc)}, not a map")
+    current = doc.get("current-context")
+    context = _named(shown, doc, "contexts", "context", current, "current-context")
+    cluster = _named(shown, doc, "clusters", "cluster", context.get("cluster"),
+                     f"context {current!r}")
+    user = _named(shown, doc, "users", "user", context.get("user"), f"context {current!r}")
+    base = path.rpartition("/")[0] or "/"
+    ca_pem, ca_source = None, "the system trust store"
     if cluster.get("certificate-authority-data"):
-        ca = base64.b64decode(cluster["certificate-authority-data"])
+        ca_pem = _pem_data(shown, "certificate-authority-data", cluster)
+        ca_source = f"certificate-authority-data in {shown}"
     elif cluster.get("certificate-authority"):
-        ca = host.read_bytes(cluster["certificate-authority"])
-    cert = user.get("client-certificate")
-    key = user.get("client-key", cert)
-    if not cert:
-        raise KubeconfigError(shown, "the user has no client-certificate (gpunode uses the "
-                              "kubelet's certificate, not tokens)")
-    return Kubeconfig(server=server, ca_pem=ca, cert_file=str(host.path(cert)),
-                      key_file=str(host.path(key)))
+        ca_file = _file(shown, "certificate-authority", cluster, base)
+        ca_pem, ca_source = _read(host, shown, "certificate-authority", ca_file), \
+            host.display(ca_file)
+    return Kubeconfig(path=shown, server=_server(shown, cluster.get("server")), ca_pem=ca_pem,
+                      ca_source=ca_source, **_client(host, shown, user, base))
 
 
-def _named(doc: dict[str, Any], kind: str, name: object) -> dict[str, Any]:
-    for item in doc.get(kind) or []:
-        if item.get("name") == name:
-            return dict(item)
-    raise KeyError(f"no {kind[:-1]} named {name!r}")
+def _client(host: Host, shown: str, user: dict[str, Any], base: str) -> dict[str, Any]:
+    """The user's certificate and key as one PEM blob (the kubelet keeps both in one file)."""
+    cert_file = None
+    if user.get("client-certificate-data"):
+        pem = _pem_data(shown, "client-certificate-data", user)
+        source = f"client-certificate-data in {shown}"
+    elif user.get("client-certificate"):
+        cert_file = _file(shown, "client-certificate", user, base)
+        pem = _read(host, shown, "client-certificate", cert_file)
+        source = host.display(cert_file)
+    else:
+        raise KubeconfigError(shown, "the user has no client-certificate or "
+                              "client-certificate-data (gpunode uses the kubelet's "
+                              "certificate, not tokens)")
+    if user.get("client-key-data"):
+        pem += b"\n" + _pem_data(shown, "client-key-data", user)
+        source += f" and client-key-data in {shown}"
+    elif user.get("client-key"):
+        key_file = _file(shown, "client-key", user, base)
+        if key_file != cert_file:
+            pem += b"\n" + _read(host, shown, "client-key", key_file)
+            source += f" and {host.display(key_file)}"
+    return {"client_pem": pem, "client_source": source}
+
+
+def _read(host: Host, shown: str, key: str, file: str) -> bytes:
+    try:
+        return host.read_bytes(file)
+    except HostError as exc:
+        raise KubeconfigError(shown, f"{key} {host.display(file)} cannot be read: {exc.reason}",
+                              "the kubelet writes its credentials when it joins and rotates "
+                              "them in /var/lib/kubelet/pki; check the path in the "
+                              "kubeconfig") from exc
+
+
+def _named(shown: str, doc: dict[str, Any], kind: str, inner: str, name: object,
+           named_by: str) -> dict[str, Any]:
+    """doc[kind] is a list of {name, <inner>: {...}}: the <inner> map of the item called name."""
+    items = doc.get(kind)
+    if not isinstance(items, list):
+        raise KubeconfigError(shown, f"'{kind}' is {_kind(items)}, not a list")
+    for item in items:
+        if isinstance(item, dict) and item.get("name") == name:
+            value = item.get(inner)
+            if not isinstance(value, dict):
+                raise KubeconfigError(shown, f"{kind[:-1]} {name!r}: '{inner}' is "
+                                      f"{_kind(value)}, not a map")
+            return value
+    raise KubeconfigError(shown, f"{named_by} names {kind[:-1]} {name!r}, which '{kind}' does "
+                          "not have")
+
+
+def _pem_data(shown: str, key: str, table: dict[str, Any]) -> bytes:
+    """A *-data value: base64 of PEM text."""
+    value = table[key]
+    if not isinstance(value, str):
+        raise KubeconfigError(shown, f"{key} is {_kind(value)}, not a base64 string")
+    try:
+        data = base64.b64decode("".join(value.split()), validate=True)
+    except ValueError as exc:
+        raise KubeconfigError(shown, f"{key} is not valid base64 ({exc})") from exc
+    if b"-----BEGIN " not in data:
+        raise KubeconfigError(shown, f"{key} does not hold PEM (no '-----BEGIN' line once "
+                              "base64-decoded)")
+    return data
+
+
+def _file(shown: str, key: str, table: dict[str, Any], base: str) -> str:
+    value = table[key]
+    if not isinstance(value, str):
+        raise KubeconfigError(shown, f"{key} is {_kind(value)}, not a path")
+    return value if value.startswith("/") else f"{base.rstrip('/')}/{value}"
+
+
+def _server(shown: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise KubeconfigError(shown, f"the cluster's server is {_kind(value)}, not a URL")
+    problem = None
+    try:
+        url = urllib.parse.urlsplit(value)
+        url.port  # noqa: B018 -- parses it: 'abc' or 99999 raise ValueError here
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        if url.scheme != "https":
+            problem = "gpunode talks to the API server over https only"
+        elif not url.hostname:
+            problem = "it names no host"
+        elif any(c.isspace() or not c.isprintable() for c in value):
+            problem = "it holds whitespace or control characters"
+    if problem:
+        raise KubeconfigError(shown, f"server {value!r} is not a usable URL: {problem}")
+    return value
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "missing"
+    return {dict: "a map", list: "a list", str: "a string", bool: "a boolean", int: "a number",
+            float: "a number"}.get(type(value), type(value).__name__)
 
 
 class NodeApi:
@@ -101,17 +217,18 @@ class NodeApi:
     def __init__(self, config: Kubeconfig, timeout: float = 10.0) -> None:
         self.config = config
         self.timeout = timeout
-        url = urllib.parse.urlsplit(config.server)
+        url = urllib.parse.urlsplit(config.server)  # checked by read_kubeconfig
         self.host = url.hostname or ""
         self.port = url.port or 443
         self.base = url.path.rstrip("/")
-        context = ssl.create_default_context(cadata=config.ca_pem.decode()
-                                             if config.ca_pem else None)
-        try:
-            context.load_cert_chain(config.cert_file, config.key_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise KubeconfigError(config.cert_file, f"cannot load the client certificate: "
-                                  f"{exc}") from exc
+        context = ssl.create_default_context()
+        if config.ca_pem is not None:
+            try:
+                context.load_verify_locations(cadata=config.ca_pem.decode("ascii"))
+            except (ssl.SSLError, ValueError) as exc:  # (UnicodeDecodeError is a ValueError)
+                raise KubeconfigError(config.path, f"{config.ca_source}: not a PEM "
+                                      f"certificate ({exc})") from exc
+        _load_client(context, config)
         self.context = context
         self.calls: list[str] = []  # "GET path", "PATCH path": what was asked, for `status`
 
@@ -146,7 +263,61 @@ class NodeApi:
             connection.close()
         if response.status >= 400:
             raise ApiError(what, response.status, _status_message(data), _hint(response.status))
-        return dict(json.loads(data or b"{}"))
+        return parse_node(data, what, self.config.server.rstrip("/") + path,
+                          response.getheader("Content-Type") or "no content type")
+
+
+def parse_node(data: bytes, what: str, url: str, content_type: str = "") -> dict[str, Any]:
+    """A Node object as gpunode reads it, every field it uses checked for its type: the
+    metadata's labels and annotations are maps of strings, status.conditions a list of maps,
+    status.allocatable a map. Anything else is a ReplyError naming the URL and the field."""
+    try:
+        node = json.loads(data)
+    except ValueError:
+        snippet = data[:80].decode("utf-8", errors="replace")
+        raise ReplyError(what, url, f"is not JSON ({content_type}: {snippet!r})") from None
+    if not isinstance(node, dict):
+        raise ReplyError(what, url, f"is {_kind(node)}, not a Node object")
+    metadata = _field(node, "metadata", dict, what, url, required=True)
+    for name in ("labels", "annotations"):
+        values = _field(metadata, name, dict, what, url, prefix="metadata.")
+        bad = [k for k, v in (values or {}).items() if not isinstance(v, str)]
+        if bad:
+            raise ReplyError(what, url, f"has metadata.{name}.{bad[0]} that is "
+                             f"{_kind(values[bad[0]])}, not a string")
+    status = _field(node, "status", dict, what, url) or {}
+    conditions = _field(status, "conditions", list, what, url, prefix="status.") or []
+    if not all(isinstance(c, dict) for c in conditions):
+        raise ReplyError(what, url, "has status.conditions entries that are not objects")
+    _field(status, "allocatable", dict, what, url, prefix="status.")
+    return node
+
+
+def _field(table: dict[str, Any], name: str, kind: type, what: str, url: str,
+           required: bool = False, prefix: str = "") -> Any:
+    value = table.get(name)
+    if value is None and not required:
+        return None
+    if not isinstance(value, kind):
+        want = "a map" if kind is dict else "a list"
+        raise ReplyError(what, url, f"has {prefix}{name} that is {_kind(value)}, not {want}")
+    return value
+
+
+def _load_client(context: ssl.SSLContext, config: Kubeconfig) -> None:
+    """The client certificate and key, from memory: ssl only loads from a path, so they go to
+    an anonymous memory file (never onto a disk, and already read through the Host)."""
+    fd = os.memfd_create("gpunode-client-cert", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, config.client_pem)
+        context.load_cert_chain(f"/proc/self/fd/{fd}")
+    except (OSError, ssl.SSLError) as exc:
+        raise KubeconfigError(config.path, f"{config.client_source}: cannot load the client "
+                              f"certificate and key ({exc})",
+                              "the kubelet keeps them in one PEM file (kubelet-client-current."
+                              "pem); check it holds a CERTIFICATE and its PRIVATE KEY") from exc
+    finally:
+        os.close(fd)
 
 
 def _status_message(data: bytes) -> str:

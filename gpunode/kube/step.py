@@ -10,7 +10,7 @@ from typing import Any
 
 from gpunode import driverinfo, status
 from gpunode.config import AgentConfig
-from gpunode.errors import GpunodeError
+from gpunode.errors import FileError, GpunodeError
 from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.kube.client import ApiError, NodeApi, read_kubeconfig, with_retries
@@ -47,11 +47,17 @@ def node_name(host: Host, config: AgentConfig) -> tuple[str, str]:
     if config.kubernetes.node_name:
         return config.kubernetes.node_name, "kubernetes.node_name"
     for path in KUBELET_FLAG_FILES:
-        for line in (host.read_optional(path) or "").splitlines():
-            _, eq, value = line.partition("=")
-            if not eq:
+        for number, line in enumerate((host.read_optional(path) or "").splitlines(), 1):
+            key, eq, value = line.partition("=")
+            if not eq or key.lstrip().startswith("#"):
                 continue
-            words = shlex.split(value.strip().strip("\"'"))
+            try:
+                words = shlex.split(value.strip().strip("\"'"))
+            except ValueError as exc:  # "No closing quotation", "No escaped character"
+                raise FileError(host.display(path), f"{key.strip()}: cannot split the "
+                                f"kubelet's flags ({exc})", number,
+                                "fix the quoting of that line (kubeadm writes KEY=\"--flag=value "
+                                "...\"), or set kubernetes.node_name in the agent config") from exc
             for i, word in enumerate(words):
                 if word.startswith("--hostname-override="):
                     return word.split("=", 1)[1].lower(), f"--hostname-override in {path}"

@@ -24,7 +24,7 @@ from conftest import HostFactory
 from gpunode import entry, fastpath
 from gpunode.errors import HostError
 from gpunode.host import Host
-from hostile.support import Cli, check_refusal, snapshot
+from hostile.support import Cli, assert_unchanged, check_refusal, snapshot
 
 CONFIG = "etc/gpunode/config.toml"
 VERSION = "proc/driver/nvidia/version"
@@ -633,7 +633,6 @@ def test_boot_never_blocks_on_a_fifo_and_always_writes_its_record(
 COMMAND_READS = [
     (["driver", "load"], "proc/modules"), (["driver", "load"], "proc/devices"),
     (["driver", "load"], "proc/sys/kernel/osrelease"), (["driver", "load"], INFO),
-    (["plan"], "proc/sys/kernel/osrelease"),
     (["containerd", "configure"], "etc/containerd/config.toml"),
     (["containerd", "configure"], "usr/lib/systemd/system/containerd.service"),
     (["containerd", "configure", "--dry-run"], "etc/containerd/config.toml"),
@@ -651,6 +650,20 @@ def test_every_command_refuses_a_fifo_it_would_read(
     _replace(host.root, path, fifo)
     check_refusal(cli, host.root, ["--root", str(host.root), *argv], 1,
                   f"{re.escape(path.rpartition('/')[2])}'?: is a FIFO, not a regular file")
+
+
+def test_plan_names_a_fifo_as_the_step_it_would_fail_and_still_answers(
+    make_host: HostFactory, cli: Cli
+) -> None:
+    """plan's exit is 0 whenever it could plan: a step boot would fail at is part of the plan."""
+    host = _runtime(make_host("nc4as-t4-v3", "ready"))
+    _replace(host.root, "proc/sys/kernel/osrelease", fifo)
+    before = snapshot(host.root)
+    result = cli("--root", str(host.root), "plan")
+    assert result.code == 0, result.err
+    assert re.search(r"driver: would fail: .*osrelease'?: is a FIFO, not a regular file",
+                     result.out), result.out
+    assert_unchanged(host.root, before)
 
 
 def _runtime(host: Host) -> Host:
