@@ -279,8 +279,12 @@ def test_ledger_records_what_was_done(flatcar: Host) -> None:
     ledger = json.loads((flatcar.root / "var/lib/gpunode/containerd.json").read_text())
     assert ledger["copied_from"] == "/usr/share/containerd/config.toml"
     assert ledger["added_runtime"] == "nvidia"
-    assert ledger["changes"] == [{"path": ["plugins", "io.containerd.grpc.v1.cri", "enable_cdi"],
-                                  "before": None, "after": True}]
+    cri = ["plugins", "io.containerd.grpc.v1.cri"]
+    assert ledger["changes"] == [
+        {"path": [*cri, "containerd", "runtimes", "nvidia"], "before": None,
+         "after": {"options": {"SystemdCgroup": True,
+                               "BinaryName": "/usr/bin/nvidia-container-runtime"}}},
+        {"path": [*cri, "enable_cdi"], "before": None, "after": True}]
 
 
 @dataclass
