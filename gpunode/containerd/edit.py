@@ -417,14 +417,19 @@ class Reverted:
         return lines + [k.describe() for k in self.kept]
 
 
-def revert(text: str, added_runtime: str | None, changes: tuple[Change, ...],
-           file: str) -> Reverted:
+def revert(text: str, added_runtime: str | None, changes: tuple[Change, ...], file: str,
+           hunks: tuple[tuple[Hunk, ...], ...] = ()) -> Reverted:
     """Undo what `configure` recorded, and only where the value is still what gpunode wrote.
 
     `changes` are in the order gpunode made them; a whole table it added is one change whose
     `after` is the table (`added_runtime` alone, from a ledger that predates that, removes the
-    runtime as it is). A value someone changed since is kept and said so; every other byte of
-    the text stays as it is."""
+    runtime as it is). A value someone changed since is kept and said so.
+
+    The text: `hunks` are the line changes each configure made (`text_hunks`); reversed where
+    they are still found as written, they give back every byte gpunode changed (blank lines
+    tomlkit added included) and no other. That text is used when it parses to exactly the
+    document the key-level undo gives; otherwise the key-level edit's text (tomlkit for
+    values, gpunode's appended block cut out) is."""
     doc = parse(text, file)
     version = schema.config_version(doc)
     if added_runtime is not None:
@@ -447,6 +452,9 @@ def revert(text: str, added_runtime: str | None, changes: tuple[Change, ...],
         _set(expected, change.path, value)
     if not undo:
         return Reverted(text, (), tuple(kept))
+    exact = _unapply(text, hunks) if hunks else None
+    if exact is not None and _parses_to_pruned(exact, expected):
+        return Reverted(exact, tuple(undo), tuple(kept))
     new_text = text
     tables = [c for c in undo if c.after is None and isinstance(c.before, Mapping)]
     values = [c for c in undo if c not in tables]
@@ -459,6 +467,45 @@ def revert(text: str, added_runtime: str | None, changes: tuple[Change, ...],
     if not _parses_to_pruned(new_text, expected):
         _verify(new_text, expected, file)
     return Reverted(new_text, tuple(undo), tuple(kept))
+
+
+# One configure's line change: up to two lines of context before it (as gpunode wrote them),
+# the lines it replaced, and the lines it wrote.
+Hunk = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+MAX_HUNK_LINES = 50_000  # beyond that the line diff costs more than it saves
+
+
+def text_hunks(before: str, after: str) -> list[Hunk]:
+    """The line changes that turn `before` into `after` (empty for a huge file)."""
+    from difflib import SequenceMatcher
+
+    a, b = _split_lines(before), _split_lines(after)
+    if len(a) > MAX_HUNK_LINES:
+        return []
+    return [(tuple(b[max(0, j1 - 2):j1]), tuple(a[i1:i2]), tuple(b[j1:j2]))
+            for tag, i1, i2, j1, j2 in SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+            if tag != "equal"]
+
+
+def _unapply(text: str, runs: tuple[tuple[Hunk, ...], ...]) -> str | None:
+    """`text` with each hunk reversed (the last configure's first, bottom up), or None when
+    one is not found exactly once as gpunode wrote it."""
+    lines = _split_lines(text)
+    for run in reversed(runs):
+        for context, old, new in reversed(run):
+            needle = [*context, *new]
+            hits = [i for i in range(len(lines) - len(needle) + 1)
+                    if lines[i:i + len(needle)] == needle and (context or i == 0)]
+            if len(hits) != 1:
+                return None
+            at = hits[0] + len(context)
+            lines[at:at + len(new)] = old
+    return "".join(lines)
+
+
+def _split_lines(text: str) -> list[str]:
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 def pruned(doc: Any) -> Any:

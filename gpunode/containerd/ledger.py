@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpunode.containerd import ContainerdStepError
+from gpunode.containerd.edit import Hunk
 from gpunode.host import Host
 
 LEDGER = "/var/lib/gpunode/containerd.json"
@@ -53,6 +54,8 @@ class Ledger:
     others_edited: bool = False
     written: dict[str, str] = field(default_factory=dict)  # whole files gpunode wrote → sha256
     created_dirs: tuple[str, ...] = ()  # directories gpunode created, parents first
+    # Each configure's line changes to the target (edit.text_hunks), for a byte-exact revert.
+    hunks: tuple[tuple[Hunk, ...], ...] = ()
 
     def to_json(self) -> bytes:
         document = {
@@ -64,6 +67,8 @@ class Ledger:
             "written_sha256": self.written_sha256, "others_edited": self.others_edited,
             "written": dict(sorted(self.written.items())),
             "created_dirs": list(self.created_dirs),
+            "hunks": [[{"context": list(c), "before": list(b), "after": list(a)}
+                       for c, b, a in run] for run in self.hunks],
         }
         return (json.dumps(document, indent=2) + "\n").encode()
 
@@ -111,6 +116,7 @@ def parse(document: Any, shown: str) -> Ledger:
         others_edited=reader.flag("others_edited"),
         written=reader.digests("written"),
         created_dirs=tuple(reader.paths("created_dirs")),
+        hunks=reader.hunks(),
     )
     _check_paths(ledger, reader)
     return ledger
@@ -194,6 +200,26 @@ class _Reader:
                 isinstance(v, str) and v.startswith("/") for v in value):
             self.fail(key, f"is {_kind(value)}, expected a list of absolute paths")
         return list(value)
+
+    def hunks(self) -> tuple[tuple[Hunk, ...], ...]:
+        _, value = self._get("hunks", default_absent=True)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(run, list) for run in value):
+            self.fail("hunks", f"is {_kind(value)}, expected a list of lists")
+        runs = []
+        for i, run in enumerate(value):
+            found = []
+            for j, hunk in enumerate(run):
+                parts = [hunk.get(k) if isinstance(hunk, dict) else None
+                         for k in ("context", "before", "after")]
+                if not all(isinstance(p, list) and all(isinstance(x, str) for x in p)
+                           for p in parts):
+                    self.fail(f"hunks[{i}][{j}]", "must have context, before and after as "
+                              "lists of strings")
+                found.append((tuple(parts[0]), tuple(parts[1]), tuple(parts[2])))  # type: ignore[arg-type]
+            runs.append(tuple(found))
+        return tuple(runs)
 
     def changes(self) -> tuple[Change, ...]:
         _, value = self._get("changes", default_absent=False)

@@ -400,9 +400,11 @@ def _configure_writes(host: Host, the_plan: Plan) -> list[Write]:
         writes.append(Write(DROPIN, data))
         written[DROPIN] = journal.sha256(data) or ""
         record = replace(record, dropin=DROPIN)
+    previous = current.decode("utf-8", "replace") if current is not None else the_plan.source_text
     record = replace(record, changes=_merged(record.changes, the_plan.edit),
                      added_runtime=the_plan.edit.added_runtime or record.added_runtime,
-                     written_sha256=journal.sha256(text), written=written)
+                     written_sha256=journal.sha256(text), written=written,
+                     hunks=(*record.hunks, tuple(edit.text_hunks(previous, the_plan.edit.text))))
     record = record.with_dirs(journal.missing_dirs(host, [*(w.path for w in writes), LEDGER]))
     writes.append(Write(LEDGER, record.to_json(), mode=0o600))
     _refuse_hard_links(host, [w.path for w in writes])
@@ -574,7 +576,8 @@ def _reverted_target(host: Host, recorded: Ledger, current: bytes,
     except UnicodeDecodeError as exc:
         raise ContainerdStepError(f"{host.display(target)}: not UTF-8 text (byte {exc.start})",
                                   "fix the file by hand, then run the revert again") from exc
-    reverted = edit.revert(text, recorded.added_runtime, changes, host.display(target))
+    reverted = edit.revert(text, recorded.added_runtime, changes, host.display(target),
+                           recorded.hunks)
     notes += [f"{target}: {line}" for line in reverted.describe()]
     result = reverted.text.encode()
     clean = journal.sha256(current) == recorded.written_sha256 and not recorded.others_edited
