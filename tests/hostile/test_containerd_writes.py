@@ -91,6 +91,9 @@ BAD_LEDGERS: dict[str, tuple[Callable[[dict[str, object]], object] | bytes, str]
     "created-dirs-root": (setting("created_dirs", ["/"]), r"key 'created_dirs' names '/'"),
     "created-dirs-foreign": (setting("created_dirs", ["/home"]),
                              r"key 'created_dirs' names '/home'"),
+    "hunks-object": (setting("hunks", {}), r"key 'hunks' is an object"),
+    "hunk-without-after": (setting("hunks", [[{"context": [], "before": []}]]),
+                           r"key 'hunks\[0\]\[0\]' must have context, before and after"),
 }
 
 
@@ -155,6 +158,35 @@ def test_a_hard_linked_file_is_refused_naming_its_link_count(
     os.link(path, root / "srv-second-name")
     command = ["--root", str(root), "containerd", "configure", "--enable-cdi"]
     check_refusal(cli, root, command, 1, rf"{path} has 2 hard links.*a file of its own")
+
+
+def test_configuring_another_file_than_the_ledger_records_is_refused(
+    make_host: HostFactory, cli: Cli,
+) -> None:
+    root = configured_flatcar(make_host, cli)
+    (root / "srv").mkdir()
+    (root / "srv/other.toml").write_text("version = 2\n")
+    check_refusal(cli, root, ["--root", str(root), "containerd", "configure", "--config",
+                              "/srv/other.toml"], 1,
+                  r"records changes to /etc/containerd/config.toml, not /srv/other.toml.*"
+                  r"'gpunode containerd revert' first")
+
+
+def test_stale_temp_files_of_gpunodes_own_writes_are_swept_and_no_others(
+    make_host: HostFactory, cli: Cli,
+) -> None:
+    root = make_host("nc4as-t4-v3", "driver").root
+    (root / "var/lib").mkdir(parents=True)
+    (root / "etc/containerd").mkdir(parents=True)
+    stale = [root / "var/lib/.gpunode.containerd-journal.k9x2.gpunode-tmp",
+             root / "etc/containerd/.config.toml.q1w2.gpunode-tmp"]
+    foreign = root / "etc/containerd/.someone-elses.toml.a1.gpunode-tmp"
+    for path in [*stale, foreign]:
+        path.write_text("half")
+    result = cli("--root", str(root), "containerd", "configure", "--force")
+    assert result.code == 0, result.err
+    assert not any(p.exists() for p in stale)
+    assert foreign.exists()
 
 
 def test_a_private_config_of_another_user_stays_private_in_its_backup(
