@@ -110,7 +110,7 @@ def commit(host: Host, writes: Sequence[Write], remove_dirs: Sequence[str] = ())
                            "it back first")
     undo = [Write(w.path, read_optional_bytes(host, w.path), attrs_of(host, w.path))
             for w in writes]
-    created = missing_dirs(host, [w.path for w in writes if w.data is not None])
+    created = missing_dirs(host, [JOURNAL, *(w.path for w in writes if w.data is not None)])
     record = {
         "schema_version": SCHEMA,
         "files": [{"path": u.path, "before": _b64(u.data),
@@ -140,7 +140,13 @@ def commit(host: Host, writes: Sequence[Write], remove_dirs: Sequence[str] = ())
                 "once the cause is fixed") from failure
         raise
     host.remove(JOURNAL)
+    _remove_empty(host, created)  # the journal's own directory, on a tree that had none
     return undo
+
+
+def _remove_empty(host: Host, directories: Sequence[str]) -> list[str]:
+    """Remove each of `directories` that is empty, deepest first; those removed."""
+    return [d for d in sorted(directories, key=len, reverse=True) if host.remove_dir(d)]
 
 
 def _apply(host: Host, write: Write) -> None:
@@ -187,10 +193,9 @@ def recover(host: Host, paths: Iterable[str]) -> list[str]:
             continue
         _apply(host, Write(entry["path"], before, attrs))  # type: ignore[arg-type]
         done.append(f"{'remove' if before is None else 'restore'} {entry['path']}")
-    for directory in sorted(record["created_dirs"], key=len, reverse=True):
-        if host.remove_dir(directory):
-            done.append(f"remove {directory}")
+    done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
     host.remove(JOURNAL)
+    done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
     return done
 
 
