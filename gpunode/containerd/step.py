@@ -605,7 +605,8 @@ def _revert_copy(host: Host, recorded: Ledger, current: bytes | None, result: by
     source = journal.read_optional_bytes(host, original)
     clean = (current is not None and journal.sha256(current) == recorded.written_sha256
              and not recorded.others_edited)
-    copy_is_original = clean or (result is not None and result == source)
+    # A copy someone removed leaves nothing to keep: the drop-in must not point at it.
+    copy_is_original = clean or current is None or (result is not None and result == source)
     dropin_ours = recorded.dropin is None or _still_ours(host, recorded, DROPIN)
     if copy_is_original and dropin_ours:
         if current is not None:

@@ -189,6 +189,33 @@ def test_stale_temp_files_of_gpunodes_own_writes_are_swept_and_no_others(
     assert foreign.exists()
 
 
+def test_a_dry_run_with_an_interrupted_change_pending_says_so_and_writes_nothing(
+    make_host: HostFactory, cli: Cli,
+) -> None:
+    from hostile.support import assert_unchanged, snapshot
+
+    root = configured_flatcar(make_host, cli)
+    pending_journal(root, {"schema_version": 1, "files": [], "created_dirs": [],
+                           "removed_dirs": []})
+    before = snapshot(root)
+    result = cli("--root", str(root), "containerd", "configure", "--enable-cdi", "--dry-run")
+    assert result.code == 0, result.err
+    (warning,) = [e for e in result.events if e["event"] == "containerd.interrupted"]
+    assert "rolls its change back first" in str(warning["note"])
+    assert_unchanged(root, before)
+
+
+def test_revert_after_the_copy_was_removed_removes_the_dropin_too(
+    make_host: HostFactory, cli: Cli,
+) -> None:
+    root = configured_flatcar(make_host, cli)
+    (root / "etc/containerd/config.toml").unlink()
+    result = cli("--root", str(root), "containerd", "revert")
+    assert result.code == 0, result.err
+    assert not (root / "etc/systemd/system/containerd.service.d/10-gpunode.conf").exists()
+    assert not (root / LEDGER).exists()
+
+
 def test_a_private_config_of_another_user_stays_private_in_its_backup(
     make_host: HostFactory, cli: Cli,
 ) -> None:
