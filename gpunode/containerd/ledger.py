@@ -15,6 +15,7 @@ from typing import Any
 
 from gpunode.containerd import ContainerdStepError
 from gpunode.containerd.edit import Hunk
+from gpunode.containerd.journal import read_optional_bytes
 from gpunode.host import Host
 
 LEDGER = "/var/lib/gpunode/containerd.json"
@@ -78,8 +79,6 @@ class Ledger:
 
 def read(host: Host) -> Ledger | None:
     """The ledger, or None when gpunode has changed nothing; a bad one is one clear error."""
-    from gpunode.containerd.journal import read_optional_bytes
-
     shown = host.display(LEDGER)
     data = read_optional_bytes(host, LEDGER)
     if data is None:
