@@ -238,12 +238,14 @@ def _containerd(host: Host, config: AgentConfig, adapters: Adapters,
     from gpunode.containerd import step as containerd
     from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
 
+    containerd.recover(host, adapters.systemd)  # an interrupted earlier run is rolled back
     the_plan = containerd.plan(host, config.containerd, adapters.systemd)
     outcome = containerd.apply(host, the_plan, adapters.systemd,
                                config.containerd.restart_timeout)
     fields.update(changed=outcome.changed, restarted=outcome.restarted, config=outcome.target)
     watched += [the_plan.active.path, the_plan.target, containerd.DROPIN, containerd.LEDGER,
-                containerd.IMPORT_FILE, "/etc/systemd/system/containerd.service.d",
+                containerd.JOURNAL, containerd.IMPORT_FILE,
+                "/etc/systemd/system/containerd.service.d",
                 "/etc/containerd/conf.d", config.containerd.runtime_path,
                 *(f"{d}/containerd.service" for d in SYSTEM_UNIT_PATHS)]
 

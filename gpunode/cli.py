@@ -417,6 +417,8 @@ def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namesp
     config = _containerd_settings(config, args)
     manager = systemd.for_host(host.is_live)
     with log.step("containerd", dry_run=args.dry_run) as fields:
+        if not args.dry_run:
+            step.recover(host, manager)  # an interrupted earlier run is rolled back first
         the_plan = step.plan(host, config.containerd, manager, args.containerd_config,
                              force=args.force)
         fields.update(config=the_plan.target, changed=the_plan.changed)

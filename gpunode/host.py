@@ -183,12 +183,16 @@ class Host:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def write_atomic(self, path: str, data: bytes, mode: int = 0o644) -> None:
+    def write_atomic(self, path: str, data: bytes, mode: int = 0o644,
+                     attrs: tuple[int, int, int] | None = None) -> None:
         """Replace the file's content all at once, or not at all.
 
         The new bytes go to a temporary file in the same directory, are fsynced, renamed over the
         target and the directory is fsynced, so a crash leaves either the old or the new file.
-        An existing file keeps its mode and owner; `mode` applies to a new file only.
+        An existing file keeps its mode and owner; `mode` applies to a new file only. `attrs`
+        (mode, uid, gid) gives the file exactly those, new or not: a backup or copy made from
+        another file keeps that file's. A file with several hard links is refused: the rename
+        would silently split it from its other names.
         """
         target = self.path(path)
         shown = self.display(path)
@@ -200,6 +204,9 @@ class Host:
             raise HostError("write", shown, _reason(exc)) from exc
         if current is not None and not stat.S_ISREG(current.st_mode):
             raise HostError("write", shown, "not a regular file")
+        if current is not None and current.st_nlink > 1:
+            raise HostError("write", shown, f"it has {current.st_nlink} hard links, and replacing "
+                            "it would split them (the other names would keep the old content)")
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".gpunode-tmp",
                                        dir=target.parent)
@@ -209,7 +216,10 @@ class Host:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
                 out.flush()
-                if current is not None:
+                if attrs is not None:
+                    os.fchmod(out.fileno(), stat.S_IMODE(attrs[0]))
+                    os.fchown(out.fileno(), attrs[1], attrs[2])
+                elif current is not None:
                     os.fchmod(out.fileno(), stat.S_IMODE(current.st_mode))
                     os.fchown(out.fileno(), current.st_uid, current.st_gid)
                 else:
@@ -287,6 +297,20 @@ class Host:
         except OSError as exc:
             raise HostError("remove", self.display(path), _reason(exc)) from exc
         _fsync_dir(directory)
+
+    def remove_dir(self, path: str) -> bool:
+        """Remove an empty directory; False (and nothing done) when it is absent or not empty."""
+        entry = self._entry(path)
+        try:
+            os.rmdir(entry)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False
+            raise HostError("remove directory", self.display(path), _reason(exc)) from exc
+        _fsync_dir(entry.parent)
+        return True
 
     def make_dirs(self, path: str, mode: int = 0o755) -> None:
         try:

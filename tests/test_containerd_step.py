@@ -8,6 +8,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -279,8 +280,12 @@ def test_ledger_records_what_was_done(flatcar: Host) -> None:
     ledger = json.loads((flatcar.root / "var/lib/gpunode/containerd.json").read_text())
     assert ledger["copied_from"] == "/usr/share/containerd/config.toml"
     assert ledger["added_runtime"] == "nvidia"
-    assert ledger["changes"] == [{"path": ["plugins", "io.containerd.grpc.v1.cri", "enable_cdi"],
-                                  "before": None, "after": True}]
+    cri = ["plugins", "io.containerd.grpc.v1.cri"]
+    assert ledger["changes"] == [
+        {"path": [*cri, "containerd", "runtimes", "nvidia"], "before": None,
+         "after": {"options": {"SystemdCgroup": True,
+                               "BinaryName": "/usr/bin/nvidia-container-runtime"}}},
+        {"path": [*cri, "enable_cdi"], "before": None, "after": True}]
 
 
 @dataclass
@@ -371,3 +376,323 @@ def test_read_only_file_system_is_refused_and_the_config_stays(make_host: HostFa
     assert "Read-only file system" in done.stderr
     assert (directory / "config.toml").read_bytes() == before
     assert sorted(p.name for p in directory.iterdir()) == ["config.toml"]
+
+
+# -- the write protocol: any prefix of a transaction is rolled back ------------------------------
+
+
+class Crash(BaseException):
+    """A SIGKILL at this point: nothing after it runs, no handler sees it."""
+
+
+def crash_at(monkeypatch: pytest.MonkeyPatch, k: int) -> list[str]:
+    """Make the k-th file operation of Host "kill" the process (a write leaves its temp file)."""
+    calls: list[str] = []
+    real = {name: getattr(Host, name) for name in ("write_atomic", "remove", "make_dirs",
+                                                   "remove_dir")}
+
+    def wrap(name: str):  # type: ignore[no-untyped-def]
+        def operation(self: Host, path: str, *args: object, **kwargs: object) -> object:
+            calls.append(f"{name} {path}")
+            if len(calls) == k:
+                if name == "write_atomic":
+                    real_path = self.path(path)
+                    if real_path.parent.exists():
+                        (real_path.parent / f".{real_path.name}.x1y2.gpunode-tmp").write_text("")
+                raise Crash(f"killed at {name} {path}")
+            return real[name](self, path, *args, **kwargs)
+        return operation
+
+    for name in real:
+        monkeypatch.setattr(Host, name, wrap(name))
+    return calls
+
+
+def layout_host(make_host: HostFactory, layout: str) -> tuple[Host, ContainerdConfig, VersionProbe]:
+    if layout == "flatcar-copy":
+        return with_runtime_binary(make_host("nc4as-t4-v3", "driver")), CONFIG, VersionProbe(None)
+    host = etc_config_host(make_host)  # a drop-in (not gpunode's) points containerd there
+    if layout == "in-place":
+        return host, ContainerdConfig(enable_cdi=True), VersionProbe(None)
+    return host, ContainerdConfig(mode="drop-in"), VersionProbe((2, 1))
+
+
+def configure_now(host: Host, config: ContainerdConfig, probe: VersionProbe) -> None:
+    step.recover(host, NoSystemd())
+    step.apply(host, step.plan(host, config, NoSystemd(), probe=probe), NoSystemd(), 5)
+
+
+@pytest.mark.parametrize("command", ["configure", "revert"])
+@pytest.mark.parametrize("layout", ["flatcar-copy", "in-place", "drop-in"])
+def test_a_kill_after_any_step_of_the_write_is_rolled_back_by_the_next_run(
+    make_host: HostFactory, monkeypatch: pytest.MonkeyPatch, layout: str, command: str,
+) -> None:
+    """Every prefix of configure's and revert's file operations, cut by a kill (and a temp file
+    left inside the write it hit): the next configure gives the configured node, the next revert
+    the untouched one, file for file, mode and owner included, no temp file left."""
+    from hostile.support import snapshot
+
+    host, config, probe = layout_host(make_host, layout)
+    (host.root / "var/lib").mkdir(parents=True, exist_ok=True)
+    pristine = snapshot(host.root)
+    configure_now(host, config, probe)
+    configured = snapshot(host.root)
+    step.revert(host, NoSystemd(), 5)
+    assert snapshot(host.root) == pristine
+    k = 1
+    while True:
+        if command == "revert":
+            configure_now(host, config, probe)
+        with monkeypatch.context() as patch:
+            calls = crash_at(patch, k)
+            try:
+                if command == "configure":
+                    configure_now(host, config, probe)
+                else:
+                    step.revert(host, NoSystemd(), 5)
+            except Crash:
+                pass
+            else:
+                break
+        configure_now(host, config, probe)
+        assert snapshot(host.root) == configured, (k, calls)
+        step.revert(host, NoSystemd(), 5)
+        assert snapshot(host.root) == pristine, (k, calls)
+        k += 1
+    assert k > 4, calls  # the journal, the files, the ledger, the commit were each cut
+
+
+def test_an_interrupted_change_is_not_rolled_back_over_someone_elses_edit(
+    flatcar: Host, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = Host.write_atomic
+
+    def killed_at_the_dropin(self: Host, path: str, *args: object, **kwargs: object) -> None:
+        if path == step.DROPIN:
+            raise Crash("killed before the drop-in was written")
+        real(self, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Host, "write_atomic", killed_at_the_dropin)
+        with pytest.raises(Crash):
+            configure_now(flatcar, CONFIG, VersionProbe(None))
+    copy = flatcar.root / "etc/containerd/config.toml"
+    copy.write_text("version = 2\n# mine now\n")
+    with pytest.raises(step.ContainerdStepError, match="has been changed by someone else since"):
+        step.recover(flatcar, NoSystemd())
+    assert copy.read_text() == "version = 2\n# mine now\n"
+
+
+def test_a_failed_write_puts_every_file_back_at_once(
+    make_host: HostFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error inside the transaction (not a kill) rolls it back before the error is shown."""
+    from gpunode.errors import HostError
+    from hostile.support import snapshot
+
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "driver"))  # no /var at all
+    before = snapshot(host.root)
+    real = Host.write_atomic
+
+    def failing(self: Host, path: str, *args: object, **kwargs: object) -> None:
+        if path == step.DROPIN:
+            raise HostError("write", path, "No space left on device")
+        real(self, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Host, "write_atomic", failing)
+    with pytest.raises(HostError, match="No space left"):
+        step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
+    assert snapshot(host.root) == before
+
+
+# -- modes and owners ----------------------------------------------------------------------------
+
+
+def test_backup_keeps_the_configs_private_mode_and_owner(make_host: HostFactory) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    target.write_text(fixtures.FLATCAR_CONTAINERD_CONFIG + '# registry password = "s3cret"\n')
+    os.chown(target, 1234, 4321)
+    os.chmod(target, 0o600)
+    step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
+    for path in (target, host.root / "etc/containerd/config.toml.gpunode-orig"):
+        st = path.stat()
+        assert (st.st_mode & 0o777, st.st_uid, st.st_gid) == (0o600, 1234, 4321), path
+    ledger = (host.root / "var/lib/gpunode/containerd.json").stat()
+    assert ledger.st_mode & 0o777 == 0o600
+
+
+def test_writable_copy_and_imported_file_keep_their_sources_mode_and_owner(
+    make_host: HostFactory,
+) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "driver"))
+    original = host.root / "usr/share/containerd/config.toml"
+    os.chown(original, 1234, 4321)
+    os.chmod(original, 0o640)
+    step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
+    st = (host.root / "etc/containerd/config.toml").stat()
+    assert (st.st_mode & 0o777, st.st_uid, st.st_gid) == (0o640, 1234, 4321)
+
+    other = etc_config_host(make_host)
+    main = other.root / "etc/containerd/config.toml"
+    os.chown(main, 1234, 4321)
+    os.chmod(main, 0o600)
+    step.apply(other, step.plan(other, ContainerdConfig(mode="drop-in"), NoSystemd(),
+                                probe=VersionProbe((2, 1))), NoSystemd(), 5)
+    st = (other.root / "etc/containerd/conf.d/99-gpunode-nvidia.toml").stat()
+    assert (st.st_mode & 0o777, st.st_uid, st.st_gid) == (0o600, 1234, 4321)
+
+
+def test_hard_linked_config_is_refused_with_its_link_count(make_host: HostFactory) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    os.link(target, host.root / "etc/containerd/config-link.toml")
+    with pytest.raises(step.ContainerdStepError, match=re.escape(
+            f"{target} has 2 hard links")) as refused:
+        step.plan(host, ContainerdConfig(enable_cdi=True), NoSystemd())
+    assert "a file of its own" in refused.value.hint
+
+
+# -- revert undoes only gpunode's values ---------------------------------------------------------
+
+
+def in_place_host(make_host: HostFactory, text: str) -> tuple[Host, Path]:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    target.write_text(text)
+    return host, target
+
+
+def test_revert_keeps_edits_made_between_two_configures(make_host: HostFactory) -> None:
+    host, target = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
+    step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
+    target.write_text(target.read_text().replace("oom_score = -999", "oom_score = -500"))
+    step.apply(host, step.plan(host, ContainerdConfig(enable_cdi=True), NoSystemd()),
+               NoSystemd(), 5)
+    outcome = step.revert(host, NoSystemd(), 5)
+    assert target.read_text() == fixtures.FLATCAR_CONTAINERD_CONFIG.replace(
+        "oom_score = -999", "oom_score = -500")
+    backup = host.root / "etc/containerd/config.toml.gpunode-orig"
+    assert backup.read_text() == fixtures.FLATCAR_CONTAINERD_CONFIG
+    assert any(line.startswith("keep /etc/containerd/config.toml.gpunode-orig: ")
+               for line in outcome.descriptions)
+
+
+def test_revert_keeps_a_runtime_whose_values_were_changed_and_says_so(
+    make_host: HostFactory,
+) -> None:
+    host, target = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
+    step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
+    edited = target.read_text().replace('BinaryName = "/usr/bin/nvidia-container-runtime"',
+                                        'BinaryName = "/opt/my/runtime"')
+    target.write_text(edited)
+    outcome = step.revert(host, NoSystemd(), 5)
+    assert target.read_text() == edited
+    assert any("kept the table" in line and "options.BinaryName" in line
+               for line in outcome.descriptions), outcome.descriptions
+
+
+def test_revert_keeps_a_comment_added_after_gpunodes_block(make_host: HostFactory) -> None:
+    host, target = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
+    step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
+    target.write_text(target.read_text() + "# my own note, last line\n")
+    outcome = step.revert(host, NoSystemd(), 5)
+    assert target.read_text() == fixtures.FLATCAR_CONTAINERD_CONFIG + "# my own note, last line\n"
+    # the backup is a safety copy: it differs from the reverted file, so it stays, and is named
+    assert (host.root / "etc/containerd/config.toml.gpunode-orig").exists()
+    assert any(line.startswith("keep /etc/containerd/config.toml.gpunode-orig")
+               for line in outcome.descriptions)
+
+
+def test_revert_removes_only_the_import_gpunode_added(make_host: HostFactory) -> None:
+    host = etc_config_host(make_host)
+    step.apply(host, step.plan(host, ContainerdConfig(mode="drop-in"), NoSystemd(),
+                               probe=VersionProbe((2, 1))), NoSystemd(), 5)
+    target = host.root / "etc/containerd/config.toml"
+    target.write_text(target.read_text().replace(
+        'imports = ["/etc/containerd/conf.d/99-gpunode-nvidia.toml"]',
+        'imports = ["/etc/containerd/conf.d/99-gpunode-nvidia.toml", "/etc/mine.toml"]'))
+    step.revert(host, NoSystemd(), 5)
+    assert 'imports = ["/etc/mine.toml"]' in target.read_text()
+    assert not (host.root / "etc/containerd/conf.d").exists()  # gpunode made it; now empty
+
+
+def test_revert_removes_the_directories_it_created_once_empty(flatcar: Host) -> None:
+    step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
+    (flatcar.root / "etc/containerd/mine.toml").write_text("")
+    outcome = step.revert(flatcar, NoSystemd(), 5)
+    assert not (flatcar.root / "etc/systemd/system/containerd.service.d").exists()
+    assert not (flatcar.root / "var/lib/gpunode").exists()
+    assert (flatcar.root / "etc/containerd/mine.toml").exists()  # not empty: kept
+    assert "remove /var/lib/gpunode (gpunode created it; now empty)" in outcome.descriptions
+
+
+def test_revert_of_an_edited_copy_keeps_it_and_its_dropin(flatcar: Host) -> None:
+    step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
+    copy = flatcar.root / "etc/containerd/config.toml"
+    copy.write_text(copy.read_text().replace("oom_score = -999", "oom_score = -1"))
+    outcome = step.revert(flatcar, NoSystemd(), 5)
+    assert copy.read_text() == fixtures.FLATCAR_CONTAINERD_CONFIG.replace(
+        "oom_score = -999", "oom_score = -1")
+    assert (flatcar.root / "etc/systemd/system/containerd.service.d/10-gpunode.conf").exists()
+    assert any(line.startswith("keep /etc/containerd/config.toml and ")
+               for line in outcome.descriptions)
+
+
+# -- the dry-run diff ----------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_dry_run_diff_of_a_file_without_final_newline_applies_with_patch(
+    make_host: HostFactory, tmp_path: Path,
+) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("patch") is None:
+        pytest.fail("GNU patch is missing: apt-get install -y patch", pytrace=False)
+    host, target = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG.rstrip("\n"))
+    the_plan = step.plan(host, ContainerdConfig(enable_cdi=True), NoSystemd())
+    diff = the_plan.diff()
+    assert "\\ No newline at end of file\n" in diff
+    copy = tmp_path / "config.toml"
+    copy.write_text(target.read_text())
+    done = subprocess.run(["patch", "--batch", "--forward", str(copy)], input=diff, text=True,
+                          capture_output=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert copy.read_text() == the_plan.edit.text
+
+
+# -- real containerd: a reverted file means what the untouched one meant ------------------------
+
+VECTORS = Path(__file__).parent / "data" / "containerd" / "vectors"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("version", ["1.6", "1.7", "2"])
+def test_reverted_configs_dump_as_the_untouched_ones_in_real_containerd(
+    make_host: HostFactory, tmp_path: Path, version: str,
+) -> None:
+    """Each vector input, configured (runtime, default, CDI), then commented by its user, then
+    reverted: byte-for-byte the input plus the comment, and real containerd's `config dump` of
+    it equals the dump of the untouched input plus the comment."""
+    from real.containerd_bins import ContainerdError, dump_config, ensure_binary
+
+    binary = ensure_binary(version).path
+    checked = []
+    for vector in sorted(p.name for p in VECTORS.iterdir()):
+        original = (VECTORS / vector / "input.toml").read_text()
+        host, target = in_place_host(make_host, original + "# the user's note\n")
+        try:
+            want = dump_config(binary, target)  # the same path: a dump names the file
+        except ContainerdError:
+            continue  # a config this containerd refuses as it is (a v3 file on 1.x)
+        target.write_text(original)
+        config = ContainerdConfig(set_as_default=True, enable_cdi=True)
+        step.apply(host, step.plan(host, config, NoSystemd()), NoSystemd(), 5)
+        target.write_text(target.read_text() + "# the user's note\n")
+        step.revert(host, NoSystemd(), 5)
+        assert target.read_text() == original + "# the user's note\n", vector
+        assert dump_config(binary, target) == want, vector
+        checked.append(vector)
+    assert len(checked) >= 6, checked

@@ -168,38 +168,6 @@ def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
     return Edit(text=new_text, version=version, changes=(change,)), dropin_text
 
 
-def revert(text: str, added_runtime: str | None, changes: tuple[Change, ...], file: str) -> Edit:
-    """Undo what `configure` recorded: drop the runtime it added, put back values it set.
-
-    A value someone changed since is left alone (it is no longer gpunode's)."""
-    doc = parse(text, file)
-    version = schema.config_version(doc)
-    expected = copy.deepcopy(doc)
-    undo: list[Change] = []
-    for change in changes:
-        current = _get(doc, change.path)
-        if current == change.after:
-            undo.append(Change(change.path, current, change.before))
-            _set(expected, change.path, change.before)
-    removed = None
-    if added_runtime is not None:
-        path = (*schema.runtimes_path(version), added_runtime)
-        if _get(doc, path) is not None:
-            _delete(expected, path)
-            removed = added_runtime
-    if not undo and removed is None:
-        return Edit(text=text, version=version)
-    new_text = _tomlkit_edit(text, undo, None, file) if undo else text
-    if removed is not None:
-        path = (*schema.runtimes_path(version), removed)
-        without = _remove_block(new_text, path, removed)
-        if without is None or not _parses_to(without, expected):
-            without = _strip_block_comment(_tomlkit_edit(new_text, [], path, file), removed)
-        new_text = without
-    _verify(new_text, expected, file)
-    return Edit(text=new_text, version=version, changes=tuple(undo), added_runtime=removed)
-
-
 # -- pure helpers --------------------------------------------------------------------------------
 
 
@@ -372,35 +340,6 @@ def _tomlkit_edit(text: str, changes: list[Change], delete: tuple[str, ...] | No
     return tomlkit.dumps(doc)
 
 
-def _remove_block(text: str, path: tuple[str, ...], name: str) -> str | None:
-    """Cut the block gpunode appended for runtime `name`: its comment, its [headers] and their
-    keys. None when the block is not recognisable any more (then tomlkit does the removal)."""
-    lines = text.splitlines(keepends=True)
-    marker = BLOCK_COMMENT.split("{name}")[0] + name + " runtime"
-    start = next((i for i, line in enumerate(lines) if line.startswith(marker)), None)
-    if start is None:
-        return None
-    header = "[" + ".".join(_quote_key(k) for k in path)
-    end = start + 1
-    while end < len(lines):
-        line = lines[end].strip()
-        if line.startswith("[") and not line.startswith((header + "]", header + ".")):
-            break
-        end += 1
-    while start > 0 and not lines[start - 1].strip():
-        start -= 1  # the blank line that separated the block
-    return "".join(lines[:start] + lines[end:]).rstrip("\n") + "\n"
-
-
-def _strip_block_comment(text: str, removed: str | None) -> str:
-    """Drop the comment line gpunode wrote above a runtime it added, once the runtime is gone."""
-    if removed is None:
-        return text
-    prefix = BLOCK_COMMENT.split("{name}")[0] + removed + " runtime"
-    kept = [line for line in text.splitlines(keepends=True) if not line.startswith(prefix)]
-    return "".join(kept).rstrip("\n") + "\n"
-
-
 def _parses_to(text: str, expected: dict[str, Any]) -> bool:
     try:
         return tomllib.loads(text) == expected
@@ -430,3 +369,230 @@ def _show(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_show(v) for v in value) + "]"
     return str(value)
+
+
+# -- revert --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kept:
+    """A change gpunode recorded but does not undo: the value was changed by someone since."""
+
+    change: Change
+    current: Any
+
+    def describe(self) -> str:
+        where = ".".join(_quote_key(k) for k in self.change.path)
+        if isinstance(self.change.after, Mapping) and self.change.before is None:
+            if self.current is None:
+                return f"{where}: already removed"
+            differs = ", ".join(_differences(self.change.after, self.current)) or "its layout"
+            return (f"kept the table {where}: it was changed since gpunode added it "
+                    f"(differs in {differs})")
+        if self.current is None:
+            return f"kept {where} absent: it was removed since gpunode set it"
+        return (f"kept {where} = {_show(self.current)}: it was changed since gpunode set it to "
+                f"{_show(self.change.after)}")
+
+
+@dataclass(frozen=True)
+class Reverted:
+    text: str
+    undone: tuple[Change, ...]  # (path, the value gpunode wrote, the value put back)
+    kept: tuple[Kept, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.undone)
+
+    def describe(self) -> list[str]:
+        lines = []
+        for change in self.undone:
+            where = ".".join(_quote_key(k) for k in change.path)
+            if change.after is None:
+                lines.append(f"remove {where}")
+            else:
+                lines.append(f"set {where} = {_show(change.after)} (back from "
+                             f"{_show(change.before)})")
+        return lines + [k.describe() for k in self.kept]
+
+
+def revert(text: str, added_runtime: str | None, changes: tuple[Change, ...], file: str,
+           hunks: tuple[tuple[Hunk, ...], ...] = ()) -> Reverted:
+    """Undo what `configure` recorded, and only where the value is still what gpunode wrote.
+
+    `changes` are in the order gpunode made them; a whole table it added is one change whose
+    `after` is the table (`added_runtime` alone, from a ledger that predates that, removes the
+    runtime as it is). A value someone changed since is kept and said so.
+
+    The text: `hunks` are the line changes each configure made (`text_hunks`); reversed where
+    they are still found as written, they give back every byte gpunode changed (blank lines
+    tomlkit added included) and no other. That text is used when it parses to exactly the
+    document the key-level undo gives; otherwise the key-level edit's text (tomlkit for
+    values, gpunode's appended block cut out) is."""
+    doc = parse(text, file)
+    version = schema.config_version(doc)
+    if added_runtime is not None:
+        path = (*schema.runtimes_path(version), added_runtime)
+        current = _get(doc, path)
+        if current is not None and not any(c.path == path for c in changes):
+            changes = (*changes, Change(path, None, current))
+    expected = copy.deepcopy(doc)
+    undo: list[Change] = []
+    kept: list[Kept] = []
+    for change in reversed(changes):
+        current = _get(expected, change.path)
+        if current == change.before:
+            continue  # already as it was
+        value = _undo_value(change, current)
+        if value is _KEEP:
+            kept.append(Kept(change, current))
+            continue
+        undo.append(Change(change.path, current, value))
+        _set(expected, change.path, value)
+    if not undo:
+        return Reverted(text, (), tuple(kept))
+    exact = _unapply(text, hunks) if hunks else None
+    if exact is not None and _parses_to_pruned(exact, expected):
+        return Reverted(exact, tuple(undo), tuple(kept))
+    new_text = text
+    tables = [c for c in undo if c.after is None and isinstance(c.before, Mapping)]
+    values = [c for c in undo if c not in tables]
+    if values:
+        new_text = _tomlkit_edit(new_text, values, None, file)
+    for table in tables:
+        new_text = _remove_table(new_text, table.path, file)
+    # A table gpunode's key was the only content of stays as an empty header; empty tables
+    # mean nothing to containerd, so they do not count as a difference.
+    if not _parses_to_pruned(new_text, expected):
+        _verify(new_text, expected, file)
+    return Reverted(new_text, tuple(undo), tuple(kept))
+
+
+# One configure's line change: up to two lines of context before it (as gpunode wrote them),
+# the lines it replaced, and the lines it wrote.
+Hunk = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]
+MAX_HUNK_LINES = 50_000  # beyond that the line diff costs more than it saves
+
+
+def text_hunks(before: str, after: str) -> list[Hunk]:
+    """The line changes that turn `before` into `after` (empty for a huge file)."""
+    from difflib import SequenceMatcher
+
+    a, b = _split_lines(before), _split_lines(after)
+    if len(a) > MAX_HUNK_LINES:
+        return []
+    return [(tuple(b[max(0, j1 - 2):j1]), tuple(a[i1:i2]), tuple(b[j1:j2]))
+            for tag, i1, i2, j1, j2 in SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+            if tag != "equal"]
+
+
+def _unapply(text: str, runs: tuple[tuple[Hunk, ...], ...]) -> str | None:
+    """`text` with each hunk reversed (the last configure's first, bottom up), or None when
+    one is not found exactly once as gpunode wrote it."""
+    lines = _split_lines(text)
+    for run in reversed(runs):
+        for context, old, new in reversed(run):
+            needle = [*context, *new]
+            hits = [i for i in range(len(lines) - len(needle) + 1)
+                    if lines[i:i + len(needle)] == needle and (context or i == 0)]
+            if len(hits) != 1:
+                return None
+            at = hits[0] + len(context)
+            lines[at:at + len(new)] = old
+    return "".join(lines)
+
+
+def _split_lines(text: str) -> list[str]:
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
+def pruned(doc: Any) -> Any:
+    """The document without empty tables (at any depth)."""
+    if not isinstance(doc, Mapping):
+        return doc
+    kept = {key: pruned(value) for key, value in doc.items()}
+    return {key: value for key, value in kept.items() if value != {} or not isinstance(
+        doc[key], Mapping)}
+
+
+def _parses_to_pruned(text: str, expected: dict[str, Any]) -> bool:
+    try:
+        return bool(pruned(tomllib.loads(text)) == pruned(expected))
+    except tomllib.TOMLDecodeError:
+        return False
+
+
+_KEEP = object()
+
+
+def _undo_value(change: Change, current: Any) -> Any:
+    """The value to put back, or _KEEP when the current value is no longer gpunode's."""
+    if current == change.after:
+        return change.before
+    before = change.before if change.before is not None else []
+    after = change.after
+    if (isinstance(before, list) and isinstance(after, list) and isinstance(current, list)
+            and after[: len(before)] == before):
+        # gpunode appended to a list (imports): take out what it appended, keep the rest
+        added = after[len(before):]
+        if added and all(item in current for item in added):
+            rest = [item for item in current if item not in added]
+            return rest if rest or change.before is not None else None
+    return _KEEP
+
+
+def _remove_table(text: str, path: tuple[str, ...], file: str) -> str:
+    """The text without the table at `path`: gpunode's appended block cut out exactly when it
+    is recognisable, else through tomlkit (its comment line dropped too)."""
+    name = path[-1]
+    without = _remove_block(text, path, name)
+    expected = tomllib.loads(text)
+    _set(expected, path, None)
+    if without is not None and _parses_to_pruned(without, expected):
+        return without
+    return _strip_block_comment(_tomlkit_edit(text, [], path, file), name)
+
+
+def _remove_block(text: str, path: tuple[str, ...], name: str) -> str | None:
+    """Cut the block gpunode appended for runtime `name`: its comment line, its [headers] and
+    their keys, and the blank line gpunode put before it. The block ends at the first comment
+    or header that is not its own, and blank lines after it stay: what follows is not
+    gpunode's. None when the block is not recognisable any more."""
+    lines = text.splitlines(keepends=True)
+    marker = BLOCK_COMMENT.split("{name}")[0] + name + " runtime"
+    start = next((i for i, line in enumerate(lines) if line.startswith(marker)), None)
+    if start is None:
+        return None
+    header = "[" + ".".join(_quote_key(k) for k in path)
+    end = start + 1
+    while end < len(lines):
+        line = lines[end].strip()
+        if line.startswith("#") or (line.startswith("[") and not line.startswith(
+                (header + "]", header + "."))):
+            break
+        end += 1
+    while end > start + 1 and not lines[end - 1].strip():
+        end -= 1
+    if start > 0 and not lines[start - 1].strip():
+        start -= 1
+    return "".join(lines[:start] + lines[end:])
+
+
+def _strip_block_comment(text: str, removed: str) -> str:
+    """Drop the comment line gpunode wrote above a runtime it added, once the runtime is gone."""
+    prefix = BLOCK_COMMENT.split("{name}")[0] + removed + " runtime"
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not line.startswith(prefix))
+
+
+def _differences(wrote: Any, now: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two tables."""
+    if not (isinstance(wrote, Mapping) and isinstance(now, Mapping)):
+        return [prefix] if wrote != now and prefix else []
+    found: list[str] = []
+    for key in sorted({*wrote, *now}):
+        found += _differences(wrote.get(key), now.get(key),
+                              f"{prefix}.{_quote_key(key)}" if prefix else _quote_key(key))
+    return found

@@ -1,42 +1,45 @@
 """The container runtime step: plan the config change, write it safely, restart only if needed.
 
 `plan()` reads and decides (nothing written); `apply()` writes the backup, the config, the
-drop-in and the ledger, then restarts containerd only when it is running and something changed,
-and puts everything back if containerd does not come back. `revert()` undoes exactly what the
-ledger says gpunode did.
+drop-in and the ledger as one transaction (gpunode.containerd.journal: any prefix of it that
+a kill leaves is rolled back by the next run's `recover()`), then restarts containerd only
+when it is running and something changed, and puts everything back if containerd does not
+come back. `revert()` undoes what the ledger says gpunode did, and only where the value is
+still what gpunode wrote; it says what it kept and why.
 """
 
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 import os
 import re
 import socket
 import time
-from dataclasses import dataclass
+import tomllib
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpunode import command, log
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import edit
+from gpunode.containerd import ContainerdStepError, edit, journal, ledger, schema
 from gpunode.containerd.discover import CONTAINERD_UNIT, ActiveConfig, active_config
+from gpunode.containerd.journal import JOURNAL, Write
+from gpunode.containerd.ledger import (
+    BACKUP_SUFFIX,
+    DROPIN,
+    IMPORT_FILE,
+    LEDGER,
+    READ_ONLY_PREFIXES,
+    WRITABLE_CONFIG,
+    Ledger,
+)
 from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
 from gpunode.systemd import Systemd, SystemdError
 
-WRITABLE_CONFIG = "/etc/containerd/config.toml"
-DROPIN = "/etc/systemd/system/containerd.service.d/10-gpunode.conf"
-LEDGER = "/var/lib/gpunode/containerd.json"
-IMPORT_FILE = "/etc/containerd/conf.d/99-gpunode-nvidia.toml"  # drop-in mode's file
-BACKUP_SUFFIX = ".gpunode-orig"
 DEFAULT_SOCKET = "/run/containerd/containerd.sock"
-READ_ONLY_PREFIXES = ("/usr/",)  # Flatcar's /usr is a read-only, verified partition
-
-
-class ContainerdStepError(GpunodeError):
-    """The container runtime step cannot go on; the message says why."""
+__all__ = ["BACKUP_SUFFIX", "DROPIN", "IMPORT_FILE", "JOURNAL", "LEDGER", "READ_ONLY_PREFIXES",
+           "WRITABLE_CONFIG", "ContainerdStepError", "apply", "plan", "recover", "revert"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Plan:
     source_text: str = ""
     import_text: str | None = None  # drop-in mode: the imported file gpunode owns
     import_before: str | None = None
+    ledger: Ledger | None = None  # what gpunode changed before, validated
 
     @property
     def import_changed(self) -> bool:
@@ -76,18 +80,27 @@ class Plan:
     def diff(self) -> str:
         """A unified diff; a new writable copy is shown against the original it copies."""
         before = self.before if self.before is not None else self.source_text
-        text = "".join(difflib.unified_diff(
-            before.splitlines(keepends=True), self.edit.text.splitlines(keepends=True),
-            fromfile=self.copied_from or self.target, tofile=self.target))
+        text = _unified(before, self.edit.text, self.copied_from or self.target, self.target)
         if self.import_changed and self.import_text is not None:
-            text += "".join(difflib.unified_diff(
-                (self.import_before or "").splitlines(keepends=True),
-                self.import_text.splitlines(keepends=True),
-                fromfile=IMPORT_FILE if self.import_before else "/dev/null", tofile=IMPORT_FILE))
+            text += _unified(self.import_before or "", self.import_text,
+                             IMPORT_FILE if self.import_before else "/dev/null", IMPORT_FILE)
         if self.dropin_text is not None:
-            text += "".join(difflib.unified_diff([], self.dropin_text.splitlines(keepends=True),
-                                                 fromfile="/dev/null", tofile=DROPIN))
+            text += _unified("", self.dropin_text, "/dev/null", DROPIN)
         return text
+
+
+def _unified(before: str, after: str, fromfile: str, tofile: str) -> str:
+    """difflib's unified diff, with GNU diff's marker after a last line that has no newline
+    (without it `patch` refuses the diff, or adds a newline the file never had)."""
+    lines = difflib.unified_diff(_lines(before), _lines(after), fromfile=fromfile, tofile=tofile)
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                   for line in lines)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as `patch` counts them: split at newlines only (not at \\r, \\f, ...)."""
+    parts = text.split("\n")
+    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 @dataclass(frozen=True)
@@ -168,14 +181,27 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     else:
         active = active_config(host, systemd)
     binary = active.raw_exec[0].lstrip("-@+!:") if active.raw_exec else "/usr/bin/containerd"
-    target, copied_from, dropin = _target(host, active)
+    if journal.pending(host):
+        log.get().warning("containerd.interrupted", journal=host.display(JOURNAL),
+                          note="an earlier gpunode run was interrupted; the next configure or "
+                          "revert rolls its change back first; this plan is of the files as "
+                          "they are now")
+    recorded = ledger.read(host)
+    target, copied_from, dropin = _target(host, active, recorded)
+    if recorded is not None and recorded.target != target:
+        raise ContainerdStepError(
+            f"gpunode's ledger {host.display(LEDGER)} records changes to {recorded.target}, "
+            f"not {target}; gpunode keeps one config's changes at a time",
+            f"run 'gpunode containerd revert' first to undo them in {recorded.target}")
     source = copied_from or target
     source_text = _read_config(host, source)
+    _refuse_hard_links(host, [target])
     before = None if copied_from else source_text
     shown = host.display(source)
     common: dict[str, Any] = {
         "active": active, "target": target, "before": before, "copied_from": copied_from,
-        "dropin_text": dropin, "runtime_name": spec.name, "source_text": source_text}
+        "dropin_text": dropin, "runtime_name": spec.name, "source_text": source_text,
+        "ledger": recorded}
     if config.mode == "drop-in":
         refused = _import_refusal(probe, binary, copied_from)
         if refused is None:
@@ -208,12 +234,12 @@ def _import_refusal(probe: Probe, binary: str, copied_from: str | None) -> str |
     return None
 
 
-def _target(host: Host, active: ActiveConfig) -> tuple[str, str | None, str | None]:
+def _target(host: Host, active: ActiveConfig,
+            recorded: Ledger | None) -> tuple[str, str | None, str | None]:
     """(file to write, read-only original it is copied from, drop-in text) for the active file."""
     if not active.path.startswith(READ_ONLY_PREFIXES):
         return active.path, None, None
-    ledger = read_ledger(host)
-    if host.exists(WRITABLE_CONFIG) and not (ledger and ledger.get("copied_from")):
+    if host.exists(WRITABLE_CONFIG) and not (recorded and recorded.copied_from):
         raise ContainerdStepError(
             f"containerd reads {active.path} (read-only), and {host.display(WRITABLE_CONFIG)} "
             "exists but is not the config containerd uses; gpunode will not overwrite it",
@@ -242,6 +268,18 @@ def _with_config(argv: list[str], path: str) -> list[str]:
     return [*argv, "--config", path]
 
 
+def _refuse_hard_links(host: Host, paths: list[str]) -> None:
+    """An atomic rename would split a hard-linked file from its other names: refuse first."""
+    for path in paths:
+        st = host.stat(path)
+        if st is not None and st.st_nlink > 1:
+            raise ContainerdStepError(
+                f"{host.display(path)} has {st.st_nlink} hard links; gpunode replaces a file "
+                "by renaming a new one over it, which would leave the other names with the old "
+                "content", f"make {host.display(path)} a file of its own (cp it to a new name "
+                "and mv that over it), or point containerd at one name, then run gpunode again")
+
+
 def _read_config(host: Host, path: str) -> str:
     try:
         raw = host.read_bytes(path)
@@ -257,14 +295,33 @@ def _read_config(host: Host, path: str) -> str:
 # -- apply ---------------------------------------------------------------------------------------
 
 
+def recover(host: Host, systemd: Systemd) -> None:
+    """Roll back a change an earlier run could not finish (killed, power cut) and sweep its temp
+    files; configure, revert and boot call this before they read anything."""
+    paths = {WRITABLE_CONFIG, WRITABLE_CONFIG + BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER}
+    try:
+        recorded = ledger.read(host)
+    except ledger.LedgerError:
+        recorded = None  # reported by the command itself, once, right after this
+    if recorded is not None:
+        paths |= {recorded.target, recorded.target + BACKUP_SUFFIX}
+    undone = journal.recover(host, paths)
+    if undone:
+        log.get().warning("containerd.interrupted_change_undone", undone=undone,
+                          note="an earlier gpunode run was interrupted before it finished; "
+                          "its change was rolled back, and this run starts from there")
+        if any(line.endswith(DROPIN) for line in undone):
+            systemd.daemon_reload()
+
+
 def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) -> Outcome:
     descriptions = tuple(the_plan.describe())
     if not the_plan.changed:
         return Outcome(changed=False, restarted=False, target=the_plan.target,
                        descriptions=descriptions)
+    writes = _configure_writes(host, the_plan)  # every content decided before any write
     running = systemd.active_state(CONTAINERD_UNIT) == "active"
-    saved = _snapshot(host, (the_plan.target, DROPIN, LEDGER, IMPORT_FILE))
-    _write(host, the_plan)
+    undo = journal.commit(host, writes)
     if the_plan.dropin_text is not None:
         systemd.daemon_reload()
     if not running:
@@ -274,11 +331,12 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) 
     try:
         _restart(host, systemd, the_plan.edit.text, restart_timeout)
     except GpunodeError as failure:
-        _restore(host, saved)
+        journal.commit(host, undo)
         if the_plan.dropin_text is not None:
             systemd.daemon_reload()
         try:
-            _restart(host, systemd, saved[the_plan.target] or "", restart_timeout)
+            _restart(host, systemd, _config_text(host, the_plan.target, the_plan.copied_from),
+                     restart_timeout)
         except GpunodeError as second:
             raise ContainerdStepError(
                 f"containerd did not come back after the change ({failure}); the previous "
@@ -292,6 +350,13 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) 
                    descriptions=descriptions)
 
 
+def _config_text(host: Host, target: str, original: str | None) -> str:
+    text = host.read_optional(target)
+    if text is None and original is not None:
+        text = host.read_optional(original)
+    return text or ""
+
+
 def _note_not_restarted(systemd: Systemd, target: str) -> None:
     if systemd.available:
         log.get().info("containerd.not_running", target=target,
@@ -303,55 +368,87 @@ def _note_not_restarted(systemd: Systemd, target: str) -> None:
                           "if it is running now")
 
 
-def _write(host: Host, the_plan: Plan) -> None:
+def _configure_writes(host: Host, the_plan: Plan) -> list[Write]:
+    """Every file the configure writes, with its content, mode and owner: backup, config,
+    imported file, drop-in, and the ledger last."""
     target = the_plan.target
-    ledger = read_ledger(host) or {"schema_version": 1, "target": target,
-                                   "copied_from": the_plan.copied_from, "backup": None,
-                                   "dropin": None, "added_runtime": None, "changes": []}
-    if the_plan.before is not None and not host.exists(target + BACKUP_SUFFIX):
-        # The file as it was before gpunode's first change, kept once.
-        host.write_atomic(target + BACKUP_SUFFIX, the_plan.before.encode(), mode=0o644)
-        ledger["backup"] = target + BACKUP_SUFFIX
-    host.make_dirs(target.rpartition("/")[0])
-    host.write_atomic(target, the_plan.edit.text.encode(), mode=0o644)
+    old = the_plan.ledger
+    current = journal.read_optional_bytes(host, target)
+    text = the_plan.edit.text.encode()
+    record = old or Ledger(target=target, copied_from=the_plan.copied_from)
+    source = the_plan.copied_from or target
+    writes: list[Write] = []
+    backup = target + BACKUP_SUFFIX
+    if old is None and the_plan.before is not None and not host.exists(backup):
+        # The file as it was before gpunode's first change, kept once, as private as it was.
+        writes.append(Write(backup, the_plan.before.encode(), journal.attrs_of(host, target)))
+        record = replace(record, backup=backup)
+    if old is not None and journal.sha256(current) != old.written_sha256:
+        record = replace(record, others_edited=True)
+    # A new copy keeps its original's mode and owner; an existing file keeps its own.
+    writes.append(Write(target, text, None if current is not None else
+                        journal.attrs_of(host, source)))
+    written = dict(record.written)
     if the_plan.import_changed and the_plan.import_text is not None:
-        host.make_dirs(IMPORT_FILE.rpartition("/")[0])
-        host.write_atomic(IMPORT_FILE, the_plan.import_text.encode(), mode=0o644)
-        ledger["import_file"] = IMPORT_FILE
+        data = the_plan.import_text.encode()
+        exists = host.exists(IMPORT_FILE)
+        writes.append(Write(IMPORT_FILE, data, None if exists else journal.attrs_of(host, source)))
+        written[IMPORT_FILE] = journal.sha256(data) or ""
+        record = replace(record, import_file=IMPORT_FILE)
     if the_plan.dropin_text is not None:
-        host.make_dirs(DROPIN.rpartition("/")[0])
-        host.write_atomic(DROPIN, the_plan.dropin_text.encode(), mode=0o644)
-        ledger["dropin"] = DROPIN
-    _merge_ledger(ledger, the_plan.edit)
-    ledger["written_sha256"] = hashlib.sha256(the_plan.edit.text.encode()).hexdigest()
-    host.make_dirs(LEDGER.rpartition("/")[0])
-    host.write_atomic(LEDGER, (json.dumps(ledger, indent=2) + "\n").encode(), mode=0o600)
+        data = the_plan.dropin_text.encode()
+        writes.append(Write(DROPIN, data))
+        written[DROPIN] = journal.sha256(data) or ""
+        record = replace(record, dropin=DROPIN)
+    previous = current.decode("utf-8", "replace") if current is not None else the_plan.source_text
+    record = replace(record, changes=_merged(record.changes, the_plan.edit),
+                     added_runtime=the_plan.edit.added_runtime or record.added_runtime,
+                     written_sha256=journal.sha256(text), written=written,
+                     hunks=(*record.hunks, tuple(edit.text_hunks(previous, the_plan.edit.text))))
+    record = record.with_dirs(journal.missing_dirs(host, [*(w.path for w in writes), LEDGER]))
+    writes.append(Write(LEDGER, record.to_json(), mode=0o600))
+    _refuse_hard_links(host, [w.path for w in writes])
+    return writes
 
 
-def _merge_ledger(ledger: dict[str, Any], result: edit.Edit) -> None:
-    """Accumulate what gpunode changed; a key's first `before` is the one a revert restores."""
+def _merged(recorded: tuple[ledger.Change, ...], result: edit.Edit) -> tuple[ledger.Change, ...]:
+    """What gpunode changed so far plus this edit. A key's first `before` is the one a revert
+    restores; a runtime gpunode added is one change whose `after` is the whole table, and a
+    later change inside it updates that table."""
+    new = [ledger.Change(c.path, c.before, c.after) for c in result.changes]
     if result.added_runtime:
-        ledger["added_runtime"] = result.added_runtime
-    known = {tuple(c["path"]): c for c in ledger["changes"]}
-    for change in result.changes:
-        entry = known.get(change.path)
-        if entry is None:
-            ledger["changes"].append({"path": list(change.path), "before": change.before,
-                                      "after": change.after})
+        path = (*schema.runtimes_path(result.version), result.added_runtime)
+        table = schema.lookup(tomllib.loads(result.text), path)
+        new.insert(0, ledger.Change(path, None, table))
+    entries = list(recorded)
+    for change in new:
+        for i, entry in enumerate(entries):
+            if entry.path == change.path:
+                entries[i] = replace(entry, after=change.after)
+                break
+            inside = change.path[: len(entry.path)] == entry.path
+            if inside and isinstance(entry.after, dict) and entry.before is None:
+                after = _with(entry.after, change.path[len(entry.path):], change.after)
+                entries[i] = replace(entry, after=after)
+                break
         else:
-            entry["after"] = change.after
+            entries.append(change)
+    return tuple(entries)
 
 
-def _snapshot(host: Host, paths: tuple[str, ...]) -> dict[str, str | None]:
-    return {path: host.read_optional(path) for path in paths}
+def _with(table: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    """A copy of `table` with `value` at `path` (None: removed)."""
+    import copy
 
-
-def _restore(host: Host, saved: dict[str, str | None]) -> None:
-    for path, text in saved.items():
-        if text is None:
-            host.remove(path)
-        else:
-            host.write_atomic(path, text.encode())
+    result = copy.deepcopy(table)
+    node = result
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    if value is None:
+        node.pop(path[-1], None)
+    else:
+        node[path[-1]] = copy.deepcopy(value)
+    return result
 
 
 def _restart(host: Host, systemd: Systemd, config_text: str, timeout: float) -> None:
@@ -396,69 +493,159 @@ def _wait_for_socket(host: Host, path: str, timeout: float) -> None:
 # -- revert --------------------------------------------------------------------------------------
 
 
-def read_ledger(host: Host) -> dict[str, Any] | None:
-    text = host.read_optional(LEDGER)
-    if text is None:
-        return None
-    try:
-        ledger = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ContainerdStepError(f"{host.display(LEDGER)}: not JSON ({exc})",
-                                  "remove it only if you know what gpunode changed") from exc
-    if not isinstance(ledger, dict) or ledger.get("schema_version") != 1:
-        raise ContainerdStepError(f"{host.display(LEDGER)}: not a gpunode ledger (schema 1)")
-    return ledger
+def read_ledger(host: Host) -> Ledger | None:
+    """The validated ledger (gpunode.containerd.ledger), or None when gpunode changed nothing."""
+    return ledger.read(host)
 
 
 def revert(host: Host, systemd: Systemd, restart_timeout: float,
            expected_target: str | None = None) -> Outcome:
-    ledger = read_ledger(host)
-    if ledger is None:
+    recover(host, systemd)
+    recorded = ledger.read(host)
+    if recorded is None:
         return Outcome(changed=False, restarted=False, target="",
                        descriptions=("nothing to revert: gpunode has not changed containerd's "
                                      "config",))
-    target = str(ledger["target"])
+    target = recorded.target
     if expected_target is not None and expected_target != target:
         raise ContainerdStepError(f"gpunode changed {target}, not {expected_target}",
                                   f"run 'gpunode containerd revert --config {target}'")
-    current = _read_config(host, target)
-    untouched = hashlib.sha256(current.encode()).hexdigest() == ledger.get("written_sha256")
-    notes: list[str] = []
-    saved = _snapshot(host, (target, DROPIN, LEDGER, IMPORT_FILE))
-    if ledger.get("copied_from") and untouched:
-        host.remove(target)
-        notes.append(f"remove {target} (gpunode's copy of {ledger['copied_from']})")
-    elif ledger.get("backup") and untouched and host.exists(ledger["backup"]):
-        host.write_atomic(target, host.read_bytes(ledger["backup"]))
-        notes.append(f"restore {target} from {ledger['backup']}")
-    else:
-        changes = tuple(edit.Change(tuple(c["path"]), c["before"], c["after"])
-                        for c in ledger["changes"])
-        result = edit.revert(current, ledger.get("added_runtime"), changes, host.display(target))
-        host.write_atomic(target, result.text.encode())
-        notes += [f"{target}: undo {line}" for line in result.describe()]
-        if ledger.get("copied_from"):
-            notes.append(f"keep {target} and {DROPIN}: the file was changed since gpunode "
-                         "wrote it")
-            ledger["dropin"] = None
-    if ledger.get("backup") and host.exists(ledger["backup"]) and untouched:
-        host.remove(ledger["backup"])
-    if ledger.get("import_file"):
-        host.remove(str(ledger["import_file"]))
-        notes.append(f"remove {ledger['import_file']}")
-    if ledger.get("dropin"):
-        host.remove(DROPIN)
-        notes.append(f"remove {DROPIN}")
+    writes, notes = _revert_writes(host, recorded)
+    _refuse_hard_links(host, [w.path for w in writes if w.data is not None])
+    undo = journal.commit(host, writes, remove_dirs=recorded.created_dirs)
+    notes += [f"remove {d} (gpunode created it; now empty)" for d in
+              reversed(recorded.created_dirs) if not host.exists(d)]
+    dropin_removed = any(w.path == DROPIN and w.data is None for w in writes)
+    if dropin_removed:
         systemd.daemon_reload()
-    host.remove(LEDGER)
     restarted = False
     if systemd.active_state(CONTAINERD_UNIT) == "active":
         try:
-            _restart(host, systemd, host.read_optional(target) or "", restart_timeout)
+            _restart(host, systemd, _config_text(host, target, recorded.copied_from),
+                     restart_timeout)
         except GpunodeError as failure:
-            _restore(host, saved)
-            systemd.daemon_reload()
+            journal.commit(host, undo)
+            if dropin_removed:
+                systemd.daemon_reload()
             raise ContainerdStepError(f"containerd did not come back after the revert "
                                       f"({failure}); gpunode's config was put back") from failure
         restarted = True
+    else:
+        _note_not_restarted(systemd, target)
     return Outcome(changed=True, restarted=restarted, target=target, descriptions=tuple(notes))
+
+
+def _revert_writes(host: Host, recorded: Ledger) -> tuple[list[Write], list[str]]:
+    """The files a revert writes or removes, and what it says about each (kept ones too)."""
+    target = recorded.target
+    writes: list[Write] = []
+    notes: list[str] = []
+    changes = tuple(edit.Change(c.path, c.before, c.after) for c in recorded.changes)
+    if recorded.import_file is not None:
+        if _still_ours(host, recorded, IMPORT_FILE):
+            writes.append(Write(IMPORT_FILE, None))
+            notes.append(f"remove {IMPORT_FILE}")
+        elif host.exists(IMPORT_FILE):
+            changes = tuple(c for c in changes if c.path != ("imports",))
+            notes.append(f"keep {IMPORT_FILE} and the import of it: it was changed since "
+                         "gpunode wrote it")
+    current = journal.read_optional_bytes(host, target)
+    if current is None:
+        notes.append(f"{target} is gone: nothing to undo in it")
+        result = None
+    else:
+        result = _reverted_target(host, recorded, current, changes, notes)
+    if recorded.copied_from is not None:
+        _revert_copy(host, recorded, current, result, writes, notes)
+    else:
+        if result is not None and result != current:
+            writes.append(Write(target, result))
+        _settle_backup(host, recorded, result, writes, notes)
+        if recorded.dropin is not None and _still_ours(host, recorded, DROPIN):
+            writes.append(Write(DROPIN, None))
+            notes.append(f"remove {DROPIN}")
+    writes.append(Write(LEDGER, None))
+    return writes, notes
+
+
+def _reverted_target(host: Host, recorded: Ledger, current: bytes,
+                     changes: tuple[edit.Change, ...], notes: list[str]) -> bytes:
+    target = recorded.target
+    try:
+        text = current.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ContainerdStepError(f"{host.display(target)}: not UTF-8 text (byte {exc.start})",
+                                  "fix the file by hand, then run the revert again") from exc
+    reverted = edit.revert(text, recorded.added_runtime, changes, host.display(target),
+                           recorded.hunks)
+    notes += [f"{target}: {line}" for line in reverted.describe()]
+    result = reverted.text.encode()
+    clean = journal.sha256(current) == recorded.written_sha256 and not recorded.others_edited
+    if clean and recorded.backup is not None:
+        # Nobody else touched the file since gpunode's first change: its backup is exactly
+        # the file without gpunode's changes (blank lines at the end included).
+        backup = journal.read_optional_bytes(host, recorded.backup)
+        if backup is not None and _same_document(backup, reverted.text):
+            return backup
+    return result
+
+
+def _same_document(data: bytes, text: str) -> bool:
+    try:
+        return bool(edit.pruned(tomllib.loads(data.decode("utf-8")))
+                    == edit.pruned(tomllib.loads(text)))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+
+
+def _revert_copy(host: Host, recorded: Ledger, current: bytes | None, result: bytes | None,
+                 writes: list[Write], notes: list[str]) -> None:
+    """The writable copy and its drop-in go together, or stay together."""
+    target, original = recorded.target, recorded.copied_from or ""
+    source = journal.read_optional_bytes(host, original)
+    clean = (current is not None and journal.sha256(current) == recorded.written_sha256
+             and not recorded.others_edited)
+    # A copy someone removed leaves nothing to keep: the drop-in must not point at it.
+    copy_is_original = clean or current is None or (result is not None and result == source)
+    dropin_ours = recorded.dropin is None or _still_ours(host, recorded, DROPIN)
+    if copy_is_original and dropin_ours:
+        if current is not None:
+            writes.append(Write(target, None))
+            notes.append(f"remove {target} (gpunode's copy of {original})")
+        if recorded.dropin is not None and host.exists(DROPIN):
+            writes.append(Write(DROPIN, None))
+            notes.append(f"remove {DROPIN}")
+        return
+    if result is not None and result != current:
+        writes.append(Write(target, result))
+    why = (f"{DROPIN} was changed since gpunode wrote it" if not dropin_ours else
+           f"{target} has changes made since gpunode copied it from {original}")
+    notes.append(f"keep {target} and {DROPIN} (containerd keeps reading the copy): {why}")
+
+
+def _settle_backup(host: Host, recorded: Ledger, result: bytes | None, writes: list[Write],
+                   notes: list[str]) -> None:
+    """The backup is a safety copy: removed only when the reverted file equals it."""
+    if recorded.backup is None:
+        return
+    backup = journal.read_optional_bytes(host, recorded.backup)
+    if backup is None:
+        return
+    if backup == result:
+        writes.append(Write(recorded.backup, None))
+        notes.append(f"remove {recorded.backup} (the reverted file equals it)")
+    else:
+        notes.append(f"keep {recorded.backup}: {recorded.target} after the revert differs "
+                     "from it (changes made since gpunode's first change stay); it is the file "
+                     "as it was before gpunode's first change, remove it when it is no longer "
+                     "needed")
+
+
+def _still_ours(host: Host, recorded: Ledger, path: str) -> bool:
+    """The whole file gpunode wrote is still as gpunode wrote it (a ledger from before
+    gpunode recorded it: assumed so)."""
+    data = journal.read_optional_bytes(host, path)
+    if data is None:
+        return False
+    digest = recorded.written.get(path)
+    return digest is None or journal.sha256(data) == digest

@@ -1,0 +1,275 @@
+"""Recoverable multi-file writes: a change to several files either happens whole or not at all.
+
+`containerd configure` and `revert` change up to six files (the config or its /etc copy, the
+`.gpunode-orig` backup, the imported drop-in file, the containerd.service.d drop-in, the ledger)
+and the directories holding them. Each file is replaced atomically (host.write_atomic), but a
+SIGKILL or power cut *between* two files would leave a mix that no later run understands. So a
+change is one transaction, an undo journal:
+
+1. Before the first change, the journal (`JOURNAL`, written atomically and fsynced, 0600: it
+   holds config contents) records every file's content, mode and owner as it is now (absent
+   included), the sha256 of what it will become, the directories the change will create, and
+   those it may remove.
+2. The directories are made and the files written (or removed), in order, each atomically;
+   emptied directories are removed.
+3. The journal is removed (and its directory fsynced): that is the commit.
+
+Every later configure, revert and boot first calls `recover()`: with a journal present, the
+interrupted change is rolled back (each file put back as the journal has it, created
+directories removed when empty, removed ones made again), then the journal is removed. Rolling
+*back* returns the node to the state the interrupted command started from, a state gpunode had
+already checked, and the command then runs in full, restart decision included. A file that is
+neither as the journal recorded it nor as the change would have made it was changed by someone
+else since: nothing is rolled back and the error says which file (never a silent overwrite).
+Rollback writes are themselves idempotent, so an interrupted recovery is finished by the next.
+
+`recover()` also removes gpunode's own stale temp files (`.<name>.*.gpunode-tmp`, left by a kill
+inside an atomic write) next to every file this protocol writes.
+
+The journal lives directly in /var/lib (always there, persistent), not in /var/lib/gpunode,
+so that a revert can remove gpunode's own directory inside the same transaction.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpunode.containerd import ContainerdStepError
+from gpunode.errors import GpunodeError, HostError
+from gpunode.host import Host
+
+JOURNAL = "/var/lib/gpunode.containerd-journal"
+SCHEMA = 1
+TEMP_SUFFIX = ".gpunode-tmp"
+
+Attrs = tuple[int, int, int]  # mode, uid, gid
+
+
+class JournalError(ContainerdStepError):
+    """An interrupted change cannot be rolled back safely; the message says which file."""
+
+
+@dataclass(frozen=True)
+class Write:
+    """One file of a transaction: its new content, or None to remove it.
+
+    `attrs` gives the file exactly that mode and owner (a backup or copy keeps its source's);
+    without it an existing file keeps its own and a new one gets `mode`."""
+
+    path: str
+    data: bytes | None
+    attrs: Attrs | None = None
+    mode: int = 0o644
+
+
+def sha256(data: bytes | None) -> str | None:
+    return None if data is None else hashlib.sha256(data).hexdigest()
+
+
+def attrs_of(host: Host, path: str) -> Attrs | None:
+    st = host.stat(path)
+    return None if st is None else (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+
+
+def read_optional_bytes(host: Host, path: str) -> bytes | None:
+    """The file's bytes, or None when it does not exist."""
+    if host.lstat(path) is None and host.stat(path) is None:
+        return None
+    return host.read_bytes(path)
+
+
+def missing_dirs(host: Host, paths: Iterable[str]) -> list[str]:
+    """The directories that writing `paths` would create, parents first."""
+    missing: list[str] = []
+    for path in paths:
+        directory = path.rpartition("/")[0]
+        chain: list[str] = []
+        while directory and directory not in missing and not host.exists(directory):
+            chain.append(directory)
+            directory = directory.rpartition("/")[0]
+        missing += reversed(chain)
+    return missing
+
+
+def commit(host: Host, writes: Sequence[Write], remove_dirs: Sequence[str] = ()) -> list[Write]:
+    """Apply `writes` (then remove each of `remove_dirs` that is empty) as one transaction.
+
+    Returns the writes that undo it (the previous content, mode and owner of each file), for a
+    caller that must put everything back later (containerd refused the new config)."""
+    if host.exists(JOURNAL):
+        raise JournalError(f"{host.display(JOURNAL)}: an interrupted change is still pending",
+                           "run 'gpunode containerd revert' or 'configure' again: they roll "
+                           "it back first")
+    undo = [Write(w.path, read_optional_bytes(host, w.path), attrs_of(host, w.path))
+            for w in writes]
+    created = missing_dirs(host, [JOURNAL, *(w.path for w in writes if w.data is not None)])
+    record = {
+        "schema_version": SCHEMA,
+        "files": [{"path": u.path, "before": _b64(u.data),
+                   "attrs": list(u.attrs) if u.attrs else None,
+                   "after_sha256": sha256(w.data)} for u, w in zip(undo, writes, strict=True)],
+        "created_dirs": created,
+        "removed_dirs": [d for d in remove_dirs if host.exists(d)],
+    }
+    host.make_dirs(JOURNAL.rpartition("/")[0])
+    host.write_atomic(JOURNAL, json.dumps(record).encode(), attrs=(0o600, os.getuid(),
+                                                                   os.getgid()))
+    try:
+        for directory in created:
+            host.make_dirs(directory)
+        for write in writes:
+            _apply(host, write)
+        for directory in sorted(record["removed_dirs"], key=len, reverse=True):
+            host.remove_dir(directory)
+    except GpunodeError as failure:
+        # Failed here and now (disk full, read-only file system): put everything back at once.
+        try:
+            recover(host, ())
+        except GpunodeError as second:
+            raise ContainerdStepError(
+                f"{failure}; putting the files back failed too ({second})",
+                "the next 'gpunode containerd configure' or 'revert' rolls the change back "
+                "once the cause is fixed") from failure
+        raise
+    host.remove(JOURNAL)
+    _remove_empty(host, created)  # the journal's own directory, on a tree that had none
+    return undo
+
+
+def _remove_empty(host: Host, directories: Sequence[str]) -> list[str]:
+    """Remove each of `directories` that is empty, deepest first; those removed."""
+    return [d for d in sorted(directories, key=len, reverse=True) if host.remove_dir(d)]
+
+
+def _apply(host: Host, write: Write) -> None:
+    if write.data is None:
+        host.remove(write.path)
+    else:
+        host.write_atomic(write.path, write.data, mode=write.mode, attrs=write.attrs)
+
+
+def pending(host: Host) -> bool:
+    return host.exists(JOURNAL)
+
+
+def recover(host: Host, paths: Iterable[str]) -> list[str]:
+    """Roll back an interrupted transaction and remove stale temp files; what was undone.
+
+    `paths` are the files gpunode may write besides those the journal names: their
+    directories are swept for gpunode's own temp files."""
+    record = _read(host)
+    files = record["files"] if record else []
+    _remove_stale_temps(host, {*paths, JOURNAL, *(f["path"] for f in files)})
+    if record is None:
+        return []
+    shown = host.display(JOURNAL)
+    befores = [_unb64(f["before"], shown) for f in files]
+    for entry, before in zip(files, befores, strict=True):
+        now = read_optional_bytes(host, entry["path"])
+        if now != before and sha256(now) != entry["after_sha256"]:
+            raise JournalError(
+                f"{shown}: a gpunode change to {host.display(entry['path'])} was interrupted, "
+                "and the file has been changed by someone else since; gpunode rolls nothing "
+                "back", f"put {host.display(entry['path'])} back as it was (the journal holds "
+                "its previous content, base64) or accept the files as they are by removing "
+                f"{shown}; then run gpunode again")
+    done: list[str] = []
+    for directory in record["removed_dirs"]:
+        if not host.exists(directory):
+            host.make_dirs(directory)
+            done.append(f"make {directory} again")
+    for entry, before in zip(reversed(files), reversed(befores), strict=True):
+        attrs = tuple(entry["attrs"]) if entry["attrs"] else None
+        if read_optional_bytes(host, entry["path"]) == before and (
+                before is None or attrs_of(host, entry["path"]) == attrs):
+            continue
+        _apply(host, Write(entry["path"], before, attrs))  # type: ignore[arg-type]
+        done.append(f"{'remove' if before is None else 'restore'} {entry['path']}")
+    done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
+    host.remove(JOURNAL)
+    done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
+    return done
+
+
+def _read(host: Host) -> dict[str, Any] | None:
+    shown = host.display(JOURNAL)
+    hint = (f"{shown} is gpunode's record of an interrupted change; if you know the files are "
+            "as they should be, remove it")
+    data = read_optional_bytes(host, JOURNAL)
+    if data is None:
+        return None
+    try:
+        record = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise JournalError(f"{shown}: not JSON ({exc})", hint) from exc
+    problem = _problem(record)
+    if problem:
+        raise JournalError(f"{shown}: {problem}", hint)
+    return record  # type: ignore[no-any-return]
+
+
+def _problem(record: Any) -> str | None:
+    """What is wrong with a journal's shape, or None."""
+    if not isinstance(record, dict) or record.get("schema_version") != SCHEMA:
+        return f"not a gpunode journal (schema_version {SCHEMA})"
+    for key in ("created_dirs", "removed_dirs"):
+        value = record.get(key)
+        if not isinstance(value, list) or not all(_absolute(v) for v in value):
+            return f"key '{key}' must be a list of absolute paths"
+    files = record.get("files")
+    if not isinstance(files, list):
+        return "key 'files' must be a list"
+    for i, entry in enumerate(files):
+        if not isinstance(entry, dict) or not _absolute(entry.get("path")):
+            return f"key 'files[{i}].path' must be an absolute path"
+        if not isinstance(entry.get("before"), str | None):
+            return f"key 'files[{i}].before' must be base64 text or null"
+        if not isinstance(entry.get("after_sha256"), str | None):
+            return f"key 'files[{i}].after_sha256' must be text or null"
+        attrs = entry.get("attrs")
+        if attrs is not None and not (isinstance(attrs, list) and len(attrs) == 3 and all(
+                isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in attrs)):
+            return f"key 'files[{i}].attrs' must be [mode, uid, gid] or null"
+    return None
+
+
+def _absolute(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("/") and "\0" not in value
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None, shown: str) -> bytes | None:
+    if text is None:
+        return None
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise JournalError(f"{shown}: a file's 'before' is not base64 ({exc})",
+                           "remove the journal if the files are as they should be") from exc
+
+
+def _remove_stale_temps(host: Host, paths: Iterable[str]) -> None:
+    """Remove `.<name>.*.gpunode-tmp` next to each path: what a kill inside write_atomic left."""
+    by_dir: dict[str, set[str]] = {}
+    for path in paths:
+        directory, _, name = path.rpartition("/")
+        by_dir.setdefault(directory or "/", set()).add(name)
+    for directory, names in by_dir.items():
+        try:
+            entries = host.list_dir(directory)
+        except HostError:
+            continue  # not a directory we can read: nothing of ours can be in it
+        for entry in entries:
+            if entry.endswith(TEMP_SUFFIX) and any(entry.startswith(f".{n}.") for n in names):
+                host.remove(f"{directory.rstrip('/')}/{entry}")

@@ -1,0 +1,255 @@
+"""The ledger, /var/lib/gpunode/containerd.json: what gpunode changed in containerd's config.
+
+`configure` writes it (inside the same transaction as the files, gpunode.containerd.journal),
+`revert` reads it to undo exactly that. It is read back by one validated parser: every key's
+type is checked, and a missing or wrong-typed key is one clear error naming the file and the
+key, before anything is written. Paths it names must be the ones gpunode itself writes, so a
+damaged ledger can never make revert touch another file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpunode.containerd import ContainerdStepError
+from gpunode.containerd.edit import Hunk
+from gpunode.containerd.journal import read_optional_bytes
+from gpunode.host import Host
+
+LEDGER = "/var/lib/gpunode/containerd.json"
+WRITABLE_CONFIG = "/etc/containerd/config.toml"
+DROPIN = "/etc/systemd/system/containerd.service.d/10-gpunode.conf"
+IMPORT_FILE = "/etc/containerd/conf.d/99-gpunode-nvidia.toml"  # drop-in mode's file
+BACKUP_SUFFIX = ".gpunode-orig"
+READ_ONLY_PREFIXES = ("/usr/",)  # Flatcar's /usr is a read-only, verified partition
+SCHEMA = 1
+
+
+class LedgerError(ContainerdStepError):
+    """The ledger cannot be used; names the file and key."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One value gpunode set (a whole runtime table it added, too); before None: was absent."""
+
+    path: tuple[str, ...]
+    before: Any
+    after: Any
+
+
+@dataclass(frozen=True)
+class Ledger:
+    target: str  # the config file gpunode edits (or its writable copy)
+    copied_from: str | None = None  # the read-only original of a writable copy
+    backup: str | None = None  # <target>.gpunode-orig, when gpunode wrote it
+    dropin: str | None = None  # the containerd.service.d drop-in, when gpunode wrote it
+    import_file: str | None = None  # drop-in mode's imported file, when gpunode wrote it
+    added_runtime: str | None = None
+    changes: tuple[Change, ...] = ()
+    written_sha256: str | None = None  # the target as gpunode last wrote it
+    # Someone else changed the target between two configures: the backup is then no longer
+    # "the target minus gpunode's changes", and revert must not restore it wholesale.
+    others_edited: bool = False
+    written: dict[str, str] = field(default_factory=dict)  # whole files gpunode wrote → sha256
+    created_dirs: tuple[str, ...] = ()  # directories gpunode created, parents first
+    # Each configure's line changes to the target (edit.text_hunks), for a byte-exact revert.
+    hunks: tuple[tuple[Hunk, ...], ...] = ()
+
+    def to_json(self) -> bytes:
+        document = {
+            "schema_version": SCHEMA, "target": self.target, "copied_from": self.copied_from,
+            "backup": self.backup, "dropin": self.dropin, "import_file": self.import_file,
+            "added_runtime": self.added_runtime,
+            "changes": [{"path": list(c.path), "before": c.before, "after": c.after}
+                        for c in self.changes],
+            "written_sha256": self.written_sha256, "others_edited": self.others_edited,
+            "written": dict(sorted(self.written.items())),
+            "created_dirs": list(self.created_dirs),
+            "hunks": [[{"context": list(c), "before": list(b), "after": list(a)}
+                       for c, b, a in run] for run in self.hunks],
+        }
+        return (json.dumps(document, indent=2) + "\n").encode()
+
+    def with_dirs(self, dirs: list[str]) -> Ledger:
+        return replace(self, created_dirs=tuple(dict.fromkeys([*self.created_dirs, *dirs])))
+
+
+def read(host: Host) -> Ledger | None:
+    """The ledger, or None when gpunode has changed nothing; a bad one is one clear error."""
+    shown = host.display(LEDGER)
+    data = read_optional_bytes(host, LEDGER)
+    if data is None:
+        return None
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise LedgerError(f"{shown}: not JSON ({exc})", _HINT) from exc
+    return parse(document, shown)
+
+
+_HINT = ("it is gpunode's record of what it changed in containerd's config, needed to undo it: "
+         "put back a good copy, or, if gpunode's changes are already gone, remove it")
+
+
+def parse(document: Any, shown: str) -> Ledger:
+    if not isinstance(document, dict):
+        raise LedgerError(f"{shown}: not a JSON object", _HINT)
+    if document.get("schema_version") != SCHEMA:
+        raise LedgerError(f"{shown}: key 'schema_version' is "
+                          f"{json.dumps(document.get('schema_version'))}, expected {SCHEMA}",
+                          _HINT)
+    reader = _Reader(document, shown)
+    target = reader.path("target")
+    ledger = Ledger(
+        target=target,
+        copied_from=reader.path("copied_from", optional=True),
+        backup=reader.path("backup", optional=True),
+        dropin=reader.path("dropin", optional=True),
+        import_file=reader.path("import_file", optional=True, default_absent=True),
+        added_runtime=reader.text("added_runtime", optional=True),
+        changes=reader.changes(),
+        written_sha256=reader.text("written_sha256", optional=True),
+        others_edited=reader.flag("others_edited"),
+        written=reader.digests("written"),
+        created_dirs=tuple(reader.paths("created_dirs")),
+        hunks=reader.hunks(),
+    )
+    _check_paths(ledger, reader)
+    return ledger
+
+
+def _check_paths(ledger: Ledger, reader: _Reader) -> None:
+    """Each path is one gpunode itself writes for this target: nothing else is ever touched."""
+    if ledger.copied_from is not None:
+        if ledger.target != WRITABLE_CONFIG:
+            reader.fail("target", f"must be {WRITABLE_CONFIG} when 'copied_from' is set")
+        if not ledger.copied_from.startswith(READ_ONLY_PREFIXES):
+            reader.fail("copied_from", "must be a file under /usr")
+    for key, value, allowed in (("backup", ledger.backup, ledger.target + BACKUP_SUFFIX),
+                                ("dropin", ledger.dropin, DROPIN),
+                                ("import_file", ledger.import_file, IMPORT_FILE)):
+        if value is not None and value != allowed:
+            reader.fail(key, f"is {value!r}; gpunode only writes {allowed!r} there")
+    owned = {ledger.target, ledger.target + BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER}
+    for path in ledger.written:
+        if path not in owned:
+            reader.fail("written", f"names {path!r}, which is not a file gpunode writes")
+    for directory in ledger.created_dirs:
+        if not any(p.startswith(directory.rstrip("/") + "/") for p in owned) or directory in (
+                "/", ""):
+            reader.fail("created_dirs", f"names {directory!r}, which holds no file gpunode "
+                        "writes")
+
+
+@dataclass(frozen=True)
+class _Reader:
+    document: dict[str, Any]
+    shown: str
+
+    def fail(self, key: str, problem: str) -> None:
+        raise LedgerError(f"{self.shown}: key '{key}' {problem}", _HINT)
+
+    def _get(self, key: str, default_absent: bool) -> tuple[bool, Any]:
+        if key not in self.document:
+            if not default_absent:
+                self.fail(key, "is missing")
+            return False, None
+        return True, self.document[key]
+
+    def text(self, key: str, optional: bool = False, default_absent: bool = False) -> Any:
+        _, value = self._get(key, default_absent)
+        if value is None and optional:
+            return None
+        if not isinstance(value, str) or not value:
+            self.fail(key, f"is {_kind(value)}, expected a non-empty string"
+                      + (" or null" if optional else ""))
+        return value
+
+    def path(self, key: str, optional: bool = False, default_absent: bool = False) -> Any:
+        value = self.text(key, optional, default_absent)
+        if value is not None and (not value.startswith("/") or "\0" in value):
+            self.fail(key, f"is {value!r}, expected an absolute path")
+        return value
+
+    def flag(self, key: str) -> bool:
+        _, value = self._get(key, default_absent=True)
+        if value is None:
+            return False
+        if not isinstance(value, bool):
+            self.fail(key, f"is {_kind(value)}, expected true or false")
+        return bool(value)
+
+    def digests(self, key: str) -> dict[str, str]:
+        _, value = self._get(key, default_absent=True)
+        if value is None:
+            return {}
+        if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            self.fail(key, f"is {_kind(value)}, expected an object of path → sha256")
+        return dict(value)
+
+    def paths(self, key: str) -> list[str]:
+        _, value = self._get(key, default_absent=True)
+        if value is None:
+            return []
+        if not isinstance(value, list) or not all(
+                isinstance(v, str) and v.startswith("/") for v in value):
+            self.fail(key, f"is {_kind(value)}, expected a list of absolute paths")
+        return list(value)
+
+    def hunks(self) -> tuple[tuple[Hunk, ...], ...]:
+        _, value = self._get("hunks", default_absent=True)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(run, list) for run in value):
+            self.fail("hunks", f"is {_kind(value)}, expected a list of lists")
+        runs = []
+        for i, run in enumerate(value):
+            found = []
+            for j, hunk in enumerate(run):
+                parts = [hunk.get(k) if isinstance(hunk, dict) else None
+                         for k in ("context", "before", "after")]
+                if not all(isinstance(p, list) and all(isinstance(x, str) for x in p)
+                           for p in parts):
+                    self.fail(f"hunks[{i}][{j}]", "must have context, before and after as "
+                              "lists of strings")
+                found.append((tuple(parts[0]), tuple(parts[1]), tuple(parts[2])))  # type: ignore[arg-type]
+            runs.append(tuple(found))
+        return tuple(runs)
+
+    def changes(self) -> tuple[Change, ...]:
+        _, value = self._get("changes", default_absent=False)
+        if not isinstance(value, list):
+            self.fail("changes", f"is {_kind(value)}, expected a list")
+        found = []
+        for i, entry in enumerate(value):
+            key = f"changes[{i}]"
+            if not isinstance(entry, dict):
+                self.fail(key, f"is {_kind(entry)}, expected an object with path, before, after")
+            missing = [k for k in ("path", "before", "after") if k not in entry]
+            if missing:
+                self.fail(f"{key}.{missing[0]}", "is missing")
+            path = entry["path"]
+            if not isinstance(path, list) or not path or not all(
+                    isinstance(p, str) for p in path):
+                self.fail(f"{key}.path", f"is {_kind(path)}, expected a non-empty list of "
+                          "strings")
+            found.append(Change(tuple(path), entry["before"], entry["after"]))
+        return tuple(found)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"a string ({value!r})" if value else "an empty string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
