@@ -57,12 +57,24 @@ def test_added_runtime_equals_its_source_except_binary_name(name: str) -> None:
     spec = spec_for(name)
     runtimes = schema.runtimes(after)
     nvidia = runtimes[spec.name]
-    assert nvidia["options"]["BinaryName"] == spec.binary
+    assert schema.runtime_binary(nvidia) == spec.binary
     if spec.name not in schema.runtimes(before):
-        runc = dict(schema.runtimes(before)["runc"])
-        options = {k: v for k, v in nvidia["options"].items() if k != "BinaryName"}
-        runc_options = {k: v for k, v in runc.get("options", {}).items() if k != "BinaryName"}
-        assert {**nvidia, "options": options} == {**runc, "options": runc_options}
+        source_name = configure(text(name, "input"), spec, name).source_runtime
+        source = dict(schema.lookup(before, schema.runtimes_path(schema.config_version(before))
+                                    [:-1])["runtimes" if source_name != "default" else
+                                           "default_runtime"].get(source_name, {})
+                      if source_name != "default" else
+                      schema.lookup(before, (*schema.cri_path(schema.config_version(before)),
+                                             "containerd", "default_runtime")))
+        key = schema.binary_key(source) or "BinaryName"
+        assert nvidia["options"][key] == spec.binary
+        options = {k: v for k, v in nvidia["options"].items() if k not in ("BinaryName", key)}
+        source_options = {k: v for k, v in source.get("options", {}).items()
+                          if k not in ("BinaryName", key)}
+        # an empty runtime_type is written out as the runc v2 shim containerd runs for it
+        source.setdefault("runtime_type", "io.containerd.runc.v2")
+        source["runtime_type"] = source["runtime_type"] or "io.containerd.runc.v2"
+        assert {**nvidia, "options": options} == {**source, "options": source_options}
     # everything but the runtime (and the CRI keys the spec asked for) is unchanged
     version = schema.config_version(before)
     for doc in (before, after):
@@ -107,11 +119,17 @@ def test_default_runtime_is_the_source_when_it_is_not_runc() -> None:
     assert result.source_runtime == "crun"
 
 
-def test_no_runtimes_at_all_gets_a_plain_runc_v2_runtime() -> None:
+def test_no_runtimes_at_all_gets_containerds_built_in_runc_and_a_copy_of_it() -> None:
+    """containerd 1.x drops its built-in runc once a file sets any runtime, so gpunode writes
+    runc out as containerd 1.x has it built in (tests/data/containerd/defaults) and copies it."""
     result = configure("version = 2\n", RuntimeSpec(), "f")
-    assert schema.runtimes(tomllib.loads(result.text))["nvidia"] == {
-        "runtime_type": "io.containerd.runc.v2",
-        "options": {"BinaryName": "/usr/bin/nvidia-container-runtime"}}
+    runtimes = schema.runtimes(tomllib.loads(result.text))
+    defaults = tomllib.loads((VECTORS.parent / "defaults" / "containerd-1.6.toml").read_text())
+    builtin = schema.runtimes(defaults)["runc"]
+    assert runtimes["runc"] == {"runtime_type": builtin["runtime_type"],
+                                "options": builtin["options"]}
+    assert runtimes["nvidia"] == {**runtimes["runc"], "options": {
+        **builtin["options"], "BinaryName": "/usr/bin/nvidia-container-runtime"}}
 
 
 def test_revert_leaves_a_value_someone_changed_since() -> None:
@@ -148,9 +166,14 @@ def test_bad_input_is_refused_with_file_and_reason(name: str) -> None:
     assert message in str(info.value)
 
 
-def test_empty_file_gets_a_runtime_under_version_1_paths() -> None:
-    result = configure("", RuntimeSpec(), "f")
-    assert "[plugins.cri.containerd.runtimes.nvidia]" in result.text
+@pytest.mark.parametrize("source", ["", "\n\n", "# only a comment\n"])
+def test_empty_file_becomes_version_2_which_every_containerd_reads(source: str) -> None:
+    """As version 1 (no version key), containerd 2.x would ignore the runtime."""
+    result = configure(source, RuntimeSpec(), "f")
+    assert source.strip() in result.text  # a comment stays
+    doc = tomllib.loads(result.text)
+    assert doc["version"] == 2
+    assert set(schema.runtimes(doc)) == {"nvidia", "runc"}
 
 
 def test_change_descriptions_quote_dotted_plugin_names() -> None:

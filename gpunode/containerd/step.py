@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from gpunode import command, log
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import edit
+from gpunode.containerd import discover, edit
 from gpunode.containerd.discover import CONTAINERD_UNIT, ActiveConfig, active_config
 from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
@@ -185,11 +185,15 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
             return Plan(edit=main, import_text=import_text,
                         import_before=host.read_optional(IMPORT_FILE), **common)
         log.get().warning("containerd.dropin_refused", reason=refused, fallback="in-place")
-    result = edit.configure(source_text, spec, shown)
+    # Judged by what containerd makes of the file and its imports (resolved from where the
+    # file will be), as the version that reads it, when it can be asked.
+    daemon = probe.version(binary)
+    imports = discover.load_layers(host, target, edit.parse(source_text, shown))[1:]
+    result = edit.configure(source_text, spec, shown, daemon=daemon, imports=imports)
     if result.added_runtime:
         effective = probe.dump(binary, str(host.path(source)))
         if effective is not None:
-            result = edit.configure(source_text, spec, shown, effective)
+            result = edit.configure(source_text, spec, shown, effective, daemon, imports)
     return Plan(edit=result, **common)
 
 
