@@ -50,7 +50,7 @@ def test_no_line_of_the_input_is_removed_except_a_reconciled_value(name: str) ->
     assert all("BinaryName" in line for line in removed), removed
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", [n for n in NAMES if not n.startswith("no-runc-")])
 def test_added_runtime_equals_its_source_except_binary_name(name: str) -> None:
     before = tomllib.loads(text(name, "input"))
     after = tomllib.loads(text(name, "expected"))
@@ -60,12 +60,9 @@ def test_added_runtime_equals_its_source_except_binary_name(name: str) -> None:
     assert schema.runtime_binary(nvidia) == spec.binary
     if spec.name not in schema.runtimes(before):
         source_name = configure(text(name, "input"), spec, name).source_runtime
-        source = dict(schema.lookup(before, schema.runtimes_path(schema.config_version(before))
-                                    [:-1])["runtimes" if source_name != "default" else
-                                           "default_runtime"].get(source_name, {})
-                      if source_name != "default" else
-                      schema.lookup(before, (*schema.cri_path(schema.config_version(before)),
-                                             "containerd", "default_runtime")))
+        cri = schema.lookup(before, schema.cri_path(schema.config_version(before)))
+        source = dict(cri["containerd"]["default_runtime"] if source_name == "default"
+                      else schema.runtimes(before)[source_name])
         key = schema.binary_key(source) or "BinaryName"
         assert nvidia["options"][key] == spec.binary
         options = {k: v for k, v in nvidia["options"].items() if k not in ("BinaryName", key)}
@@ -179,3 +176,27 @@ def test_empty_file_becomes_version_2_which_every_containerd_reads(source: str) 
 def test_change_descriptions_quote_dotted_plugin_names() -> None:
     change = Change(("plugins", "io.containerd.grpc.v1.cri", "enable_cdi"), None, True)
     assert change.describe() == 'add plugins."io.containerd.grpc.v1.cri".enable_cdi = true'
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("no-runc-")])
+def test_a_file_without_runtimes_gets_runc_written_out_and_nothing_else(name: str) -> None:
+    """containerd 1.x drops its built-in runc once a file sets any runtime: gpunode writes the
+    built-in runc, then the nvidia copy of it; the rest of the file is as it was."""
+    before = tomllib.loads(text(name, "input"))
+    after = tomllib.loads(text(name, "expected"))
+    version = schema.config_version(after)
+    runtimes = schema.runtimes(after)
+    assert set(runtimes) == ({"nvidia"} if version == 3 else {"nvidia", "runc"})
+    if version < 3:
+        assert runtimes["runc"]["runtime_type"] == "io.containerd.runc.v2"
+        assert runtimes["nvidia"] == {**runtimes["runc"], "options": {
+            **runtimes["runc"]["options"], "BinaryName": "/usr/bin/nvidia-container-runtime"}}
+    cri = schema.lookup(after, schema.cri_path(version))
+    del cri["containerd"]
+    if not cri:
+        del after["plugins"][schema.CRI_PLUGIN[version]]
+    if not after["plugins"]:
+        del after["plugins"]
+    if "version" not in before and not before:
+        del after["version"]  # an empty file becomes version 2
+    assert after == before

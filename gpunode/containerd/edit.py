@@ -137,16 +137,16 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     if spec.name not in runtimes and _satisfied(before, spec) and not _defined_in(doc, version):
         return Edit(text=text, version=version)  # an imported file already has it
     if spec.name not in runtimes:
+        builtin = schema.BUILTIN_DEFAULT_NAME
         for view in before:
-            default = view.default_name
-            if (view.origin.get(default) == schema.BUILTIN and default not in runtimes
+            if (view.origin.get(builtin) == schema.BUILTIN and builtin not in runtimes
                     and schema.replaces_builtin_runtimes(view.daemon) is not False
                     and not _defined_in(doc, version)):
-                # Setting any runtime replaces 1.x's built-in map: write the default one too,
-                # and copy the new runtime from exactly what is written.
-                table = _builtin_copy(default, effective, version, daemon)
-                changes.append(Change((*schema.runtimes_path(version), default), None, table))
-                if source_name == default:
+                # Setting any runtime replaces 1.x's built-in map: write the built-in runc out
+                # too, and copy the new runtime from exactly what is written.
+                table = _builtin_copy(builtin, effective, version, daemon)
+                changes.append(Change((*schema.runtimes_path(version), builtin), None, table))
+                if source_name == builtin:
                     source, effective = table, None
                 break
         _set(expected, rt_path, _new_runtime(source, source_name, spec, version, effective))
@@ -436,12 +436,19 @@ def _get(doc: Any, path: tuple[str, ...]) -> Any:
 
 
 def _set(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """Set a value; None removes it, and the tables it leaves empty (which no text shows)."""
+    parents = [doc]
     for key in path[:-1]:
         doc = doc.setdefault(key, {})
-    if value is None:
-        doc.pop(path[-1], None)
-    else:
+        parents.append(doc)
+    if value is not None:
         doc[path[-1]] = value
+        return
+    doc.pop(path[-1], None)
+    for depth in range(len(path) - 1, 0, -1):
+        if parents[depth]:
+            break
+        parents[depth - 1].pop(path[depth - 1], None)
 
 
 def _delete(doc: dict[str, Any], path: tuple[str, ...]) -> None:
