@@ -126,8 +126,8 @@ def configure(text: str, spec: RuntimeSpec, file: str,
         # would ignore a runtime written into it, as version 2 every containerd reads it.
         changes.append(Change(("version",), None, 2))
         version, doc = 2, {}
-    readers = _readers(version, daemon)
-    before = _views([schema.Layer(file, doc), *imports], readers, file)
+    versions = readers(version, daemon)
+    before = _views([schema.Layer(file, doc), *imports], versions, file)
     expected = copy.deepcopy(doc)
     if changes:
         expected["version"] = 2
@@ -171,7 +171,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     changes += _cri_settings(doc, spec, version)
     for change in changes:
         _set(expected, change.path, change.after)
-    after = _views([schema.Layer(file, expected), *imports], readers, file)
+    after = _views([schema.Layer(file, expected), *imports], versions, file)
     _check(after, before, spec, file, daemon)
     edit = Edit(text=text, version=version, added_runtime=added, source_runtime=source_name,
                 changes=tuple(changes))
@@ -183,7 +183,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
                 added_runtime=added, source_runtime=source_name, changes=tuple(changes))
 
 
-def _readers(version: int, daemon: schema.Daemon | None) -> tuple[schema.Daemon, ...]:
+def readers(version: int, daemon: schema.Daemon | None) -> tuple[schema.Daemon, ...]:
     """The containerd versions whose view of the file counts: the known one, else each
     behaviour that reads this config version (1: 1.x only, 3: 2.x only)."""
     if daemon is not None:
@@ -244,7 +244,7 @@ def _check(after: list[schema.View], before: list[schema.View], spec: RuntimeSpe
             continue
         who = schema.show(view.daemon)
         if daemon is None:
-            who += " (gpunode cannot ask containerd its version here)"
+            who = f"{schema.behaviour(view.daemon)} (its version cannot be asked here)"
         if view.cri_file not in (None, file):
             why = (f"{who} lets the CRI plugin table of {view.cri_file}, which this file imports, "
                    "replace this file's whole CRI table (containerd#5837, merged only from 2.1)")

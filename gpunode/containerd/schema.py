@@ -166,6 +166,11 @@ def reads_v1_cri(daemon: Daemon | None) -> bool | None:
     return None if daemon is None else daemon < (2, 0)
 
 
+def behaviour(daemon: Daemon) -> str:
+    """One of KNOWN_BEHAVIOURS as the range of versions it stands for."""
+    return "containerd 2.1+" if daemon >= MERGES_FROM else "containerd 1.x"
+
+
 def show(daemon: Daemon | None) -> str:
     if daemon is None:
         return "containerd (version unknown)"
