@@ -190,9 +190,9 @@ def _containerd(host: Host, config: AgentConfig) -> ContainerdFacts:
                                            f"containerd.config_path in {config.source}")
         else:
             active = discover.active_config(host, systemd.for_host(host.is_live))
-        layers = discover.load_layers(host, active.path)
-        version = discover.schema.config_version(layers[0].doc or {})
-        views, judge = _containerd_views(host, active, layers, version)
+        doc = discover.load_config(host, active.path)
+        version = discover.schema.config_version(doc)
+        views, judge = _containerd_views(host, active, doc, version)
     except (GpunodeError, discover.schema.SchemaError) as exc:
         return ContainerdFacts(config_path=None, config_reason="", error=str(exc))
     main_stat = host.stat(active.path)
@@ -200,8 +200,12 @@ def _containerd(host: Host, config: AgentConfig) -> ContainerdFacts:
     first = next(iter(answers.values()))
     uncertain = None
     if len(set(answers.values())) > 1:
-        uncertain = "; ".join(f"{discover.schema.behaviour(d)}: {_say(a, name)}"
-                              for d, a in answers.items())
+        groups: dict[_Answer, list[str]] = {}
+        for daemon, answer in answers.items():
+            groups.setdefault(answer, []).append(
+                discover.schema.behaviour(daemon).removeprefix("containerd "))
+        uncertain = "; ".join(f"containerd {' and '.join(who)}: {_say(answer, name)}"
+                              for answer, who in groups.items())
     file, binary, key, default_missing, problem = first
     view = views[0]
     mtimes = [st.st_mtime for st in (main_stat, host.stat(file) if file else None)
@@ -222,12 +226,16 @@ def _containerd(host: Host, config: AgentConfig) -> ContainerdFacts:
     )
 
 
-def _containerd_views(host: Host, active: discover.ActiveConfig,
-                      layers: list[discover.schema.Layer],
+def _containerd_views(host: Host, active: discover.ActiveConfig, doc: dict[str, Any],
                       version: int) -> tuple[list[discover.schema.View], str]:
     from gpunode.containerd.edit import readers
 
     schema = discover.schema
+
+    def effective(daemon: discover.schema.Daemon) -> discover.schema.View:
+        layers = discover.load_layers(host, active.path, doc, daemon=daemon)
+        return schema.effective(layers, daemon)
+
     if host.is_live:
         from gpunode.containerd.step import CommandProbe
 
@@ -236,15 +244,16 @@ def _containerd_views(host: Host, active: discover.ActiveConfig,
         daemon = probe.version(binary)
         dumped = probe.dump(binary, active.path) if daemon is not None else None
         if daemon is not None and dumped is not None:
-            model = schema.effective(layers, daemon)
+            model = effective(daemon)
             view = schema.effective([schema.Layer(active.path, dumped)], daemon)
             origin = {n: model.origin.get(n, active.path) for n in view.runtimes}
             view = dataclasses.replace(view, origin=origin, problem=model.problem)
             return [view], f"containerd {daemon[0]}.{daemon[1]}'s own config dump"
         if daemon is not None:
-            return [schema.effective(layers, daemon)], schema.show(daemon)
-    views = [schema.effective(layers, d) for d in readers(version, None)]
-    behaviours = " and ".join("2.1+" if v.daemon >= (2, 1) else "1.x" for v in views)
+            return [effective(daemon)], schema.show(daemon)
+    views = [effective(d) for d in readers(version, None)]
+    behaviours = ", ".join(schema.behaviour(v.daemon).removeprefix("containerd ")
+                           for v in views)
     return views, f"gpunode's reading of containerd {behaviours}'s merge rules"
 
 

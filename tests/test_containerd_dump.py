@@ -86,11 +86,12 @@ def file_runtimes(text: str) -> set[str]:
 
 
 def judge(binary: Path, version: str, name: str, source: str, tmp_path: Path,
-          live: bool) -> dict[str, Any] | None:
-    """Edit `source` as gpunode would and check containerd's dump of the result; returns the
-    dump of the output (None when gpunode refused, which the caller checks)."""
+          live: bool, dumped: dict[str, Any]) -> dict[str, Any] | None:
+    """Edit `source` as gpunode would and check containerd's dump of the result against
+    `dumped`, the dump of the source; returns the dump of the output (None when gpunode
+    refused, which the caller checks)."""
     spec = spec_of(name)
-    before = dump(binary, source, tmp_path, "before.toml")
+    before = copy.deepcopy(dumped)
     try:
         result = configure(source, spec, name, effective=before if live else None,
                            daemon=DAEMON[version] if live else None)
@@ -138,14 +139,14 @@ def test_containerd_sees_the_runtime_and_nothing_else_changes(
     binary = binaries[version]
     source = Path(path).read_text()
     try:
-        dump(binary, source, tmp_path, "before.toml")
+        dumped = dump(binary, source, tmp_path, "before.toml")
     except ContainerdError:
         return  # this containerd does not accept the input at all (e.g. version 3 on 1.x)
     file_version = schema.config_version(tomllib.loads(source))
     v1_on_2 = file_version == 1 and DAEMON[version] >= (2, 0) and bool(tomllib.loads(source))
     v3_on_1 = file_version == 3 and DAEMON[version] < (2, 0)
     # Live host: containerd's own dump and version are known.
-    judged = judge(binary, version, name, source, tmp_path, live=True)
+    judged = judge(binary, version, name, source, tmp_path, True, dumped)
     if v1_on_2 or v3_on_1:
         # refused: 2.x ignores a version 1 file's CRI settings; 1.6 reads a version 3 file
         # without complaint but ignores every setting in it
@@ -155,7 +156,7 @@ def test_containerd_sees_the_runtime_and_nothing_else_changes(
         assert judged is not None, "gpunode refused an input containerd reads"
     # Under --root: neither is known; a version 1 file is taken for 1.x (2.x ignores it
     # whatever gpunode writes), every other output must be right for every version.
-    assert judge(binary, version, name, source, tmp_path, live=False) is not None
+    assert judge(binary, version, name, source, tmp_path, False, dumped) is not None
 
 
 def test_cdi_and_default_runtime_reach_containerd(binaries: dict[str, Path],

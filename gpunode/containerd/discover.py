@@ -87,15 +87,17 @@ def load_config(host: Host, path: str) -> dict[str, Any]:
 
 
 def load_layers(host: Host, path: str, doc: dict[str, Any] | None = None,
-                parent: str | None = None) -> list[schema.Layer]:
+                parent: str | None = None,
+                daemon: schema.Daemon | None = None) -> list[schema.Layer]:
     """The main file and every file it imports, recursively, in the order containerd loads
     them (breadth first, each pattern's matches sorted, each file once). `doc`: the main file's
     document when the caller has it (e.g. as gpunode is about to write it); `parent`: the path
-    relative imports resolve against, when it is not `path` (a copy about to be made)."""
+    relative imports resolve against, when it is not `path` (a copy about to be made); `daemon`:
+    the containerd version whose resolution of relative imports counts (1.6 differs)."""
     main = doc if doc is not None else load_config(host, path)
     layers = [schema.Layer(path, main)]
     loaded = {path}
-    pending = _resolve(host, parent or path, main)
+    pending = _resolve(host, parent or path, main, daemon)
     while pending:
         file = pending.pop(0)
         if file in loaded:
@@ -104,11 +106,12 @@ def load_layers(host: Host, path: str, doc: dict[str, Any] | None = None,
         part = load_config(host, file) if host.exists(file) else None
         layers.append(schema.Layer(file, part))
         if part is not None:
-            pending += _resolve(host, file, part)
+            pending += _resolve(host, file, part, daemon)
     return layers
 
 
-def _resolve(host: Host, parent: str, doc: dict[str, Any]) -> list[str]:
+def _resolve(host: Host, parent: str, doc: dict[str, Any],
+             daemon: schema.Daemon | None) -> list[str]:
     """A file's `imports` as containerd's resolveImports reads them: a pattern is globbed (Go's
     filepath.Glob: '*' does not cross '/') only when it contains '*', else taken literally."""
     patterns = doc.get("imports", [])
@@ -116,7 +119,7 @@ def _resolve(host: Host, parent: str, doc: dict[str, Any]) -> list[str]:
         raise ContainerdConfigError(host.display(parent), "'imports' is not a list of paths")
     files: list[str] = []
     for pattern in patterns:
-        path = schema.import_path(parent, pattern)
+        path = schema.import_path(parent, pattern, daemon)
         if "*" not in path:
             files.append(path)
             continue

@@ -103,7 +103,7 @@ def _read(text: str, file: str) -> tuple[dict[str, Any], int, dict[str, Mapping[
 
 def configure(text: str, spec: RuntimeSpec, file: str,
               effective: Mapping[str, Any] | None = None, daemon: schema.Daemon | None = None,
-              imports: Sequence[schema.Layer] = ()) -> Edit:
+              imports: Imports = ()) -> Edit:
     """The edit that gives `text` the runtime `spec` describes; unchanged text when containerd
     already has it.
 
@@ -112,7 +112,8 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     runtime name gets none, so the copy takes the source's non-zero effective values too.
     `daemon` is the containerd version that reads the file (None: unknown, then every version
     that reads this config version is considered), `imports` the files the main file imports,
-    in containerd's load order: the edit is judged by what containerd makes of all of them."""
+    in containerd's load order (per version, where versions resolve them differently): the edit
+    is judged by what containerd makes of all of them."""
     bom = text.startswith(schema.BOM)
     if bom and daemon is not None and daemon >= (2, 0):
         raise EditError(file, f"starts with a UTF-8 byte order mark, which {schema.show(daemon)} "
@@ -127,7 +128,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
         changes.append(Change(("version",), None, 2))
         version, doc = 2, {}
     versions = readers(version, daemon)
-    before = _views([schema.Layer(file, doc), *imports], versions, file)
+    before = _views(schema.Layer(file, doc), imports, versions, file)
     expected = copy.deepcopy(doc)
     if changes:
         expected["version"] = 2
@@ -171,7 +172,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     changes += _cri_settings(doc, spec, version)
     for change in changes:
         _set(expected, change.path, change.after)
-    after = _views([schema.Layer(file, expected), *imports], versions, file)
+    after = _views(schema.Layer(file, expected), imports, versions, file)
     _check(after, before, spec, file, daemon)
     edit = Edit(text=text, version=version, added_runtime=added, source_runtime=source_name,
                 changes=tuple(changes))
@@ -183,19 +184,23 @@ def configure(text: str, spec: RuntimeSpec, file: str,
                 added_runtime=added, source_runtime=source_name, changes=tuple(changes))
 
 
+Imports = Sequence[schema.Layer] | Mapping[schema.Daemon, Sequence[schema.Layer]]
+
+
 def readers(version: int, daemon: schema.Daemon | None) -> tuple[schema.Daemon, ...]:
     """The containerd versions whose view of the file counts: the known one, else each
     behaviour that reads this config version (1: 1.x only, 3: 2.x only)."""
     if daemon is not None:
         return (daemon,)
-    return {1: schema.KNOWN_BEHAVIOURS[:1], 2: schema.KNOWN_BEHAVIOURS,
-            3: schema.KNOWN_BEHAVIOURS[1:]}[version]
+    return tuple(d for d in schema.KNOWN_BEHAVIOURS
+                 if (version != 1 or d < (2, 0)) and (version != 3 or d >= (2, 0)))
 
 
-def _views(layers: list[schema.Layer], readers: tuple[schema.Daemon, ...],
+def _views(main: schema.Layer, imports: Imports, daemons: tuple[schema.Daemon, ...],
            file: str) -> list[schema.View]:
     try:
-        views = [schema.effective(layers, daemon) for daemon in readers]
+        views = [schema.effective([main, *(imports.get(daemon, ()) if isinstance(imports, Mapping)
+                                           else imports)], daemon) for daemon in daemons]
     except schema.SchemaError as exc:
         raise EditError(file, str(exc)) from exc
     for view in views:
@@ -287,7 +292,7 @@ def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
     Returns the edit of the main file (an `imports` entry, when none matches yet) and the
     drop-in's full text, which gpunode owns and rewrites as a whole."""
     doc, version, runtimes = _read(text, file)
-    views = _views([schema.Layer(file, doc)], (schema.MERGES_FROM,), file)
+    views = _views(schema.Layer(file, doc), (), (schema.MERGES_FROM,), file)
     source_name, source = _source_runtime(doc, runtimes, views, spec.name)
     dropin: dict[str, Any] = {"version": version} if "version" in doc else {}
     rt_path = (*schema.runtimes_path(version), spec.name)

@@ -168,7 +168,7 @@ def reads_v1_cri(daemon: Daemon | None) -> bool | None:
 
 def behaviour(daemon: Daemon) -> str:
     """One of KNOWN_BEHAVIOURS as the range of versions it stands for."""
-    return "containerd 2.1+" if daemon >= MERGES_FROM else "containerd 1.x"
+    return "containerd 2.1+" if daemon >= MERGES_FROM else show(daemon)
 
 
 def show(daemon: Daemon | None) -> str:
@@ -212,13 +212,20 @@ def go_match(pattern: str, name: str) -> bool:
     return re.fullmatch("".join(out), name, re.DOTALL) is not None
 
 
-def import_path(parent: str, pattern: str) -> str:
-    """An `imports` entry as containerd resolves it: cleaned, relative to the importing file."""
+# containerd 1.6 joins a relative import with its working directory (systemd's "/"), 1.7 and
+# later with the importing file's directory (checked against both in test_containerd_real.py).
+CWD = "/"
+
+
+def import_path(parent: str, pattern: str, daemon: Daemon | None = None) -> str:
+    """An `imports` entry as containerd resolves it: cleaned, relative to the importing file
+    (containerd 1.6: to its working directory)."""
     import posixpath
 
     path = posixpath.normpath(pattern)
     if not path.startswith("/"):
-        path = posixpath.normpath(posixpath.join(posixpath.dirname(parent), path))
+        base = CWD if daemon is not None and daemon < (1, 7) else posixpath.dirname(parent)
+        path = posixpath.normpath(posixpath.join(base, path))
     return path
 
 
@@ -262,8 +269,8 @@ class View:
 
 
 BUILTIN = "built-in"
-# The two behaviours gpunode knows, for when the version is unknown: 1.x and 2.1+.
-KNOWN_BEHAVIOURS: tuple[Daemon, ...] = ((1, 7), (2, 1))
+# The behaviours gpunode knows, for when the version is unknown: 1.6, 1.7 and 2.1+.
+KNOWN_BEHAVIOURS: tuple[Daemon, ...] = ((1, 6), (1, 7), (2, 1))
 
 
 def effective(layers: list[Layer], daemon: Daemon) -> View:

@@ -188,7 +188,9 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     # Judged by what containerd makes of the file and its imports (resolved from where the
     # file will be), as the version that reads it, when it can be asked.
     daemon = probe.version(binary)
-    imports = discover.load_layers(host, target, edit.parse(source_text, shown))[1:]
+    doc = edit.parse(source_text, shown)
+    imports = {d: discover.load_layers(host, target, doc, daemon=d)[1:]
+               for d in edit.readers(edit.schema.config_version(doc), daemon)}
     result = edit.configure(source_text, spec, shown, daemon=daemon, imports=imports)
     if result.added_runtime:
         effective = probe.dump(binary, str(host.path(source)))

@@ -31,7 +31,7 @@ REFUSED: dict[str, tuple[str, dict[str, str], str]] = {
         "version = 2\n" + IMPORTS + RUNC,
         {"/etc/containerd/conf.d/10-images.toml":
          f'version = 2\n[{CRI}]\nsandbox_image = "example.org/pause:9"\n'},
-        r"containerd 1\.x .*replace this file's whole CRI table.*containerd#5837"),
+        r"containerd 1\.6 .*replace this file's whole CRI table.*containerd#5837"),
     "import-sets-a-wrong-binary-name": (
         "version = 2\n" + IMPORTS + RUNC + NVIDIA,
         {"/etc/containerd/conf.d/50-old.toml":
@@ -40,13 +40,13 @@ REFUSED: dict[str, tuple[str, dict[str, str], str]] = {
         r"would not take effect.*runs /opt/old/nvidia-container-runtime"),
     "missing-literal-import": (
         'version = 2\nimports = ["/etc/containerd/gone.toml"]\n' + RUNC, {},
-        r"imported file /etc/containerd/gone.toml does not exist: containerd 1\.7 refuses"),
+        r"imported file /etc/containerd/gone.toml does not exist: containerd 1\.6 refuses"),
     "imports-mixing-config-versions": (
         "version = 2\n" + IMPORTS + RUNC,
         {"/etc/containerd/conf.d/v3.toml":
          "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd]\n"
          "default_runtime_name = 'runc'\n"},
-        r"containerd 1\.7 does not read config version 3"),
+        r"containerd 1\.6 does not read config version 3"),
     "malformed-import-glob": (
         'version = 2\nimports = ["/etc/containerd/conf.d/[*.toml"]\n' + RUNC, {},
         r"imports: malformed pattern"),
@@ -176,18 +176,26 @@ STATUS = {
     "import-without-runc-depends-on-the-version": (
         "version = 2\n" + IMPORTS + RUNC, {"/etc/containerd/conf.d/nvidia.toml":
                                             "version = 2\n" + NVIDIA},
-        "warn", r"containerd 1\.x: .*default runtime 'runc' is gone; containerd 2\.1\+: "
+        "warn", r"containerd 1\.6 and 1\.7: .*default runtime 'runc' is gone; containerd 2\.1\+: "
         r"runtime 'nvidia' runs"),
     # an import touching the CRI table drops the main file's runtime on 1.x
     "import-touching-cri-drops-the-main-runtime-on-1x": (
         "version = 2\n" + IMPORTS + RUNC + NVIDIA,
         {"/etc/containerd/conf.d/images.toml": f'version = 2\n[{CRI}]\nsandbox_image = "x"\n'},
-        "warn", r"containerd 1\.x: no runtime 'nvidia'"),
+        "warn", r"containerd 1\.6 and 1\.7: no runtime 'nvidia'"),
+    "runtime-in-an-import": (
+        'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n',
+        {"/etc/containerd/conf.d/nvidia.toml": "version = 2\n" + RUNC + NVIDIA},
+        "ok", r"runtime 'nvidia' → /usr/bin/nvidia-container-runtime in "
+              r"/etc/containerd/conf.d/nvidia.toml"),
+    # containerd 1.6 resolves a relative import against its working directory, 1.7+ against
+    # the importing file's directory
     "runtime-in-a-relative-import": (
         'version = 2\nimports = ["conf.d/*.toml"]\n', {"/etc/containerd/conf.d/nvidia.toml":
                                                       "version = 2\n" + RUNC + NVIDIA},
-        "ok", r"runtime 'nvidia' → /usr/bin/nvidia-container-runtime in "
-              r"/etc/containerd/conf.d/nvidia.toml"),
+        "warn", r"containerd 1\.6: no runtime 'nvidia'; containerd 1\.7 and 2\.1\+: runtime "
+                r"'nvidia' runs /usr/bin/nvidia-container-runtime "
+                r"\(/etc/containerd/conf.d/nvidia.toml\)"),
     "glob-star-does-not-cross-a-slash": (
         'version = 2\nimports = ["/etc/*.toml"]\n' + RUNC, {"/etc/containerd/conf.d/nvidia.toml":
                                                              "version = 2\n" + NVIDIA},
