@@ -200,3 +200,78 @@ def test_a_file_without_runtimes_gets_runc_written_out_and_nothing_else(name: st
     if "version" not in before and not before:
         del after["version"]  # an empty file becomes version 2
     assert after == before
+
+
+V2_RUNC = ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+           'runtime_type = "io.containerd.runc.v2"\n')
+
+
+def test_a_byte_order_mark_is_kept_for_1x_and_refused_for_2x() -> None:
+    """containerd 1.x skips a UTF-8 BOM; 2.x refuses the file ('invalid character at start of
+    key'), checked in tests/test_containerd_real.py."""
+    result = configure("\ufeff" + V2_RUNC, RuntimeSpec(), "f", daemon=(1, 7))
+    assert result.text.startswith("\ufeffversion = 2\n")
+    with pytest.raises(EditError, match=r"byte order mark, which containerd 2\.1 refuses"):
+        configure("\ufeff" + V2_RUNC, RuntimeSpec(), "f", daemon=(2, 1))
+
+
+def test_a_version_1_file_is_refused_for_containerd_2() -> None:
+    with pytest.raises(EditError, match=r"version 1 config .*containerd 2\.1 ignores its CRI"):
+        configure(text("v1-no-version", "input"), RuntimeSpec(), "f", daemon=(2, 1))
+
+
+def test_nan_in_the_config_does_not_fail_the_self_check() -> None:
+    source = V2_RUNC + '[plugins."io.containerd.gc.v1.scheduler"]\npause_threshold = nan\n'
+    result = configure(source, RuntimeSpec(), "f")
+    assert result.added_runtime == "nvidia"
+    assert not configure(result.text, RuntimeSpec(), "f").changed
+
+
+def test_the_legacy_linux_shim_gets_the_binary_in_options_runtime() -> None:
+    """io.containerd.runtime.v1.linux runs options.Runtime (runctypes.RuncOptions)."""
+    source = ('version = 1\n[plugins.cri.containerd.runtimes.runc]\n'
+              'runtime_type = "io.containerd.runtime.v1.linux"\n'
+              '[plugins.cri.containerd.runtimes.runc.options]\nRuntime = "/usr/bin/runc"\n')
+    nvidia = schema.runtimes(tomllib.loads(configure(source, RuntimeSpec(), "f").text))["nvidia"]
+    assert nvidia == {"runtime_type": "io.containerd.runtime.v1.linux",
+                      "options": {"Runtime": "/usr/bin/nvidia-container-runtime"}}
+
+
+def test_a_kata_default_runtime_is_not_copied() -> None:
+    """A shim that runs no OCI binary cannot run the NVIDIA runtime: runc is copied instead."""
+    source = ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+              'default_runtime_name = "kata"\n'
+              '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]\n'
+              'runtime_type = "io.containerd.kata.v2"\n'
+              + V2_RUNC.split("\n", 1)[1])
+    assert configure(source, RuntimeSpec(), "f").source_runtime == "runc"
+
+
+def test_the_built_in_runc_is_written_as_containerds_dump_shows_it() -> None:
+    effective = tomllib.loads((VECTORS.parent / "defaults" / "containerd-1.7.toml").read_text())
+    result = configure("version = 2\n", RuntimeSpec(), "f", effective=effective, daemon=(1, 7))
+    runc = schema.runtimes(tomllib.loads(result.text))["runc"]
+    dumped = schema.runtimes(effective)["runc"]
+    assert runc["sandbox_mode"] == "podsandbox"
+    assert runc["options"] == dumped["options"]
+
+
+def test_a_2_1_daemon_needs_no_runc_written() -> None:
+    """containerd 2.x merges a file's runtimes with its built-in ones."""
+    result = configure("version = 2\n", RuntimeSpec(), "f", daemon=(2, 1))
+    assert set(schema.runtimes(tomllib.loads(result.text))) == {"nvidia"}
+
+
+@pytest.mark.parametrize(("imports", "added"), [
+    ('["conf.d/*.toml"]', False), ('["/etc/containerd/conf.d/*.toml"]', False),
+    ('["*.toml"]', True),  # '*' does not cross '/': /etc/containerd/*.toml misses conf.d/
+    ('["/etc/*/conf.d/*.toml"]', False), ('["/etc/containerd/conf.d/?9-*.toml"]', False),
+])
+def test_dropin_mode_adds_an_import_unless_one_matches_as_go_globs_do(imports: str,
+                                                                      added: bool) -> None:
+    from gpunode.containerd.edit import configure_dropin
+
+    main, _ = configure_dropin(f"version = 2\nimports = {imports}\n" + V2_RUNC.split("\n", 1)[1],
+                               RuntimeSpec(), "/etc/containerd/config.toml",
+                               "/etc/containerd/conf.d/99-gpunode-nvidia.toml")
+    assert main.changed is added

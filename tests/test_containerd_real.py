@@ -18,6 +18,7 @@ import pytest
 
 from real.containerd_bins import (
     VERSIONS,
+    ContainerdError,
     default_config,
     dump_config,
     ensure_binary,
@@ -413,3 +414,16 @@ def test_gpunodes_model_of_imports_is_what_containerd_dumps(
         n: schema.runtime_binary(rt) for n, rt in real.items()}
     cri = dumped["plugins"][CRI_V3_RUNTIME if dumped["version"] == 3 else CRI_V2]
     assert view.default_name == cri["containerd"]["default_runtime_name"]
+
+
+def test_a_byte_order_mark_is_skipped_by_1x_and_refused_by_2x(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    """Why gpunode keeps a BOM it finds, and refuses the file when containerd is 2.x."""
+    config = tmp_path / "bom.toml"
+    config.write_text("\ufeff" + NVIDIA_V2)
+    if containerd.major == 1:
+        assert "nvidia" in runtimes(tomllib.loads(dump_config(containerd.path, config)))
+    else:
+        with pytest.raises(ContainerdError, match="invalid character at start of key"):
+            dump_config(containerd.path, config)
