@@ -250,8 +250,14 @@ def _containerd_views(host: Host, active: discover.ActiveConfig, doc: dict[str, 
             view = dataclasses.replace(view, origin=origin, problem=model.problem)
             return [view], f"containerd {daemon[0]}.{daemon[1]}'s own config dump"
         if daemon is not None:
-            return [effective(daemon)], schema.show(daemon)
-    views = [effective(d) for d in readers(version, None)]
+            view = effective(daemon)
+            failed = (f"'{binary} --config {active.path} config dump' failed (logged as "
+                      f"containerd.dump_unavailable): {schema.show(daemon)} cannot read it")
+            return [dataclasses.replace(view, problem=view.problem or failed)], schema.show(daemon)
+    # A version 1 file is read by 1.x only as written; 2.x ignores its CRI settings, which
+    # status says (configure edits it for 1.x: its settings mean nothing to 2.x either way).
+    daemons = schema.KNOWN_BEHAVIOURS if version == 1 else readers(version, None)
+    views = [effective(d) for d in daemons]
     behaviours = ", ".join(schema.behaviour(v.daemon).removeprefix("containerd ")
                            for v in views)
     return views, f"gpunode's reading of containerd {behaviours}'s merge rules"

@@ -427,3 +427,51 @@ def test_a_byte_order_mark_is_skipped_by_1x_and_refused_by_2x(
     else:
         with pytest.raises(ContainerdError, match="invalid character at start of key"):
             dump_config(containerd.path, config)
+
+
+# -- status on a live host asks containerd itself -------------------------------------------------
+
+LIVE_STATUS = {
+    # main file's runtime, dropped on 1.x by an import that touches the CRI table
+    "import-touching-cri": (
+        "version = 2\nimports = [\"{tmp}/conf.d/*.toml\"]\n" + RUNC_V2
+        + NVIDIA_V2.split("\n", 1)[1],
+        {"conf.d/images.toml": f'version = 2\n[plugins."{CRI_V2}"]\nsandbox_image = "x"\n'},
+        {"1.6": None, "1.7": None, "2": NVIDIA_BINARY}),
+    "wrong-binary-in-an-import": (
+        "version = 2\nimports = [\"{tmp}/conf.d/*.toml\"]\n" + RUNC_V2
+        + NVIDIA_V2.split("\n", 1)[1],
+        {"conf.d/old.toml": "version = 2\n" + RUNC_V2 + NVIDIA_OLD},
+        {v: "/opt/old/nvidia-container-runtime" for v in VERSIONS}),
+    "version-1-file": (MERGES["version-1-file"][0], {},
+                       {"1.6": NVIDIA_BINARY, "1.7": NVIDIA_BINARY, "2": None}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIVE_STATUS))
+def test_live_status_reports_the_runtime_containerd_itself_dumps(
+    containerd: Containerd, tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a live host status judges by containerd's own `config dump` (here the test's real
+    binary stands in for the node's), not by reading the files."""
+    import functools
+
+    from gpunode import status
+    from gpunode.config import AgentConfig, ContainerdConfig
+    from gpunode.containerd import step
+    from gpunode.host import Host
+
+    main, imports, expected = LIVE_STATUS[name]
+    for relative, text in imports.items():
+        (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative).write_text(text)
+    config = tmp_path / "main.toml"
+    config.write_text(main.replace("{tmp}", str(tmp_path)))
+    monkeypatch.setattr(step, "CommandProbe",
+                        functools.partial(step.CommandProbe, str(containerd.path)))
+    facts = status._containerd(Host(), AgentConfig(containerd=ContainerdConfig(
+        config_path=str(config))))
+    assert facts.judge.endswith("own config dump"), facts
+    assert facts.binary_name == expected[containerd.version], facts
+    if name == "version-1-file" and containerd.major == 2:
+        assert facts.problem and "ignores its CRI settings" in facts.problem

@@ -200,6 +200,13 @@ STATUS = {
         'version = 2\nimports = ["/etc/*.toml"]\n' + RUNC, {"/etc/containerd/conf.d/nvidia.toml":
                                                              "version = 2\n" + NVIDIA},
         "fail", r"no 'nvidia' runtime"),
+    "version-1-file-under-root": (
+        "[plugins.cri.containerd.runtimes.runc]\nruntime_type = 'io.containerd.runc.v2'\n"
+        "[plugins.cri.containerd.runtimes.nvidia]\nruntime_type = 'io.containerd.runc.v2'\n"
+        "[plugins.cri.containerd.runtimes.nvidia.options]\n"
+        "BinaryName = '/usr/bin/nvidia-container-runtime'\n", {},
+        "warn", r"containerd 2\.1\+: /etc/containerd/config.toml is a version 1 config \(no "
+        r"'version' key\): containerd 2\.1 ignores its CRI settings"),
     "missing-default-runtime": (
         f'version = 2\n[{CRI}.containerd]\ndefault_runtime_name = "crun"\n{RUNC}{NVIDIA}', {},
         "fail", r"default runtime 'crun' is not among its runtimes"),
