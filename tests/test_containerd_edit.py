@@ -275,3 +275,27 @@ def test_dropin_mode_adds_an_import_unless_one_matches_as_go_globs_do(imports: s
                                RuntimeSpec(), "/etc/containerd/config.toml",
                                "/etc/containerd/conf.d/99-gpunode-nvidia.toml")
     assert main.changed is added
+
+
+def test_set_as_default_is_refused_where_a_legacy_default_runtime_wins() -> None:
+    """containerd 1.x makes a typed `default_runtime` table the default runtime "default"
+    whatever default_runtime_name says (its CRI plugin logs so), so the change would not hold."""
+    source = (VECTORS.parent / "toolkit" / "container-config_v1.toml").read_text()
+    with pytest.raises(EditError, match="deprecated default_runtime table") as info:
+        configure(source, RuntimeSpec(set_as_default=True), "f")
+    assert "default_runtime_name" in info.value.hint
+
+
+TOOLKIT = sorted((VECTORS.parent / "toolkit").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", TOOLKIT, ids=[p.stem for p in TOOLKIT])
+def test_toolkit_inputs_keep_every_line_and_a_second_run_changes_nothing(path: Path) -> None:
+    """The NVIDIA container toolkit's own test configs: every input line stays byte for byte
+    (except a reconciled binary), and the output is already as configured."""
+    source = path.read_text()
+    result = configure(source, RuntimeSpec(), path.name)
+    diff = difflib.ndiff(source.splitlines(), result.text.splitlines())
+    removed = [line[2:] for line in diff if line.startswith("- ")]
+    assert all("BinaryName" in line for line in removed), removed
+    assert not configure(result.text, RuntimeSpec(), path.name).changed

@@ -250,20 +250,29 @@ def _check(after: list[schema.View], before: list[schema.View], spec: RuntimeSpe
         who = schema.show(view.daemon)
         if daemon is None:
             who = f"{schema.behaviour(view.daemon)} (its version cannot be asked here)"
+        hint = ("put the runtime into the imported file by hand, or move that file's CRI "
+                "settings into this one, then run gpunode again")
+        legacy = schema.lookup(view.cri, ("containerd", "default_runtime"))
         if view.cri_file not in (None, file):
             why = (f"{who} lets the CRI plugin table of {view.cri_file}, which this file imports, "
                    "replace this file's whole CRI table (containerd#5837, merged only from 2.1)")
         elif view.origin.get(spec.name) not in (None, file, schema.BUILTIN):
             why = (f"{view.origin[spec.name]}, which this file imports, sets runtime "
                    f"'{spec.name}' too and {who} reads it after this file")
+        elif (spec.set_as_default and isinstance(legacy, Mapping)
+              and schema.runtime_type(legacy) and view.daemon < (2, 0)):
+            why = (f"{who} makes the deprecated default_runtime table the default runtime "
+                   "whatever default_runtime_name says")
+            hint = ("move default_runtime into a runtimes.<name> table and name it in "
+                    "default_runtime_name, then run gpunode again")
         elif lost:
             why = f"{who} would lose the default runtime '{view.default_name}'"
+            hint = "define the default runtime in the file, then run gpunode again"
         else:
             why = f"for {who}"
+            hint = "report the file's layout as a bug; meanwhile add the runtime by hand"
         raise EditError(file, f"gpunode's change would not take effect: {why}; after it, "
-                        f"{unmet or 'the default runtime is gone'}",
-                        hint="put the runtime into the imported file by hand, or move that "
-                        "file's CRI settings into this one, then run gpunode again")
+                        f"{unmet or 'the default runtime is gone'}", hint=hint)
 
 
 def _builtin_copy(name: str, effective: Mapping[str, Any] | None, version: int,
