@@ -299,3 +299,13 @@ def test_toolkit_inputs_keep_every_line_and_a_second_run_changes_nothing(path: P
     removed = [line[2:] for line in diff if line.startswith("- ")]
     assert all("BinaryName" in line for line in removed), removed
     assert not configure(result.text, RuntimeSpec(), path.name).changed
+
+
+def test_a_runtime_an_import_gives_every_containerd_is_not_added_again() -> None:
+    imported = tomllib.loads(V2_RUNC + (
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        'BinaryName = "/usr/bin/nvidia-container-runtime"\n'))
+    main = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n' + V2_RUNC.split("\n", 1)[1]
+    result = configure(main, RuntimeSpec(), "/etc/containerd/config.toml",
+                       imports=[schema.Layer("/etc/containerd/conf.d/nvidia.toml", imported)])
+    assert not result.changed and result.text == main

@@ -135,7 +135,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     source_name, source = _source_runtime(doc, runtimes, before, spec.name)
     rt_path = (*schema.runtimes_path(version), spec.name)
     added = None
-    if spec.name not in runtimes and _satisfied(before, spec) and not _defined_in(doc, version):
+    if spec.name not in runtimes and _satisfied(before, spec):
         return Edit(text=text, version=version)  # an imported file already has it
     if spec.name not in runtimes:
         builtin = schema.BUILTIN_DEFAULT_NAME
