@@ -250,14 +250,16 @@ def start(binary: Path, config: Path, tmp_path: Path) -> Started:
     private mount namespace whose /opt and /run are empty tmpfs (plugins create directories
     there), until the API answers; then `ctr plugins ls`, and the daemon is stopped."""
     import os
+    import re
     import signal
     import subprocess
     import time
 
     if os.geteuid() != 0:
         pytest.skip("starting containerd needs root (mount namespace, its root directory)")
-    if not CTR.exists():
-        pytest.fail(f"{CTR} is missing: install Debian's containerd package", pytrace=False)
+    # Without ctr (only the containerd binary is fetched for the non-system versions), the
+    # daemon's own log says when it has booted and whether a CRI plugin failed to load.
+    use_ctr = CTR.exists()
     tmp_path.mkdir(parents=True, exist_ok=True)
     address = tmp_path / "containerd.sock"
     log = (tmp_path / "daemon.log").open("w")
@@ -271,12 +273,19 @@ def start(binary: Path, config: Path, tmp_path: Path) -> Started:
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and daemon.poll() is None:
-            if address.exists():
+            if address.exists() and use_ctr:
                 result = subprocess.run([str(CTR), "--address", str(address), "plugins", "ls"],
                                         capture_output=True, text=True, timeout=10)
                 if result.returncode == 0:
                     listing = result.stdout
                     break
+            elif "containerd successfully booted" in (tmp_path / "daemon.log").read_text():
+                log_text = (tmp_path / "daemon.log").read_text()
+                failed = re.search(r'failed to load plugin "?io\.containerd\.(grpc\.v1|cri\.v1)'
+                                   r'[.a-z]*"?', log_text)
+                status = "error" if failed else "ok"
+                listing = f"TYPE ID STATUS\nio.containerd.grpc.v1 cri {status}\n"
+                break
             time.sleep(0.05)
     finally:
         daemon.send_signal(signal.SIGTERM)
