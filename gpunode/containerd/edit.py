@@ -122,7 +122,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     body = text.removeprefix(schema.BOM)
     doc, version, runtimes = _read(body, file)
     changes: list[Change] = []
-    if not doc and not body.strip("\n\t\r ").startswith("version"):
+    if not doc:
         # An empty (or comment-only) file means no settings at all; as version 1 containerd 2.x
         # would ignore a runtime written into it, as version 2 every containerd reads it.
         changes.append(Change(("version",), None, 2))
