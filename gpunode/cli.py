@@ -400,7 +400,15 @@ def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) ->
 
 
 def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:
-    """The agent config with this command line's overrides applied."""
+    """The agent config with this command line's overrides applied, checked by the same rules
+    as the agent config's own keys (a name containerd rejects, a relative path: exit 2)."""
+    from gpunode.config import _absolute_path, _runtime_name
+
+    for flag, value, check in (("--runtime-name", args.runtime_name, _runtime_name),
+                               ("--runtime-path", args.runtime_path, _absolute_path)):
+        problem = check(value) if value is not None else None
+        if problem is not None:
+            raise UsageError(f"{flag} {value!r}: {problem}")
     overrides = {key: value for key, value in (
         ("runtime_name", args.runtime_name), ("runtime_path", args.runtime_path),
         ("set_as_default", args.set_as_default), ("enable_cdi", args.enable_cdi))

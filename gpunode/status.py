@@ -6,6 +6,7 @@ so every verdict can be tested from data alone.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import stat
@@ -54,6 +55,11 @@ class ContainerdFacts:
     error: str | None = None
     runtime_names: tuple[str, ...] = ()
     config_mtime: float | None = None  # of the file that defines the runtime, or the main file
+    judge: str = ""  # whose view this is: containerd's own dump, or gpunode's model of it
+    problem: str | None = None  # containerd would not use the CRI settings as written
+    uncertain: str | None = None  # the answer depends on a containerd version not known here
+    default_missing: str | None = None  # the default runtime containerd would not find
+    binary_key: str = "BinaryName"  # the option the runtime's shim runs
 
 
 @dataclass(frozen=True)
@@ -212,31 +218,50 @@ def _dev_node(host: Host, path: str) -> DevNode:
 
 
 def _containerd(host: Host, config: AgentConfig) -> ContainerdFacts:
+    """The runtime as containerd sees it: its own `config dump` on a live host where the binary
+    runs; else gpunode's model of its merge of the file and its imports, for each containerd
+    behaviour that reads this config version (1.x replaces imported plugin tables, 2.1+ merges
+    them), saying so when the answer depends on the version."""
+    name = config.containerd.runtime_name
     try:
         if config.containerd.config_path:
             active = discover.ActiveConfig(config.containerd.config_path,
                                            f"containerd.config_path in {config.source}")
         else:
             active = discover.active_config(host, systemd.for_host(host.is_live))
-        tables = discover.runtime_tables(host, active.path)
-    except GpunodeError as exc:
+        doc = discover.load_config(host, active.path)
+        version = discover.schema.config_version(doc)
+        views, judge = _containerd_views(host, active, doc, version)
+    except (GpunodeError, discover.schema.SchemaError) as exc:
         return ContainerdFacts(config_path=None, config_reason="", error=str(exc))
-    found = tables.get(config.containerd.runtime_name)
     main_stat = host.stat(active.path)
-    if found is None:
-        return ContainerdFacts(active.path, active.reason, runtime_names=tuple(sorted(tables)),
-                               config_mtime=main_stat.st_mtime if main_stat else None)
-    file, table = found
-    mtimes = [st.st_mtime for st in (main_stat, host.stat(file)) if st is not None]
-    binary = discover.schema.binary_name(table)
+    answers = {view.daemon: _runtime_answer(view, name) for view in views}
+    first = next(iter(answers.values()))
+    uncertain = None
+    if len(set(answers.values())) > 1:
+        groups: dict[_Answer, list[str]] = {}
+        for daemon, answer in answers.items():
+            groups.setdefault(answer, []).append(
+                discover.schema.behaviour(daemon).removeprefix("containerd "))
+        uncertain = "; ".join(f"containerd {' and '.join(who)}: {_say(answer, name)}"
+                              for answer, who in groups.items())
+    file, binary, key, default_missing, problem = first
+    view = views[0]
+    mtimes = [st.st_mtime for st in (main_stat, host.stat(file) if file else None)
+              if st is not None]
     return ContainerdFacts(
         config_path=active.path,
         config_reason=active.reason,
         runtime_file=file,
         binary_name=binary,
         binary_ok=binary is not None and host.is_executable_file(binary),
-        runtime_names=tuple(sorted(tables)),
+        runtime_names=tuple(sorted(view.runtimes)),
         config_mtime=max(mtimes) if mtimes else None,
+        judge=judge,
+        problem=problem if uncertain is None else None,
+        uncertain=uncertain,
+        default_missing=default_missing if uncertain is None else None,
+        binary_key=key,
     )
 
 
@@ -256,6 +281,68 @@ def _containerd_start(host: Host) -> DaemonStart:
         return DaemonStart(unknown=manager.unavailable_reason or f"{CONTAINERD_UNIT} has no "
                            "running main process (something else runs containerd)")
     return DaemonStart(pid=main.pid, started=main.started)
+
+
+def _containerd_views(host: Host, active: discover.ActiveConfig, doc: dict[str, Any],
+                      version: int) -> tuple[list[discover.schema.View], str]:
+    from gpunode.containerd.edit import readers
+
+    schema = discover.schema
+
+    def effective(daemon: discover.schema.Daemon) -> discover.schema.View:
+        layers = discover.load_layers(host, active.path, doc, daemon=daemon)
+        return schema.effective(layers, daemon)
+
+    if host.is_live:
+        from gpunode.containerd.step import CommandProbe
+
+        binary = active.raw_exec[0].lstrip("-@+!:") if active.raw_exec else "/usr/bin/containerd"
+        probe = CommandProbe()
+        daemon = probe.version(binary)
+        dumped = probe.dump(binary, active.path) if daemon is not None else None
+        if daemon is not None and dumped is not None:
+            model = effective(daemon)
+            view = schema.effective([schema.Layer(active.path, dumped)], daemon)
+            origin = {n: model.origin.get(n, active.path) for n in view.runtimes}
+            view = dataclasses.replace(view, origin=origin, problem=model.problem)
+            return [view], f"containerd {daemon[0]}.{daemon[1]}'s own config dump"
+        if daemon is not None:
+            view = effective(daemon)
+            failed = (f"'{binary} --config {active.path} config dump' failed (logged as "
+                      f"containerd.dump_unavailable): {schema.show(daemon)} cannot read it")
+            return [dataclasses.replace(view, problem=view.problem or failed)], schema.show(daemon)
+    # A version 1 file is read by 1.x only as written; 2.x ignores its CRI settings, which
+    # status says (configure edits it for 1.x: its settings mean nothing to 2.x either way).
+    daemons = schema.KNOWN_BEHAVIOURS if version == 1 else readers(version, None)
+    views = [effective(d) for d in daemons]
+    behaviours = ", ".join(schema.behaviour(v.daemon).removeprefix("containerd ")
+                           for v in views)
+    return views, f"gpunode's reading of containerd {behaviours}'s merge rules"
+
+
+_Answer = tuple[str | None, str | None, str, str | None, str | None]
+
+
+def _runtime_answer(view: discover.schema.View, name: str) -> _Answer:
+    """(file, binary, binary option, missing default runtime, problem) of one containerd view."""
+    schema = discover.schema
+    runtime = view.runtimes.get(name)
+    default = view.default_name
+    missing = None if default in view.runtimes or view.problem else default
+    if runtime is None:
+        return None, None, "BinaryName", missing, view.problem
+    file = view.origin.get(name) or None
+    return (file, schema.runtime_binary(runtime), schema.binary_key(runtime) or "BinaryName",
+            missing, view.problem)
+
+
+def _say(answer: _Answer, name: str) -> str:
+    file, binary, key, missing, problem = answer
+    if problem:
+        return problem
+    text = f"runtime '{name}' runs {binary} ({file})" if binary else (
+        f"runtime '{name}' has no options.{key}" if file else f"no runtime '{name}'")
+    return text + (f", and the default runtime '{missing}' is gone" if missing else "")
 
 
 def _last_boot(host: Host) -> tuple[BootRecord | None, str | None]:
@@ -461,6 +548,16 @@ def _containerd_runtime(facts: StatusFacts) -> Check:
                      "fix or restore containerd's config file; containerd will not start with it "
                      "either")
     where = f"{c.config_path} ({c.config_reason})"
+    if c.problem is not None:
+        return Check("containerd_runtime", FAIL, f"{c.problem} (judged by {c.judge})",
+                     "fix containerd's config: gpunode edits only a config containerd reads as "
+                     "written")
+    if c.uncertain is not None:
+        return Check("containerd_runtime", WARN, "what containerd makes of "
+                     f"{c.config_path} and its imports depends on its version, which gpunode "
+                     f"cannot ask here: {c.uncertain}",
+                     "run 'gpunode status' on the live host (it asks containerd's own "
+                     "'config dump'), or give the files settings every version reads alike")
     if c.runtime_file is None:
         have = ", ".join(c.runtime_names) or "none"
         hint = ("run 'gpunode containerd configure' (gpunode boot does this at boot); "
@@ -473,14 +570,23 @@ def _containerd_runtime(facts: StatusFacts) -> Check:
                      f"no '{name}' runtime in {where}; runtimes: {have}", hint)
     if c.binary_name is None:
         return Check("containerd_runtime", FAIL, f"runtime '{name}' in {c.runtime_file} has no "
-                     "options.BinaryName, so it would run plain runc",
-                     "set options.BinaryName to the NVIDIA container runtime")
+                     f"options.{c.binary_key}, so it would run plain runc",
+                     f"set options.{c.binary_key} to the NVIDIA container runtime")
     if not c.binary_ok:
         return Check("containerd_runtime", FAIL, f"runtime '{name}' runs {c.binary_name}, which "
                      "is not an executable file on this host",
                      "install the NVIDIA container toolkit, or point BinaryName at its "
                      "nvidia-container-runtime")
-    return Check("containerd_runtime", OK, f"runtime '{name}' → {c.binary_name} in {where}")
+    if c.default_missing is not None:
+        have = ", ".join(c.runtime_names) or "none"
+        return Check("containerd_runtime", FAIL, f"containerd's default runtime "
+                     f"'{c.default_missing}' is not among its runtimes ({have}) in {where}: "
+                     "containerd 1.x then refuses to start its CRI plugin",
+                     f"define runtime '{c.default_missing}' (containerd 1.x drops its built-in "
+                     "runc once a file sets any runtime), or set default_runtime_name")
+    judged = f"; as {c.judge} has it" if c.judge else ""
+    return Check("containerd_runtime", OK,
+                 f"runtime '{name}' → {c.binary_name} in {c.runtime_file}{judged}; {where}")
 
 
 def _process(facts: StatusFacts, name: str) -> Check:

@@ -283,7 +283,8 @@ def test_ledger_records_what_was_done(flatcar: Host) -> None:
     cri = ["plugins", "io.containerd.grpc.v1.cri"]
     assert ledger["changes"] == [
         {"path": [*cri, "containerd", "runtimes", "nvidia"], "before": None,
-         "after": {"options": {"SystemdCgroup": True,
+         "after": {"runtime_type": "io.containerd.runc.v2",  # runc's own is left to defaults
+                   "options": {"SystemdCgroup": True,
                                "BinaryName": "/usr/bin/nvidia-container-runtime"}}},
         {"path": [*cri, "enable_cdi"], "before": None, "after": True}]
 
@@ -689,7 +690,11 @@ def test_reverted_configs_dump_as_the_untouched_ones_in_real_containerd(
             continue  # a config this containerd refuses as it is (a v3 file on 1.x)
         target.write_text(original)
         config = ContainerdConfig(set_as_default=True, enable_cdi=True)
-        step.apply(host, step.plan(host, config, NoSystemd()), NoSystemd(), 5)
+        try:
+            the_plan = step.plan(host, config, NoSystemd())
+        except EditError:
+            continue  # refused as it stands (tests/test_containerd_edit.py says why)
+        step.apply(host, the_plan, NoSystemd(), 5)
         target.write_text(target.read_text() + "# the user's note\n")
         step.revert(host, NoSystemd(), 5)
         assert target.read_text() == original + "# the user's note\n", vector

@@ -160,7 +160,10 @@ def test_unknown_containerd_config_version_is_refused(make_host: HostFactory) ->
 
 def test_runtime_found_in_an_imported_file(make_host: HostFactory) -> None:
     main = 'version = 2\nimports = ["/etc/containerd/conf.d/*.toml"]\n'
-    dropin = fixtures.NVIDIA_RUNTIME
+    # With runc too: containerd 1.x lets the imported CRI table replace the main file's, so an
+    # import without runc would leave 1.x without its default runtime.
+    dropin = ('[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+              'runtime_type = "io.containerd.runc.v2"\n' + fixtures.NVIDIA_RUNTIME)
     host = make_host("nc4as-t4-v3", "ready", extra={"/etc/containerd/config.toml": main,
                                                    "/etc/containerd/conf.d/nvidia.toml":
                                                    "version = 2\n" + dropin})

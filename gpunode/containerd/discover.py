@@ -6,7 +6,6 @@ such as Flatcar's CONTAINERD_CONFIG expanded; containerd's own default otherwise
 
 from __future__ import annotations
 
-import glob
 import tomllib
 from dataclasses import dataclass
 from typing import Any
@@ -79,38 +78,83 @@ def load_config(host: Host, path: str) -> dict[str, Any]:
     text = host.read_optional(path)
     if text is None:
         raise ContainerdConfigError(shown, "does not exist")
+    if len(text) > schema.MAX_CONFIG_CHARS:
+        raise ContainerdConfigError(shown, schema.TOO_BIG, hint=schema.TOO_BIG_HINT)
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(text.removeprefix(schema.BOM))
     except tomllib.TOMLDecodeError as exc:
         raise ContainerdConfigError(shown, f"not valid TOML: {exc}", error_line(exc)) from exc
 
 
-def runtime_tables(host: Host, path: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    """name → (file that defines it, runtime table), across the main file and its `imports`.
+def load_layers(host: Host, path: str, doc: dict[str, Any] | None = None,
+                parent: str | None = None,
+                daemon: schema.Daemon | None = None) -> list[schema.Layer]:
+    """The main file and every file it imports, recursively, in the order containerd loads
+    them (breadth first, each pattern's matches sorted, each file once). `doc`: the main file's
+    document when the caller has it (e.g. as gpunode is about to write it); `parent`: the path
+    relative imports resolve against, when it is not `path` (a copy about to be made); `daemon`:
+    the containerd version whose resolution of relative imports counts (1.6 differs)."""
+    main = doc if doc is not None else load_config(host, path)
+    layers = [schema.Layer(path, main)]
+    loaded = {path}
+    pending = _resolve(host, parent or path, main, daemon)
+    while pending:
+        file = pending.pop(0)
+        if file in loaded:
+            continue
+        loaded.add(file)
+        part = load_config(host, file) if host.exists(file) else None
+        layers.append(schema.Layer(file, part))
+        if part is not None:
+            pending += _resolve(host, file, part, daemon)
+    return layers
 
-    An imported file that defines a runtime wins over the main file, as in containerd's merge.
-    """
-    doc = load_config(host, path)
-    found: dict[str, tuple[str, dict[str, Any]]] = {}
-    for file, part in [(path, doc), *_imports(host, path, doc)]:
-        try:
-            for name, table in schema.runtimes(part).items():
-                found[name] = (file, dict(table))
-        except schema.SchemaError as exc:
-            raise ContainerdConfigError(host.display(file), str(exc)) from exc
-    return found
 
-
-def _imports(host: Host, path: str, doc: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _resolve(host: Host, parent: str, doc: dict[str, Any],
+             daemon: schema.Daemon | None) -> list[str]:
+    """A file's `imports` as containerd's resolveImports reads them: a pattern is globbed (Go's
+    filepath.Glob: '*' does not cross '/') only when it contains '*', else taken literally."""
     patterns = doc.get("imports", [])
-    if not isinstance(patterns, list):
-        raise ContainerdConfigError(host.display(path), "'imports' is not a list")
-    base = path.rpartition("/")[0]
-    real_root = str(host.root).rstrip("/")
-    parts: list[tuple[str, dict[str, Any]]] = []
-    for pattern in map(str, patterns):
-        absolute = pattern if pattern.startswith("/") else f"{base}/{pattern}"
-        for real in sorted(glob.glob(real_root + absolute)):
-            file = real[len(real_root) :]
-            parts.append((file, load_config(host, file)))
-    return parts
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ContainerdConfigError(host.display(parent), "'imports' is not a list of paths")
+    files: list[str] = []
+    for pattern in patterns:
+        path = schema.import_path(parent, pattern, daemon)
+        if "*" not in path:
+            files.append(path)
+            continue
+        try:
+            files += go_glob(host, path)
+        except ValueError as exc:
+            raise ContainerdConfigError(host.display(parent), f"imports: {exc}",
+                                        hint="containerd refuses it too; fix the pattern") from exc
+    return files
+
+
+def go_glob(host: Host, pattern: str) -> list[str]:
+    """Go's filepath.Glob of an absolute pattern, over the host's tree."""
+    schema.go_match(pattern, "")  # a malformed pattern is an error, as in Go
+    matches = [""]
+    for part in pattern.strip("/").split("/"):
+        if not any(c in part for c in "*?[\\"):
+            matches = [f"{m}/{part}" for m in matches]
+            continue
+        matches = [f"{m}/{name}" for m in matches for name in host.list_dir(m or "/")
+                   if schema.go_match(part, name)]
+    return [m for m in matches if host.lstat(m) is not None]
+
+
+def runtime_tables(host: Host, path: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """name → (file that defines it, runtime table), across the main file and its `imports`,
+    as the last file that sets it has it (a plain overlay: see `views` for what containerd
+    itself makes of them)."""
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for layer in load_layers(host, path):
+        if layer.doc is None:
+            continue
+        try:
+            for name, table in schema.runtimes(layer.doc).items():
+                found[name] = (layer.file, dict(table))
+        except schema.SchemaError as exc:
+            raise ContainerdConfigError(host.display(layer.file), str(exc)) from exc
+    return found

@@ -10,9 +10,9 @@ and indented tables, and this check turns any of them into a refusal instead of 
 from __future__ import annotations
 
 import copy
-import fnmatch
+import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,8 @@ from gpunode.tomlread import error_line
 
 FALLBACK_RUNTIME: dict[str, Any] = {"runtime_type": "io.containerd.runc.v2"}
 BLOCK_COMMENT = "# Added by gpunode: {name} runtime, a copy of '{source}' running {binary}."
+DEFAULT_COMMENT = ("# Added by gpunode: containerd's built-in default runtime '{name}', written "
+                   "out because containerd 1.x drops its built-in runtimes once a file sets any.")
 
 
 class EditError(FileError):
@@ -47,6 +49,9 @@ class Change:
 
     def describe(self) -> str:
         where = ".".join(_quote_key(k) for k in self.path)
+        if self.before is None and isinstance(self.after, Mapping):
+            return (f"add runtime '{self.path[-1]}' ({where}): containerd's built-in default, "
+                    "written out so that it survives the new runtime")
         if self.before is None:
             return f"add {where} = {_show(self.after)}"
         return f"set {where} = {_show(self.after)} (was {_show(self.before)})"
@@ -73,8 +78,10 @@ class Edit:
 
 def parse(text: str, file: str) -> dict[str, Any]:
     """The document, strictly parsed; refusals name the line and say what is wrong."""
+    if len(text) > schema.MAX_CONFIG_CHARS:
+        raise EditError(file, schema.TOO_BIG, hint=schema.TOO_BIG_HINT)
     try:
-        doc = tomllib.loads(text)
+        doc = tomllib.loads(text.removeprefix(schema.BOM))
     except tomllib.TOMLDecodeError as exc:
         raise EditError(file, f"not valid TOML: {exc}", error_line(exc),
                         "fix the file by hand; gpunode does not edit what it cannot parse") from exc
@@ -95,19 +102,54 @@ def _read(text: str, file: str) -> tuple[dict[str, Any], int, dict[str, Mapping[
 
 
 def configure(text: str, spec: RuntimeSpec, file: str,
-              effective: Mapping[str, Any] | None = None) -> Edit:
-    """The edit that gives `text` the runtime `spec` describes; unchanged text when it has it.
+              effective: Mapping[str, Any] | None = None, daemon: schema.Daemon | None = None,
+              imports: Imports = ()) -> Edit:
+    """The edit that gives `text` the runtime `spec` describes; unchanged text when containerd
+    already has it.
 
     `effective` is containerd's own `config dump` of the file, when it could be had: containerd
     fills built-in defaults into `runc` (2.x merges them under the file's values), and a new
-    runtime name gets none, so the copy takes the source's non-zero effective values too."""
-    doc, version, runtimes = _read(text, file)
-    expected = copy.deepcopy(doc)
-    source_name, source = _source_runtime(doc, runtimes, spec.name)
-    rt_path = (*schema.runtimes_path(version), spec.name)
+    runtime name gets none, so the copy takes the source's non-zero effective values too.
+    `daemon` is the containerd version that reads the file (None: unknown, then every version
+    that reads this config version is considered), `imports` the files the main file imports,
+    in containerd's load order (per version, where versions resolve them differently): the edit
+    is judged by what containerd makes of all of them."""
+    bom = text.startswith(schema.BOM)
+    if bom and daemon is not None and daemon >= (2, 0):
+        raise EditError(file, f"starts with a UTF-8 byte order mark, which {schema.show(daemon)} "
+                        "refuses ('invalid character at start of key')",
+                        hint="remove the first 3 bytes of the file")
+    body = text.removeprefix(schema.BOM)
+    doc, version, runtimes = _read(body, file)
     changes: list[Change] = []
+    if not doc:
+        # An empty (or comment-only) file means no settings at all; as version 1 containerd 2.x
+        # would ignore a runtime written into it, as version 2 every containerd reads it.
+        changes.append(Change(("version",), None, 2))
+        version, doc = 2, {}
+    versions = readers(version, daemon)
+    before = _views(schema.Layer(file, doc), imports, versions, file)
+    expected = copy.deepcopy(doc)
+    if changes:
+        expected["version"] = 2
+    source_name, source = _source_runtime(doc, runtimes, before, spec.name)
+    rt_path = (*schema.runtimes_path(version), spec.name)
     added = None
+    if spec.name not in runtimes and _satisfied(before, spec):
+        return Edit(text=text, version=version)  # an imported file already has it
     if spec.name not in runtimes:
+        builtin = schema.BUILTIN_DEFAULT_NAME
+        for view in before:
+            if (view.origin.get(builtin) == schema.BUILTIN and builtin not in runtimes
+                    and schema.replaces_builtin_runtimes(view.daemon) is not False
+                    and not _defined_in(doc, version)):
+                # Setting any runtime replaces 1.x's built-in map: write the built-in runc out
+                # too, and copy the new runtime from exactly what is written.
+                table = _builtin_copy(builtin, effective, version, daemon)
+                changes.append(Change((*schema.runtimes_path(version), builtin), None, table))
+                if source_name == builtin:
+                    source, effective = table, None
+                break
         _set(expected, rt_path, _new_runtime(source, source_name, spec, version, effective))
         added = spec.name
     else:
@@ -115,23 +157,139 @@ def configure(text: str, spec: RuntimeSpec, file: str,
         options = current.get("options", {})
         if not isinstance(options, Mapping):
             raise EditError(file, f"'{'.'.join((*rt_path, 'options'))}' is not a table")
-        if options.get("BinaryName") != spec.binary:
-            changes.append(Change((*rt_path, "options", "BinaryName"), options.get("BinaryName"),
-                                  spec.binary))
-        for key, value in dict(source.get("options", {})).items():
-            if key not in options and key != "BinaryName":
-                changes.append(Change((*rt_path, "options", key), None, copy.deepcopy(value)))
+        key = schema.binary_key(current)
+        if key is None:
+            raise EditError(file, f"runtime '{spec.name}' has runtime_type "
+                            f"'{schema.runtime_type(current)}', whose shim runs no OCI runtime "
+                            "binary gpunode could point at the NVIDIA runtime",
+                            hint="give the NVIDIA runtime another name (--runtime-name), or "
+                            "set its runtime_type to io.containerd.runc.v2")
+        if options.get(key) != spec.binary:
+            changes.append(Change((*rt_path, "options", key), options.get(key), spec.binary))
+        for name, value in dict(source.get("options", {})).items():
+            if name not in options and name not in ("BinaryName", "Runtime"):
+                changes.append(Change((*rt_path, "options", name), None, copy.deepcopy(value)))
     changes += _cri_settings(doc, spec, version)
     for change in changes:
         _set(expected, change.path, change.after)
+    after = _views(schema.Layer(file, expected), imports, versions, file)
+    _check(after, before, spec, file, daemon)
     edit = Edit(text=text, version=version, added_runtime=added, source_runtime=source_name,
                 changes=tuple(changes))
     if not edit.changed:
         return edit
-    new_text = _render(text, changes, added and (rt_path, _get(expected, rt_path)), spec,
+    new_text = _render(body, changes, added and (rt_path, _get(expected, rt_path)), spec,
                        source_name, expected, file)
-    return Edit(text=new_text, version=version, added_runtime=added, source_runtime=source_name,
-                changes=tuple(changes))
+    return Edit(text=schema.BOM + new_text if bom else new_text, version=version,
+                added_runtime=added, source_runtime=source_name, changes=tuple(changes))
+
+
+Imports = Sequence[schema.Layer] | Mapping[schema.Daemon, Sequence[schema.Layer]]
+
+
+def readers(version: int, daemon: schema.Daemon | None) -> tuple[schema.Daemon, ...]:
+    """The containerd versions whose view of the file counts: the known one, else each
+    behaviour that reads this config version (1: 1.x only, 3: 2.x only)."""
+    if daemon is not None:
+        return (daemon,)
+    return tuple(d for d in schema.KNOWN_BEHAVIOURS
+                 if (version != 1 or d < (2, 0)) and (version != 3 or d >= (2, 0)))
+
+
+def _views(main: schema.Layer, imports: Imports, daemons: tuple[schema.Daemon, ...],
+           file: str) -> list[schema.View]:
+    try:
+        views = [schema.effective([main, *(imports.get(daemon, ()) if isinstance(imports, Mapping)
+                                           else imports)], daemon) for daemon in daemons]
+    except schema.SchemaError as exc:
+        raise EditError(file, str(exc)) from exc
+    for view in views:
+        if view.problem is not None:
+            raise EditError(file, view.problem, hint="fix the config first: gpunode edits only a "
+                            "config that containerd reads as written")
+    return views
+
+
+def _defined_in(doc: Mapping[str, Any], version: int) -> bool:
+    """Whether the file declares a runtimes table at all (1.x then has no built-in runc)."""
+    try:
+        return isinstance(schema.lookup(doc, schema.runtimes_path(version)), Mapping)
+    except schema.SchemaError:
+        return True
+
+
+def _satisfied(views: list[schema.View], spec: RuntimeSpec) -> bool:
+    return all(_unmet(view, spec) is None for view in views)
+
+
+def _unmet(view: schema.View, spec: RuntimeSpec) -> str | None:
+    """What containerd `view` lacks of the spec, or None when it has all of it."""
+    runtime = view.runtimes.get(spec.name)
+    if runtime is None:
+        return f"it has no runtime '{spec.name}'"
+    binary = schema.runtime_binary(runtime)
+    if binary != spec.binary:
+        return f"runtime '{spec.name}' runs {binary or 'no configured binary'}, not {spec.binary}"
+    if spec.set_as_default and view.default_name != spec.name:
+        return f"its default runtime is '{view.default_name}'"
+    if spec.enable_cdi and view.cri.get("enable_cdi") is not True:
+        return "CDI is not enabled"
+    if spec.cdi_spec_dirs and view.cri.get("cdi_spec_dirs") != list(spec.cdi_spec_dirs):
+        return f"cdi_spec_dirs is {view.cri.get('cdi_spec_dirs')}"
+    return None
+
+
+def _check(after: list[schema.View], before: list[schema.View], spec: RuntimeSpec, file: str,
+           daemon: schema.Daemon | None) -> None:
+    """Refuse an edit that containerd would not see as written: an imported file that wins."""
+    for view, was in zip(after, before, strict=True):
+        unmet = _unmet(view, spec)
+        lost = (was.default_name in was.runtimes and view.default_name not in view.runtimes)
+        if unmet is None and not lost:
+            continue
+        who = schema.show(view.daemon)
+        if daemon is None:
+            who = f"{schema.behaviour(view.daemon)} (its version cannot be asked here)"
+        hint = ("put the runtime into the imported file by hand, or move that file's CRI "
+                "settings into this one, then run gpunode again")
+        legacy = schema.lookup(view.cri, ("containerd", "default_runtime"))
+        if view.cri_file not in (None, file):
+            why = (f"{who} lets the CRI plugin table of {view.cri_file}, which this file imports, "
+                   "replace this file's whole CRI table (containerd#5837, merged only from 2.1)")
+        elif view.origin.get(spec.name) not in (None, file, schema.BUILTIN):
+            why = (f"{view.origin[spec.name]}, which this file imports, sets runtime "
+                   f"'{spec.name}' too and {who} reads it after this file")
+        elif (spec.set_as_default and isinstance(legacy, Mapping)
+              and schema.runtime_type(legacy) and view.daemon < (2, 0)):
+            why = (f"{who} makes the deprecated default_runtime table the default runtime "
+                   "whatever default_runtime_name says")
+            hint = ("move default_runtime into a runtimes.<name> table and name it in "
+                    "default_runtime_name, then run gpunode again")
+        elif lost:
+            why = f"{who} would lose the default runtime '{view.default_name}'"
+            hint = "define the default runtime in the file, then run gpunode again"
+        else:
+            why = f"for {who}"
+            hint = "report the file's layout as a bug; meanwhile add the runtime by hand"
+        raise EditError(file, f"gpunode's change would not take effect: {why}; after it, "
+                        f"{unmet or 'the default runtime is gone'}", hint=hint)
+
+
+def _builtin_copy(name: str, effective: Mapping[str, Any] | None, version: int,
+                  daemon: schema.Daemon | None) -> dict[str, Any]:
+    """containerd's built-in default runtime as a table: from its own dump when there is one,
+    else the built-in of that version (tests/data/containerd/defaults)."""
+    try:
+        dumped = schema.runtimes(effective).get(name) if effective is not None else None
+    except schema.SchemaError:
+        dumped = None
+    if dumped is None or (effective or {}).get("version", 1) != version:
+        return schema.builtin_runc(daemon)
+    table = {k: copy.deepcopy(v) for k, v in dumped.items() if k != "options" and v not in _ZERO}
+    options = dumped.get("options")
+    if isinstance(options, Mapping):
+        table["options"] = copy.deepcopy(dict(options))
+    return table
 
 
 def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
@@ -143,7 +301,8 @@ def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
     Returns the edit of the main file (an `imports` entry, when none matches yet) and the
     drop-in's full text, which gpunode owns and rewrites as a whole."""
     doc, version, runtimes = _read(text, file)
-    source_name, source = _source_runtime(doc, runtimes, spec.name)
+    views = _views(schema.Layer(file, doc), (), (schema.MERGES_FROM,), file)
+    source_name, source = _source_runtime(doc, runtimes, views, spec.name)
     dropin: dict[str, Any] = {"version": version} if "version" in doc else {}
     rt_path = (*schema.runtimes_path(version), spec.name)
     _set(dropin, rt_path, _new_runtime(source, source_name, spec, version, effective))
@@ -156,9 +315,7 @@ def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
     patterns = doc.get("imports", [])
     if not isinstance(patterns, list):
         raise EditError(file, "'imports' is not a list")
-    base = file.rpartition("/")[0]
-    if any(fnmatch.fnmatch(dropin_path, p if p.startswith("/") else f"{base}/{p}")
-           for p in map(str, patterns)):
+    if any(schema.import_matches(file, str(p), dropin_path) for p in patterns):
         return Edit(text=text, version=version), dropin_text
     change = Change(("imports",), patterns or None, [*patterns, dropin_path])
     expected = copy.deepcopy(doc)
@@ -172,13 +329,18 @@ def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
 
 
 def _source_runtime(doc: Mapping[str, Any], runtimes: Mapping[str, Mapping[str, Any]],
-                    name: str) -> tuple[str, Mapping[str, Any]]:
-    """The runtime to copy: the default one, else runc, else crun, else a plain runc v2 shim."""
-    version = schema.config_version(doc)
-    default = schema.lookup(doc, (*schema.cri_path(version), "containerd", "default_runtime_name"))
-    for candidate in (default, "runc", "crun"):
-        if isinstance(candidate, str) and candidate != name and candidate in runtimes:
-            return candidate, runtimes[candidate]
+                    views: list[schema.View], name: str) -> tuple[str, Mapping[str, Any]]:
+    """The runtime to copy: the default one, else runc, else crun, else a plain runc v2 shim;
+    only one whose shim runs a binary gpunode can point elsewhere (not kata, not the legacy
+    linux shim on 2.x, which has none). The file's own table when it has one."""
+    view = views[0]
+    for candidate in (view.default_name, "runc", "crun"):
+        table = runtimes.get(candidate) or view.runtimes.get(candidate)
+        if candidate == name or table is None or schema.binary_key(table) is None:
+            continue
+        if schema.runtime_type(table) == schema.LEGACY_LINUX and view.daemon >= (2, 0):
+            continue
+        return candidate, table
     return "io.containerd.runc.v2 defaults", FALLBACK_RUNTIME
 
 
@@ -187,7 +349,13 @@ def _new_runtime(source: Mapping[str, Any], source_name: str, spec: RuntimeSpec,
     runtime = copy.deepcopy(dict(source))
     if effective is not None:
         _fill_from_effective(runtime, effective, source_name, version)
-    runtime.setdefault("options", {})["BinaryName"] = spec.binary
+    if not schema.runtime_type(runtime):
+        runtime["runtime_type"] = schema.RUNC_V2  # what containerd runs for an empty type
+    options = runtime.setdefault("options", {})
+    key = schema.binary_key(runtime) or "BinaryName"
+    options[key] = spec.binary
+    if key != "BinaryName" and "BinaryName" in options:
+        options["BinaryName"] = spec.binary  # ignored by the legacy shim; not left contradicting
     return runtime
 
 
@@ -226,7 +394,7 @@ def _fill_from_effective(runtime: dict[str, Any], effective: Mapping[str, Any], 
             # zero values included, so the copy takes them all.
             options = runtime.setdefault("options", {})
             for name, option in value.items():
-                if name not in options and name != "BinaryName":
+                if name not in options and name not in ("BinaryName", "Runtime"):
                     options[name] = copy.deepcopy(option)
         elif key not in runtime and value not in _ZERO:  # struct fields: zero is the default
             runtime[key] = copy.deepcopy(value)
@@ -250,12 +418,19 @@ def _get(doc: Any, path: tuple[str, ...]) -> Any:
 
 
 def _set(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    """Set a value; None removes it, and the tables it leaves empty (which no text shows)."""
+    parents = [doc]
     for key in path[:-1]:
         doc = doc.setdefault(key, {})
-    if value is None:
-        doc.pop(path[-1], None)
-    else:
+        parents.append(doc)
+    if value is not None:
         doc[path[-1]] = value
+        return
+    doc.pop(path[-1], None)
+    for depth in range(len(path) - 1, 0, -1):
+        if parents[depth]:
+            break
+        parents[depth - 1].pop(path[depth - 1], None)
 
 
 def _delete(doc: dict[str, Any], path: tuple[str, ...]) -> None:
@@ -267,16 +442,23 @@ def _delete(doc: dict[str, Any], path: tuple[str, ...]) -> None:
 
 def _render(text: str, changes: list[Change], new_table: Any, spec: RuntimeSpec,
             source_name: str, expected: dict[str, Any], file: str) -> str:
-    base = _tomlkit_edit(text, changes, None, file) if changes else text
-    if new_table:
-        path, table = new_table
-        block = _table_block(path, table, BLOCK_COMMENT.format(
-            name=spec.name, source=source_name, binary=spec.binary))
-        appended = base.rstrip("\n") + "\n\n" + block
-        if _parses_to(appended, expected):
-            return appended
+    # New tables (the runtime, a default runtime written out) are appended as [header] blocks;
+    # values inside existing tables go through tomlkit.
+    blocks = [c for c in changes if c.before is None and isinstance(c.after, Mapping)]
+    values = [c for c in changes if c not in blocks]
+    base = _tomlkit_edit(text, values, None, file) if values else text
+    tables = ([(new_table[0], new_table[1], BLOCK_COMMENT.format(
+        name=spec.name, source=source_name, binary=spec.binary))] if new_table else [])
+    tables += [(c.path, c.after, DEFAULT_COMMENT.format(name=c.path[-1])) for c in blocks]
+    if tables:
+        appended = base.rstrip("\n") + "".join(
+            "\n\n" + _table_block(path, table, comment).rstrip("\n")
+            for path, table, comment in tables) + "\n"
+        if _parses_to(appended.lstrip("\n"), expected):
+            return appended.lstrip("\n")
         # e.g. runtimes written as an inline table, which no [header] may extend
-        base = _tomlkit_edit(base, [Change(path, None, table)], None, file)
+        base = _tomlkit_edit(base, [Change(path, None, table) for path, table, _ in tables],
+                             None, file)
     _verify(base, expected, file)
     return base
 
@@ -342,9 +524,20 @@ def _tomlkit_edit(text: str, changes: list[Change], delete: tuple[str, ...] | No
 
 def _parses_to(text: str, expected: dict[str, Any]) -> bool:
     try:
-        return tomllib.loads(text) == expected
+        return _same(tomllib.loads(text.removeprefix(schema.BOM)), expected)
     except tomllib.TOMLDecodeError:
         return False
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality of parsed TOML where nan equals nan (TOML has it; `nan != nan` in Python)."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
 
 
 def _verify(text: str, expected: dict[str, Any], file: str) -> None:

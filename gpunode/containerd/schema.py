@@ -5,7 +5,9 @@ Nobody else spells `doc["plugins"][...]`: callers ask for the CRI plugin table o
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 # version → name of the CRI plugin table that holds runtimes (containerd#5837 and the v3 split)
@@ -14,6 +16,15 @@ CRI_PLUGIN: dict[int, str] = {
     2: "io.containerd.grpc.v1.cri",
     3: "io.containerd.cri.v1.runtime",
 }
+
+
+# containerd configs are kilobytes; gpunode parses a file several times per edit (pure-Python
+# TOML, about 1 s per MiB), so it refuses a file over this size instead of taking minutes.
+MAX_CONFIG_CHARS = 1 << 20
+TOO_BIG = f"larger than {MAX_CONFIG_CHARS >> 20} MiB, which gpunode does not edit or read"
+TOO_BIG_HINT = ("a containerd config is normally a few KiB: check what filled it, or move "
+                "registry settings to config_path directories (hosts.toml)")
+BOM = "\ufeff"  # containerd 1.x skips a UTF-8 byte order mark; 2.x refuses the file
 
 
 class SchemaError(ValueError):
@@ -64,3 +75,309 @@ def binary_name(runtime: Mapping[str, Any]) -> str | None:
     options = runtime.get("options")
     value = options.get("BinaryName") if isinstance(options, Mapping) else None
     return value if isinstance(value, str) and value else None
+
+
+# -- what a runtime runs -------------------------------------------------------------------------
+
+RUNC_V2 = "io.containerd.runc.v2"
+# Shims that run an OCI runtime binary named in their options: runc v1/v2 read
+# `options.BinaryName` (runc's options.proto), the legacy linux shim reads `options.Runtime`
+# (runctypes.RuncOptions). Any other type (kata, gVisor, wasm...) runs its own thing.
+LEGACY_LINUX = "io.containerd.runtime.v1.linux"
+BINARY_KEY: dict[str, str] = {RUNC_V2: "BinaryName", "io.containerd.runc.v1": "BinaryName",
+                              LEGACY_LINUX: "Runtime"}
+
+
+def runtime_type(runtime: Mapping[str, Any]) -> str:
+    value = runtime.get("runtime_type")
+    return value if isinstance(value, str) else ""
+
+
+def binary_key(runtime: Mapping[str, Any]) -> str | None:
+    """The option the runtime's shim runs as the OCI runtime, None for a shim that runs none.
+
+    An empty type is what gpunode writes as runc v2 in a copy, so it counts as BinaryName."""
+    kind = runtime_type(runtime)
+    return BINARY_KEY.get(kind or RUNC_V2)
+
+
+def runtime_binary(runtime: Mapping[str, Any]) -> str | None:
+    """The binary the runtime's shim runs, or None when the shim runs no configurable one."""
+    key = binary_key(runtime)
+    options = runtime.get("options")
+    value = options.get(key) if key and isinstance(options, Mapping) else None
+    return value if isinstance(value, str) and value else None
+
+
+# -- what each containerd version does (checked against real binaries in
+# tests/test_containerd_real.py; the defaults are tests/data/containerd/defaults/) -----------------
+
+Daemon = tuple[int, int]  # (major, minor) of the containerd binary; None where unknown
+
+MERGES_FROM = (2, 1)  # containerd#5837: imported plugin tables merge from 2.1, replace before
+# 1.x decodes a file's `runtimes` map *over* the built-in one, so a file that sets any runtime
+# has no built-in runc; 2.x merges them (2.0 is not tested, and assumed to behave like 1.x where
+# that assumption is the safe one: writing runc explicitly is harmless when maps merge).
+RUNTIMES_MERGE_FROM = (2, 1)
+
+# The built-in runtime every containerd has when the file sets none: `config default` of each
+# version, reduced to what a copy must carry (non-zero fields; options in full, as containerd
+# passes them to the shim).
+BUILTIN_DEFAULT_NAME = "runc"
+_RUNC_OPTIONS_1X: dict[str, Any] = {
+    "BinaryName": "", "CriuImagePath": "", "CriuPath": "", "CriuWorkPath": "", "IoGid": 0,
+    "IoUid": 0, "NoNewKeyring": False, "NoPivotRoot": False, "Root": "", "ShimCgroup": "",
+    "SystemdCgroup": False}
+BUILTIN_RUNC: dict[Daemon, dict[str, Any]] = {
+    (1, 6): {"runtime_type": RUNC_V2, "options": _RUNC_OPTIONS_1X},
+    (1, 7): {"runtime_type": RUNC_V2, "sandbox_mode": "podsandbox", "options": _RUNC_OPTIONS_1X},
+    (2, 1): {"runtime_type": RUNC_V2, "options": {
+        k: v for k, v in _RUNC_OPTIONS_1X.items() if k not in ("CriuPath", "NoPivotRoot")}},
+}
+_1X = ((1, 6), (1, 7))
+
+
+def builtin_runc(daemon: Daemon | None) -> dict[str, Any]:
+    """The built-in runc of `daemon`, or (unknown version) what every 1.x has in common: a
+    runtime written this way is the built-in one wherever it is read."""
+    if daemon in BUILTIN_RUNC:
+        table = BUILTIN_RUNC[daemon]
+        return {k: dict(v) if isinstance(v, Mapping) else v for k, v in table.items()}
+    tables = [BUILTIN_RUNC[v] for v in _1X]
+    common = {k: v for k, v in tables[0].items() if k != "options"
+              and all(t.get(k) == v for t in tables)}
+    options = {k: v for k, v in tables[0]["options"].items()
+               if all(t["options"].get(k) == v for t in tables)}
+    return {**common, "options": options}
+
+
+def replaces_builtin_runtimes(daemon: Daemon | None) -> bool | None:
+    """Whether a file's runtimes map replaces the built-in one; None: depends on the version."""
+    return None if daemon is None else daemon < RUNTIMES_MERGE_FROM
+
+
+def imports_merge(daemon: Daemon | None) -> bool | None:
+    """Whether an imported plugin table merges into the main file's (True) or replaces it."""
+    return None if daemon is None else daemon >= MERGES_FROM
+
+
+def reads_v1_cri(daemon: Daemon | None) -> bool | None:
+    """containerd 2.x renames a version 1 file's plugins but drops its CRI settings."""
+    return None if daemon is None else daemon < (2, 0)
+
+
+def behaviour(daemon: Daemon) -> str:
+    """One of KNOWN_BEHAVIOURS as the range of versions it stands for."""
+    return "containerd 2.1+" if daemon >= MERGES_FROM else show(daemon)
+
+
+def show(daemon: Daemon | None) -> str:
+    if daemon is None:
+        return "containerd (version unknown)"
+    return f"containerd {daemon[0]}.{daemon[1]}"
+
+
+# -- imports: which files containerd reads, and how it merges them -------------------------------
+
+
+def go_match(pattern: str, name: str) -> bool:
+    """Go's filepath.Match, which containerd's imports use: '*' and '?' never match '/',
+    '[...]' is a class ('^' negates, '\\' escapes); a malformed pattern raises ValueError."""
+    import re
+
+    out, i = [], 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "*":
+            out.append("[^/]*")
+        elif char == "?":
+            out.append("[^/]")
+        elif char == "\\":
+            if i + 1 == len(pattern):
+                raise ValueError(f"malformed pattern {pattern!r}: trailing '\\'")
+            i += 1
+            out.append(re.escape(pattern[i]))
+        elif char == "[":
+            end = pattern.find("]", i + 2 if pattern[i + 1 : i + 2] == "^" else i + 1)
+            body = pattern[i + 1 : end] if end > i else ""
+            if end < 0 or not body or body == "^":
+                raise ValueError(f"malformed pattern {pattern!r}: unclosed '['")
+            negate = body.startswith("^")
+            body = body[1:] if negate else body
+            out.append("[" + ("^/" if negate else "") + body.replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(char))
+        i += 1
+    return re.fullmatch("".join(out), name, re.DOTALL) is not None
+
+
+# containerd 1.6 joins a relative import with its working directory (systemd's "/"), 1.7 and
+# later with the importing file's directory (checked against both in test_containerd_real.py).
+CWD = "/"
+
+
+def import_path(parent: str, pattern: str, daemon: Daemon | None = None) -> str:
+    """An `imports` entry as containerd resolves it: cleaned, relative to the importing file
+    (containerd 1.6: to its working directory)."""
+    import posixpath
+
+    path = posixpath.normpath(pattern)
+    if not path.startswith("/"):
+        base = CWD if daemon is not None and daemon < (1, 7) else posixpath.dirname(parent)
+        path = posixpath.normpath(posixpath.join(base, path))
+    return path
+
+
+def import_matches(parent: str, pattern: str, path: str) -> bool:
+    """Whether containerd reading `parent` would load `path` through `pattern`: a pattern is a
+    glob only when it contains '*' (containerd's resolveImports), else a literal path."""
+    resolved = import_path(parent, pattern)
+    if "*" not in resolved:
+        return resolved == path
+    parts, names = resolved.split("/"), path.split("/")
+    try:
+        return len(parts) == len(names) and all(
+            go_match(part, name) for part, name in zip(parts, names, strict=True))
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One file containerd reads: the main config or an import; `doc` None: it is missing."""
+
+    file: str
+    doc: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class View:
+    """What one containerd version makes of the files: its CRI runtimes and settings."""
+
+    daemon: Daemon
+    cri: Mapping[str, Any]  # the effective CRI plugin table, runtimes included
+    runtimes: Mapping[str, Mapping[str, Any]]  # what containerd runs, built-ins included
+    origin: Mapping[str, str]  # runtime name → the file it comes from ("built-in")
+    cri_file: str | None  # before 2.1: the file whose CRI table replaced all others
+    problem: str | None = None  # why this version would not use the CRI settings as written
+
+    @property
+    def default_name(self) -> str:
+        name = lookup(self.cri, ("containerd", "default_runtime_name"))
+        return name if isinstance(name, str) and name else BUILTIN_DEFAULT_NAME
+
+
+BUILTIN = "built-in"
+# The behaviours gpunode knows, for when the version is unknown: 1.6, 1.7 and 2.1+.
+KNOWN_BEHAVIOURS: tuple[Daemon, ...] = ((1, 6), (1, 7), (2, 1))
+
+
+def effective(layers: list[Layer], daemon: Daemon) -> View:
+    """containerd `daemon`'s view of the main file and its imports (layers in load order).
+
+    1.x: the last non-zero `version` wins; a plugin table of a later file replaces the earlier
+    one whole (containerd#5837). 2.x: each file's own version counts (a version 1 file's CRI
+    settings are dropped); from 2.1 plugin tables merge key by key, later files winning."""
+    problem = None
+    if daemon < (2, 0):
+        missing = next((layer.file for layer in layers if layer.doc is None), None)
+        if missing is not None:
+            return _broken(daemon, f"imported file {missing} does not exist: {show(daemon)} "
+                           "refuses to start")
+        docs = [layer for layer in layers if layer.doc is not None]
+        version = 1
+        for layer in docs:
+            version = _version_or(layer.doc, version)
+        if version == 3:
+            return _broken(daemon, f"{show(daemon)} does not read config version 3")
+        key = CRI_PLUGIN[version]
+        cri, cri_file = {}, None
+        for layer in docs:
+            table = _plugin(layer, key)
+            if table is not None:
+                cri, cri_file = table, layer.file
+    else:
+        docs = [layer for layer in layers if layer.doc is not None]
+        versions = {_version_or(layer.doc, 1) for layer in docs}
+        cri_files = [layer for layer in docs if _touches_cri(layer)]
+        if len(versions - {1}) > 1 and cri_files:
+            return _broken(daemon, "the files mix config versions 2 and 3, which containerd "
+                           "2.x merges inconsistently; give every file the same version")
+        cri, cri_file = {}, None
+        for layer in docs:
+            version = _version_or(layer.doc, 1)
+            if version == 1:
+                if _touches_cri(layer, 1):
+                    problem = (f"{layer.file} is a version 1 config (no 'version' key): "
+                               f"{show(daemon)} ignores its CRI settings")
+                continue
+            table = _plugin(layer, CRI_PLUGIN[version])
+            if table is None:
+                continue
+            cri = _deep_merge(cri, table) if daemon >= MERGES_FROM else dict(table)
+            cri_file = layer.file
+    view = _runtimes_view(daemon, cri, cri_file, layers if daemon >= MERGES_FROM else None)
+    return dataclasses.replace(view, problem=problem) if problem else view
+
+
+def _broken(daemon: Daemon, problem: str) -> View:
+    return View(daemon, {}, {}, {}, None, problem)
+
+
+def _version_or(doc: Mapping[str, Any], default: int) -> int:
+    version = doc.get("version")
+    return version if isinstance(version, int) and version in CRI_PLUGIN else default
+
+
+def _plugin(layer: Layer, key: str) -> dict[str, Any] | None:
+    plugins = (layer.doc or {}).get("plugins")
+    table = plugins.get(key) if isinstance(plugins, Mapping) else None
+    return dict(table) if isinstance(table, Mapping) else None
+
+
+def _touches_cri(layer: Layer, version: int | None = None) -> bool:
+    version = version or _version_or(layer.doc or {}, 1)
+    return _plugin(layer, CRI_PLUGIN[version]) is not None
+
+
+def _deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _runtimes_view(daemon: Daemon, cri: Mapping[str, Any], cri_file: str | None,
+                   merged_layers: list[Layer] | None) -> View:
+    containerd = cri.get("containerd")
+    containerd = containerd if isinstance(containerd, Mapping) else {}
+    table = containerd.get("runtimes")
+    declared = {n: rt for n, rt in table.items() if isinstance(rt, Mapping)} \
+        if isinstance(table, Mapping) else None
+    runtimes: dict[str, Mapping[str, Any]] = {}
+    origin: dict[str, str] = {}
+    if declared is None or daemon >= RUNTIMES_MERGE_FROM:
+        runtimes[BUILTIN_DEFAULT_NAME] = builtin_runc(daemon)
+        origin[BUILTIN_DEFAULT_NAME] = BUILTIN
+    for name, runtime in (declared or {}).items():
+        runtimes[name] = _deep_merge(runtimes.get(name, {}), runtime) \
+            if daemon >= RUNTIMES_MERGE_FROM else runtime
+        origin[name] = cri_file or ""
+    if merged_layers is not None:  # 2.1+: a runtime comes from the last file that sets it
+        for layer in merged_layers:
+            version = _version_or(layer.doc or {}, 1)
+            names = lookup(_plugin(layer, CRI_PLUGIN[version]) or {}, ("containerd", "runtimes")) \
+                if version != 1 else None
+            for name in names if isinstance(names, Mapping) else ():
+                origin[name] = layer.file
+    legacy = containerd.get("default_runtime")
+    if daemon < (2, 0) and isinstance(legacy, Mapping) and runtime_type(legacy):
+        # 1.x: a typed (deprecated) default_runtime becomes the default runtime "default".
+        runtimes["default"] = legacy
+        origin["default"] = cri_file or ""
+        cri = _deep_merge(cri, {"containerd": {"default_runtime_name": "default"}})
+    return View(daemon, cri, runtimes, origin, cri_file)

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from gpunode import command, log
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import ContainerdStepError, edit, journal, ledger, schema
+from gpunode.containerd import ContainerdStepError, discover, edit, journal, ledger, schema
 from gpunode.containerd.discover import CONTAINERD_UNIT, ActiveConfig, active_config
 from gpunode.containerd.journal import JOURNAL, Write
 from gpunode.containerd.ledger import (
@@ -211,11 +211,17 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
             return Plan(edit=main, import_text=import_text,
                         import_before=host.read_optional(IMPORT_FILE), **common)
         log.get().warning("containerd.dropin_refused", reason=refused, fallback="in-place")
-    result = edit.configure(source_text, spec, shown)
+    # Judged by what containerd makes of the file and its imports (resolved from where the
+    # file will be), as the version that reads it, when it can be asked.
+    daemon = probe.version(binary)
+    doc = edit.parse(source_text, shown)
+    imports = {d: discover.load_layers(host, target, doc, daemon=d)[1:]
+               for d in edit.readers(edit.schema.config_version(doc), daemon)}
+    result = edit.configure(source_text, spec, shown, daemon=daemon, imports=imports)
     if result.added_runtime:
         effective = probe.dump(binary, str(host.path(source)))
         if effective is not None:
-            result = edit.configure(source_text, spec, shown, effective)
+            result = edit.configure(source_text, spec, shown, effective, daemon, imports)
     return Plan(edit=result, **common)
 
 
@@ -418,7 +424,7 @@ def _merged(recorded: tuple[ledger.Change, ...], result: edit.Edit) -> tuple[led
     new = [ledger.Change(c.path, c.before, c.after) for c in result.changes]
     if result.added_runtime:
         path = (*schema.runtimes_path(result.version), result.added_runtime)
-        table = schema.lookup(tomllib.loads(result.text), path)
+        table = schema.lookup(edit.parse(result.text, "the edited config"), path)
         new.insert(0, ledger.Change(path, None, table))
     entries = list(recorded)
     for change in new:
@@ -592,8 +598,8 @@ def _reverted_target(host: Host, recorded: Ledger, current: bytes,
 
 def _same_document(data: bytes, text: str) -> bool:
     try:
-        return bool(edit.pruned(tomllib.loads(data.decode("utf-8")))
-                    == edit.pruned(tomllib.loads(text)))
+        return bool(edit.pruned(tomllib.loads(data.decode("utf-8").removeprefix(schema.BOM)))
+                    == edit.pruned(tomllib.loads(text.removeprefix(schema.BOM))))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError):
         return False
 
