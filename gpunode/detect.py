@@ -11,7 +11,8 @@ cannot be read (it may be a GPU). `status` then fails `pci_scan` (the
 node is not-ready, not no-gpu), and `boot` and `plan` refuse to decide (`require_decided`):
 recording "no-gpu" for a node that may have a GPU would hide it, and loading a driver for a
 device nobody can identify would be a guess. A function with a valid vendor other than 10de
-is simply not NVIDIA, whatever else it reports.
+is simply not NVIDIA, whatever else it reports. A missing PCI tree (/sys not mounted, a wrong
+--root) is undecided the same way: nothing was looked at, which is not "no GPU".
 """
 
 from __future__ import annotations
@@ -187,6 +188,10 @@ class UndecidedError(GpunodeError):
 
 def require_decided(detection: Detection) -> None:
     """Refuse to act on a detection where a possible GPU could not be identified."""
+    if SYSFS_PCI_DEVICES in detection.undecided:
+        raise UndecidedError(f"cannot look for NVIDIA GPUs: {detection.problems[0]}",
+                             "run gpunode where sysfs is mounted, or point --root at the node's "
+                             "root")
     if detection.undecided:
         problems = [p for p in detection.problems
                     if p.split(": ", 1)[0] in detection.undecided]
@@ -231,8 +236,10 @@ def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID,
 def _from_sysfs(host: Host, vendor: str | None, names: dict[str, str],
                 problems: list[str], undecided: list[str]) -> Iterable[PciFunction]:
     if not host.exists(SYSFS_PCI_DEVICES):
+        # Not "no GPU": nothing was looked at, so any GPU of this node would be hidden.
         problems.append(f"{host.display(SYSFS_PCI_DEVICES)}: does not exist; is sysfs mounted "
                         "(and --root the node's root)?")
+        undecided.append(SYSFS_PCI_DEVICES)
         return
     for address in host.list_dir(SYSFS_PCI_DEVICES):
         try:

@@ -98,6 +98,8 @@ class StatusFacts:
     # the driver's /proc files are there but cannot be read (a directory, a FIFO): why
     driver_error: str | None = None
     containerd_start: DaemonStart = DaemonStart(unknown="not observed")
+    # a containerd configure/revert was killed mid-way; the next one (or boot) rolls it back
+    containerd_interrupted: bool = False
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         user_labels=dict(config.kubernetes.labels),
         driver_error=version_error or devices_error,
         containerd_start=_containerd_start(host),
+        containerd_interrupted=_containerd_interrupted(host),
     )
 
 
@@ -540,7 +543,29 @@ def _wanted_numbers(facts: StatusFacts) -> dict[str, tuple[int | None, int | Non
     return wanted
 
 
+def _containerd_interrupted(host: Host) -> bool:
+    from gpunode.containerd import journal
+
+    try:
+        return journal.pending(host)
+    except GpunodeError:
+        return True  # something is at the journal's path: not gpunode's to judge, but not clean
+
+
 def _containerd_runtime(facts: StatusFacts) -> Check:
+    check = _containerd_runtime_as_written(facts)
+    if not facts.containerd_interrupted:
+        return check
+    from gpunode.containerd.journal import JOURNAL
+
+    return Check(check.name, FAIL if check.state == FAIL else WARN,
+                 f"{check.detail}; an interrupted gpunode change to containerd's config is "
+                 f"pending ({JOURNAL})",
+                 "run 'gpunode containerd configure' (or 'gpunode boot'): it rolls the "
+                 "interrupted change back first, then configures")
+
+
+def _containerd_runtime_as_written(facts: StatusFacts) -> Check:
     c = facts.containerd
     name = facts.runtime_name
     if c.error is not None:

@@ -701,3 +701,34 @@ def test_reverted_configs_dump_as_the_untouched_ones_in_real_containerd(
         assert dump_config(binary, target) == want, vector
         checked.append(vector)
     assert len(checked) >= 6, checked
+
+
+def test_status_names_an_interrupted_change_until_the_next_configure_rolls_it_back(
+    flatcar: Host, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpunode.config import AgentConfig
+    from gpunode.status import evaluate, observe
+
+    real = Host.write_atomic
+
+    def killed_at_the_dropin(self: Host, path: str, *args: object, **kwargs: object) -> None:
+        if path == step.DROPIN:
+            raise Crash("killed before the drop-in was written")
+        real(self, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Host, "write_atomic", killed_at_the_dropin)
+        with pytest.raises(Crash):
+            configure_now(flatcar, CONFIG, VersionProbe(None))
+
+    def runtime_check() -> tuple[str, str, str | None]:
+        c = next(c for c in evaluate(observe(flatcar, AgentConfig())).checks
+                 if c.name == "containerd_runtime")
+        return c.state, c.detail, c.hint
+
+    state, detail, hint = runtime_check()
+    assert state in ("warn", "fail")
+    assert "an interrupted gpunode change to containerd's config is pending" in detail
+    assert hint is not None and "rolls the interrupted change back first" in hint
+    configure_now(flatcar, CONFIG, VersionProbe(None))
+    assert "interrupted" not in runtime_check()[1]

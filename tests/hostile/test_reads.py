@@ -671,3 +671,18 @@ def _runtime(host: Host) -> Host:
     binary.write_text("#!/bin/sh\n")
     binary.chmod(0o755)
     return host
+
+
+def test_a_root_without_a_pci_tree_is_not_a_cpu_node(make_host: HostFactory, cli: Cli) -> None:
+    """Nothing looked at is not "no GPU": boot fails its detect step (and still writes its
+    record) instead of recording no-gpu for a node whose GPUs it never saw."""
+    host = make_host("nc4as-t4-v3", "driver")
+    import shutil
+
+    shutil.rmtree(host.root / "sys/bus/pci/devices")
+    result = cli("--root", str(host.root), "boot")
+    assert result.code == 1, result.err
+    assert re.search(r"cannot look for NVIDIA GPUs: .*/sys/bus/pci/devices: does not exist",
+                     str(result.errors[0]["error"]))
+    record = json.loads((host.root / RECORD).read_text())
+    assert (record["outcome"], record["steps"][-1]["name"]) == ("failed", "detect")
