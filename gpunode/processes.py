@@ -1,8 +1,14 @@
-"""Which daemons run on the host and when it booted, through psutil reading the host's /proc."""
+"""Which daemons run on the host and when it booted, read from the host's /proc.
+
+The kernel's own short name of a process (`/proc/PID/comm`, at most 15 characters: enough for
+"containerd" and "kubelet") and the boot time (`btime` in `/proc/stat`) are all status needs;
+when containerd started is systemd's to say (status.DaemonStart), not /proc's. Everything is
+read through the Host, so a FIFO, garbage or a vanished process under --root or on a live host
+is "not running" or "unknown", never a crash or a wait.
+"""
 
 from __future__ import annotations
 
-import stat
 from dataclasses import dataclass
 
 from gpunode.errors import GpunodeError
@@ -12,75 +18,33 @@ from gpunode.integers import parse_uint
 
 @dataclass(frozen=True)
 class ProcessFacts:
-    boot_time: float | None  # seconds since the epoch
+    boot_time: float | None  # seconds since the epoch; None when /proc/stat does not say
     running: dict[str, list[int]]  # process name → pids (empty when not running)
-    started: dict[str, float]  # process name → start time of its oldest process (epoch)
-
-
-# The files psutil reads for a process's name and start time, and for the boot time. On a live
-# host the kernel makes them; under --root they are a tree's files, and psutil's plain open()
-# of a FIFO there would block: each is checked to be a regular file (or absent) first.
-_PROCESS_FILES = ("stat", "status", "comm", "cmdline")
 
 
 def observe(host: Host, names: tuple[str, ...]) -> ProcessFacts:
-    """Which of `names` run and since when. A process whose /proc files psutil cannot parse
-    (garbage, vanished, denied) is counted as running when its name can be read, with its
-    start unknown; a /proc/stat without a usable btime makes the boot time unknown."""
-    import psutil  # ~50 ms to import; only status needs it
-
-    # psutil reads a module-wide procfs path; pointing it at the host root keeps --root honest.
-    psutil.PROCFS_PATH = str(host.path("/proc"))
     running: dict[str, list[int]] = {name: [] for name in names}
-    started: dict[str, float] = {}
-    # Listing pids here, not with psutil.pids(), because psutil fails on a /proc with no pids.
     pids = sorted(p for p in (parse_uint(e) for e in host.list_dir("/proc")) if p is not None)
-    # psutil reads /proc/stat (btime) for every start time, even inside Process(): a FIFO there
-    # would block, so without a regular /proc/stat no psutil call is made at all.
-    stat_ok = _readable(host, "/proc", ("stat",))
     for pid in pids:
-        process = None
-        if stat_ok and _readable(host, f"/proc/{pid}", _PROCESS_FILES):
-            try:
-                process = psutil.Process(pid)
-                name = process.name()
-            except (psutil.Error, OSError, ValueError, LookupError, TypeError):
-                process = None
-        if process is None:
-            name = _comm(host, pid)  # psutil could not parse it: the kernel's own short name
-        if name not in running:
-            continue
-        running[name].append(pid)
-        if process is None:
-            continue  # running, but since when cannot be told
-        try:
-            start = float(process.create_time())
-        except (psutil.Error, OSError, ValueError, LookupError, TypeError, OverflowError):
-            continue
-        started[name] = min(started.get(name, float("inf")), start)
-    boot_time: float | None = None
-    if stat_ok:
-        try:
-            boot_time = float(psutil.boot_time())
-        except (psutil.Error, OSError, RuntimeError, ValueError, LookupError, TypeError):
-            boot_time = None  # no /proc/stat, or no usable btime in it: status says "unknown"
-    return ProcessFacts(boot_time=boot_time, running=running, started=started)
+        name = _read(host, f"/proc/{pid}/comm")
+        if name is not None and name.strip() in running:
+            running[name.strip()].append(pid)
+    return ProcessFacts(boot_time=_boot_time(_read(host, "/proc/stat")), running=running)
 
 
-def _comm(host: Host, pid: int) -> str | None:
+def _boot_time(text: str | None) -> float | None:
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "btime":
+            seconds = parse_uint(value.strip())
+            return float(seconds) if seconds is not None else None
+    return None
+
+
+def _read(host: Host, path: str) -> str | None:
+    """The file's text; None when it is absent, unreadable or not a regular file (a process
+    that exited between the listing and the read is simply not running)."""
     try:
-        text = host.read_optional(f"/proc/{pid}/comm", limit=4096)
+        return host.read_optional(path, limit=1 << 16)
     except GpunodeError:
         return None
-    return text.strip() if text else None
-
-
-def _readable(host: Host, directory: str, files: tuple[str, ...]) -> bool:
-    """Every file psutil may open there is a regular file or absent (never a FIFO)."""
-    if host.is_live:
-        return True
-    try:
-        stats = [host.stat(f"{directory}/{name}") for name in files]
-    except GpunodeError:
-        return False
-    return all(st is None or stat.S_ISREG(st.st_mode) for st in stats)

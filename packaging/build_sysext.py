@@ -4,7 +4,7 @@
     make sysext                                  # the same, into packaging/build/
 
 Flatcar has no Python, so the image carries its own: a PyInstaller one-dir bundle of gpunode
-(CPython 3.11 with pystemd, tomlkit, pyudev, psutil, structlog, PyYAML and the shared libraries
+(CPython 3.11 with pystemd, tomlkit, pyudev, structlog, PyYAML and the shared libraries
 they link, libsystemd included) in /usr/lib/gpunode, and /usr/bin/gpunode linking to it. The
 image holds
 
@@ -113,7 +113,7 @@ EXCLUDE_MODULES = ("tkinter", "_tkinter", "pytest", "_pytest", "setuptools", "pi
                    "lxml.builder", "lxml.cssselect", "lxml.doctestcompare", "lxml.usedoctest",
                    "multiprocessing", "concurrent.futures.process", "pystemd.futures")
 # Modules gpunode imports lazily that the bundle must hold; checked after the build.
-LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "psutil", "structlog", "structlog.dev",
+LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
                 "pystemd.systemd1", "pystemd.dbusexc", "pystemd.dbuslib", "pystemd.base",
                 "lxml.etree", "bz2", "http.client", "urllib.request", "ssl")
 

@@ -20,10 +20,10 @@ def containerd_check(facts: StatusFacts):  # type: ignore[no-untyped-def]
 
 def booted(make_host: HostFactory, config_mtime: float, start: DaemonStart) -> StatusFacts:
     """A ready node where containerd (pid 812) started 0.9 s into a boot whose btime, as
-    /proc/stat rounds it, is BTIME: psutil's create_time says BTIME + 0.0 for it."""
+    /proc/stat rounds it, is BTIME: /proc's start time (btime + clock ticks, what status used
+    to compare) says BTIME + 0.0 for it."""
     facts = observe(make_host("nc4as-t4-v3", "ready"), AgentConfig(), contact_api=False)
-    processes = ProcessFacts(boot_time=BTIME, running={"containerd": [812], "kubelet": [901]},
-                             started={"containerd": float(BTIME), "kubelet": float(BTIME)})
+    processes = ProcessFacts(boot_time=BTIME, running={"containerd": [812], "kubelet": [901]})
     return dataclasses.replace(
         facts, processes=processes, containerd_start=start,
         containerd=dataclasses.replace(facts.containerd, config_mtime=config_mtime))
