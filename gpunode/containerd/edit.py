@@ -140,15 +140,19 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     if spec.name not in runtimes:
         builtin = schema.BUILTIN_DEFAULT_NAME
         for view in before:
-            if (view.origin.get(builtin) == schema.BUILTIN and builtin not in runtimes
-                    and schema.replaces_builtin_runtimes(view.daemon) is not False
-                    and not _defined_in(doc, version)):
+            dropped = (view.origin.get(builtin) == schema.BUILTIN and not _defined_in(doc, version))
+            # An empty runtimes table has already replaced 1.x's built-in map: the default
+            # runtime 'runc' is gone before gpunode adds anything, and writing it back is what
+            # the file's own default_runtime_name asks for.
+            emptied = view.default_name == builtin and builtin not in view.runtimes
+            if (builtin not in runtimes and (dropped or emptied)
+                    and schema.replaces_builtin_runtimes(view.daemon) is not False):
                 # Setting any runtime replaces 1.x's built-in map: write the built-in runc out
                 # too, and copy the new runtime from exactly what is written.
                 table = _builtin_copy(builtin, effective, version, daemon)
                 changes.append(Change((*schema.runtimes_path(version), builtin), None, table))
-                if source_name == builtin:
-                    source, effective = table, None
+                if source_name == builtin or emptied:
+                    source_name, source, effective = builtin, table, None
                 break
         _set(expected, rt_path, _new_runtime(source, source_name, spec, version, effective))
         added = spec.name
