@@ -56,6 +56,9 @@ class Host:
     def _real(self, path: str) -> str:
         if not path.startswith("/"):
             raise HostError("resolve", path, "host paths must be absolute")
+        if "\0" in path:  # the OS refuses it with a ValueError, not an OSError
+            raise HostError("resolve", self.display(path.replace("\0", "\\0")),
+                            "a path cannot contain a NUL byte")
         return path if self._root == "/" else self._resolve_in_root(path)
 
     def _resolve_in_root(self, path: str) -> str:

@@ -82,7 +82,15 @@ def kernel_release(host: Host) -> str:
     if not text or not text.strip():
         raise DriverError("cannot tell the running kernel: /proc/sys/kernel/osrelease is "
                           "missing", "is /proc mounted (and --root the node's root)?")
-    return text.strip()
+    release = text.strip()
+    # It names directories (/lib/modules/<release>, cache entries): a kernel writes one word
+    # of printable ASCII, anything else is a damaged file, not a kernel to build for.
+    if not release.isascii() or not release.isprintable() or any(c.isspace() for c in release):
+        shown = host.display("/proc/sys/kernel/osrelease")
+        raise DriverError(f"cannot tell the running kernel: {shown} holds {release[:80]!r}, "
+                          "not a kernel release",
+                          "is /proc mounted (and --root the node's root)?")
+    return release
 
 
 def loaded_modules(host: Host) -> set[str]:

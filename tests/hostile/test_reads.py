@@ -686,3 +686,20 @@ def test_a_root_without_a_pci_tree_is_not_a_cpu_node(make_host: HostFactory, cli
                      str(result.errors[0]["error"]))
     record = json.loads((host.root / RECORD).read_text())
     assert (record["outcome"], record["steps"][-1]["name"]) == ("failed", "detect")
+
+
+@pytest.mark.parametrize("release", ["6.6.60\0-flatcar", "6.6.60 flatcar", "6.6.60-fl\u00e4tcar"],
+                         ids=["nul-byte", "space", "non-ascii"])
+def test_a_damaged_kernel_release_fails_the_driver_step_with_its_text(
+    make_host: HostFactory, cli: Cli, release: str
+) -> None:
+    host = make_host("nc4as-t4-v3", "driver")
+    (host.root / "proc/sys/kernel/osrelease").write_text(release + "\n")
+    result = cli("--root", str(host.root), "driver", "load")
+    assert result.code == 1, result.err
+    assert "not a kernel release" in str(result.errors[0]["error"])
+
+
+def test_a_host_path_with_a_nul_byte_is_a_host_error(tmp_path: Path) -> None:
+    with pytest.raises(HostError, match="cannot contain a NUL byte"):
+        Host(tmp_path).read_optional("/lib/modules/6.6\0x/modules.dep")
