@@ -169,6 +169,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
                             hint="give the NVIDIA runtime another name (--runtime-name), or "
                             "set its runtime_type to io.containerd.runc.v2")
         if options.get(key) != spec.binary:
+            _refuse_taking_over(before, spec, options.get(key), file)
             changes.append(Change((*rt_path, "options", key), options.get(key), spec.binary))
         for name, value in dict(source.get("options", {})).items():
             if name not in options and name not in ("BinaryName", "Runtime"):
@@ -186,6 +187,23 @@ def configure(text: str, spec: RuntimeSpec, file: str,
                        source_name, expected, file)
     return Edit(text=schema.BOM + new_text if bom else new_text, version=version,
                 added_runtime=added, source_runtime=source_name, changes=tuple(changes))
+
+
+def _refuse_taking_over(views: list[schema.View], spec: RuntimeSpec, binary: object,
+                        file: str) -> None:
+    """Pointing the runtime every pod uses by default (or runc) at the NVIDIA runtime would put
+    every pod of the node through it: never what a runtime name means — unless that runtime is
+    already the NVIDIA one by its name or binary (a default `nvidia` runtime at an old path, as
+    the toolkit's own tests have it, is reconciled)."""
+    defaults = {view.default_name for view in views} | {schema.BUILTIN_DEFAULT_NAME}
+    already_nvidia = "nvidia" in spec.name or (
+        isinstance(binary, str) and "nvidia" in binary.rpartition("/")[2])
+    if spec.name in defaults and not already_nvidia:
+        raise EditError(file, f"runtime '{spec.name}' is containerd's default runtime (or runc): "
+                        f"making it run {spec.binary} would put every pod of the node through "
+                        "the NVIDIA runtime",
+                        hint="give the NVIDIA runtime a name of its own (--runtime-name nvidia, "
+                        "the default); --set-as-default makes that one the default if wanted")
 
 
 Imports = Sequence[schema.Layer] | Mapping[schema.Daemon, Sequence[schema.Layer]]

@@ -236,3 +236,17 @@ def test_status_says_what_containerd_makes_of_imports(name: str, make_host: Host
 def test_imports_match_as_containerd_globs(pattern: str, path: str, matches: bool) -> None:
     """Go's filepath.Match: '*' and '?' stop at '/'; only a pattern with '*' is a glob."""
     assert schema.import_matches(CONFIG, pattern, path) is matches
+
+
+@pytest.mark.parametrize("name", ["runc", "crun-default"])
+def test_the_default_runtime_is_never_pointed_at_the_nvidia_runtime(
+    name: str, make_host: HostFactory, cli: Cli
+) -> None:
+    """--runtime-name naming containerd's default runtime (or runc) would send every pod of the
+    node through the NVIDIA runtime: refused, nothing written."""
+    config = (f'version = 2\n[{CRI}.containerd]\ndefault_runtime_name = "{name}"\n'
+              f'[{CRI}.containerd.runtimes.{name}]\nruntime_type = "io.containerd.runc.v2"\n')
+    host = make_host("nc4as-t4-v3", "driver", extra={"/etc/containerd/config.toml": config})
+    check_refusal(cli, host.root, ["--root", str(host.root), "containerd", "configure", "--force",
+                                   "--config", "/etc/containerd/config.toml", "--runtime-name",
+                                   name], 1, f"runtime '{name}' is containerd's default runtime")
