@@ -141,7 +141,12 @@ def _hex_digest(value: Any, length: int) -> str | None:
 
 
 def _absolute_path(value: Any) -> str | None:
-    return None if str(value).startswith("/") else "must be an absolute path (starting with /)"
+    text = str(value)
+    if not text.startswith("/"):
+        return "must be an absolute path (starting with /)"
+    if not text.isprintable():  # a newline or NUL names no file; it would only corrupt a config
+        return "must not contain control characters (a newline, a tab, a NUL byte)"
+    return None
 
 
 _RUNTIME_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")

@@ -76,6 +76,8 @@ USAGE = {
     "relative-runtime-path": (["--runtime-path", "bin/nvidia-container-runtime"],
                               r"--runtime-path 'bin/nvidia-container-runtime': must be an "
                               r"absolute path"),
+    "newline-in-runtime-path": (["--runtime-path", "/usr/bin/nvidia\n--debug"],
+                                r"--runtime-path .*must not contain control characters"),
 }
 
 
