@@ -46,7 +46,9 @@ def active_config(host: Host, systemd: Systemd | None = None) -> ActiveConfig:
             if flag is None:
                 return ActiveConfig(CONTAINERD_DEFAULT_CONFIG, reason + "; containerd's default",
                                     raw_exec=live.argv)
-            return ActiveConfig(flag, reason, config_flag(list(live.argv)), live.argv)
+            raw = config_flag(list(live.argv))
+            return ActiveConfig(_absolute(flag, raw, f"systemd's {CONTAINERD_UNIT}"), reason, raw,
+                                live.argv)
     unit = read_unit(host, CONTAINERD_UNIT)
     if unit.fragment is None:
         return ActiveConfig(CONTAINERD_DEFAULT_CONFIG,
@@ -57,8 +59,21 @@ def active_config(host: Host, systemd: Systemd | None = None) -> ActiveConfig:
                             f"{CONTAINERD_UNIT} ExecStart has no --config; containerd's default",
                             raw_exec=unit.exec_start_raw)
     dropins = f" + {len(unit.dropins)} drop-in(s)" if unit.dropins else ""
-    return ActiveConfig(flag, f"{CONTAINERD_UNIT}{dropins} runs '{' '.join(unit.exec_start)}'",
-                        config_flag(list(unit.exec_start_raw)), unit.exec_start_raw)
+    raw = config_flag(list(unit.exec_start_raw))
+    return ActiveConfig(_absolute(flag, raw, host.display(unit.fragment)),
+                        f"{CONTAINERD_UNIT}{dropins} runs '{' '.join(unit.exec_start)}'", raw,
+                        unit.exec_start_raw)
+
+
+def _absolute(flag: str, raw: str | None, unit: str) -> str:
+    """The config path ExecStart gives, or a refusal that says how it came out wrong (an
+    unset variable such as Flatcar's CONTAINERD_CONFIG expands to nothing)."""
+    if flag.startswith("/"):
+        return flag
+    how = f"'{raw}' expands to '{flag}'" if raw is not None and raw != flag else f"is '{flag}'"
+    raise ContainerdConfigError(unit, f"ExecStart's --config {how}, not an absolute path",
+                                hint="set the variable it names (an Environment= line or a "
+                                "drop-in), or give --config an absolute path")
 
 
 def config_flag(argv: list[str]) -> str | None:

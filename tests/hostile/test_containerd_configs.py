@@ -252,3 +252,14 @@ def test_the_default_runtime_is_never_pointed_at_the_nvidia_runtime(
     check_refusal(cli, host.root, ["--root", str(host.root), "containerd", "configure", "--force",
                                    "--config", "/etc/containerd/config.toml", "--runtime-name",
                                    name], 1, f"runtime '{name}' is containerd's default runtime")
+
+
+def test_an_unset_config_variable_in_execstart_is_named(make_host: HostFactory, cli: Cli) -> None:
+    """Flatcar's unit reads --config ${CONTAINERD_CONFIG}; a drop-in that resets Environment=
+    leaves it empty: the refusal names the unit file and the variable, not an empty path."""
+    host = make_host("nc4as-t4-v3", "driver", extra={
+        "/etc/systemd/system/containerd.service.d/20-reset.conf": "[Service]\nEnvironment=\n"})
+    check_refusal(cli, host.root, ["--root", str(host.root), "containerd", "configure",
+                                   "--force"], 1,
+                  r"containerd\.service: ExecStart's --config '\$\{CONTAINERD_CONFIG\}' "
+                  r"expands to '', not an absolute path")
