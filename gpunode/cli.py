@@ -178,7 +178,7 @@ def _changes_node(name: str, settings: Settings | None = None) -> Callable[[Comm
 
 
 def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.detect import detect
+    from gpunode.detect import detect, require_decided
 
     with log.step("detect") as fields:
         detection = detect(host, use_udev=config.detect.use_udev)
@@ -189,6 +189,9 @@ def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         from gpunode import render
 
         print(render.detection(detection))
+    # The listing is printed either way; a possible GPU nobody could identify makes it an
+    # incomplete answer, refused (exit 1, naming it) as boot, plan and status refuse it.
+    require_decided(detection)
     return EXIT_OK
 
 
