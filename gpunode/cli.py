@@ -148,15 +148,24 @@ def build_parser() -> argparse.ArgumentParser:
 Command = Callable[[Host, AgentConfig, argparse.Namespace], int]
 
 
-def _changes_node(name: str) -> Callable[[Command], Command]:
+Settings = Callable[[AgentConfig, argparse.Namespace], AgentConfig]
+
+
+def _changes_node(name: str, settings: Settings | None = None) -> Callable[[Command], Command]:
     """The command holds the node lock (gpunode/nodelock.py) while it runs; `--dry-run`
-    changes nothing and takes none. `boot` waits longer for it than the others."""
+    changes nothing and takes none. `boot` waits longer for it than the others.
+
+    `settings` checks the command line and applies it to the agent config before the lock is
+    taken: a refused argument (exit 2) is refused before any work, so it leaves the root as it
+    was — not even /run/gpunode/lock is made."""
 
     def wrap(command: Command) -> Command:
         @functools.wraps(command)
         def locked(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
             from gpunode import nodelock
 
+            if settings is not None:
+                config = settings(config, args)
             if getattr(args, "dry_run", False):
                 return command(host, config, args)
             wait = nodelock.BOOT_WAIT_SECONDS if name == "boot" else nodelock.WAIT_SECONDS
@@ -169,7 +178,7 @@ def _changes_node(name: str) -> Callable[[Command], Command]:
 
 
 def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.detect import detect
+    from gpunode.detect import detect, require_decided
 
     with log.step("detect") as fields:
         detection = detect(host, use_udev=config.detect.use_udev)
@@ -180,6 +189,9 @@ def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         from gpunode import render
 
         print(render.detection(detection))
+    # The listing is printed either way; a possible GPU nobody could identify makes it an
+    # incomplete answer, refused (exit 1, naming it) as boot, plan and status refuse it.
+    require_decided(detection)
     return EXIT_OK
 
 
@@ -247,7 +259,13 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         want = step.desired(host, config)
         fields.update(node=want.node, labels=len(want.labels),
                       condition=want.condition.status)
-        if not any(k.startswith("nvidia.com/gpu.present") for k in want.labels):
+        # A node whose GPUs nobody can identify is labelled anyway: GPUReady=False with the
+        # failing checks, and no nvidia.com/gpu.* labels. Refusing would leave the Node as the
+        # last boot labelled it (perhaps GPUReady=True), so the cluster would keep sending GPU
+        # pods to a node gpunode cannot vouch for; "no GPU, nothing to label" would hide the
+        # problem. The command still exits 1 (after labelling), naming the problem.
+        if want.undecided is None and not any(k.startswith("nvidia.com/gpu.present")
+                                              for k in want.labels):
             print("no NVIDIA GPU: nothing to label")
             return EXIT_OK
         if args.dry_run:
@@ -258,7 +276,7 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
                                                          sorted(want.labels.items())),
                                   f"condition GPUReady={want.condition.status} "
                                   f"({want.condition.reason}): {want.condition.message}"]))
-            return EXIT_OK
+            return _undecided_exit(want.undecided)
         outcome = step.apply(host, config, want)
         fields.update(labels_changed=outcome.labels_changed,
                       condition_changed=outcome.condition_changed, calls=list(outcome.calls))
@@ -271,7 +289,17 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         print(f"node {outcome.node}: labels {'updated' if outcome.labels_changed else 'current'}"
               f", GPUReady={want.condition.status} "
               f"{'updated' if outcome.condition_changed else 'current'}")
-    return EXIT_OK
+    return _undecided_exit(want.undecided)
+
+
+def _undecided_exit(undecided: str | None) -> int:
+    """Exit 0, or — the node's GPUs cannot be identified — raise the refusal boot and
+    `driver load` give, after the honest labels were printed or set."""
+    if undecided is None:
+        return EXIT_OK
+    from gpunode.detect import UndecidedError
+
+    raise UndecidedError(f"labelled GPUReady=False: {undecided}")
 
 
 def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
@@ -331,12 +359,12 @@ def _snippet_agent_config(path: str) -> str:
 @_changes_node("driver load")
 def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot
-    from gpunode.detect import detect
+    from gpunode.detect import detect_decided
     from gpunode.driver import step
 
     adapters = boot.adapters_for(host, config)
     with log.step("driver") as fields:
-        detection = detect(host, use_udev=config.detect.use_udev)
+        detection = detect_decided(host, use_udev=config.detect.use_udev)
         the_plan = step.plan(host, config.driver, detection, adapters.kmod)
         fields.update(strategy=the_plan.choice.strategy, action=the_plan.choice.action)
         outcome = step.apply(host, the_plan, config.driver, adapters.kmod, adapters.build)
@@ -348,13 +376,13 @@ def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> i
 @_changes_node("driver build")
 def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot
-    from gpunode.detect import detect
+    from gpunode.detect import detect_decided
     from gpunode.driver import build, flavour, step
 
     adapters = boot.adapters_for(host, config)
     with log.step("driver.build") as fields:
         kernel = step.kernel_release(host)
-        gpus = detect(host, use_udev=config.detect.use_udev).gpus
+        gpus = detect_decided(host, use_udev=config.detect.use_udev).gpus
         chosen = flavour.choose(gpus, config.driver.flavour, step.on_azure(host))
         b = config.driver.build
         inputs = build.BuildInputs(
@@ -372,19 +400,24 @@ def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> 
 
 def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot, status
-    from gpunode.detect import detect
+    from gpunode.detect import undecided_reason
     from gpunode.driver import step
 
-    facts = status.observe(host, config)
+    facts = status.observe(host, config, contact_api=False)
     report = status.evaluate(facts)
-    names = ("gpus", "nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes")
+    names = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus",
+             "device_nodes")
     checks = [c for c in report.checks if c.name in names]
-    try:
-        detection = detect(host, use_udev=config.detect.use_udev)
-        the_plan = step.plan(host, config.driver, detection, boot.adapters_for(host, config).kmod)
-        plan_lines, plan_error = the_plan.describe(), None
-    except GpunodeError as exc:
-        plan_lines, plan_error = [], str(exc)
+    plan_lines: list[str] = []
+    # The detection status made, refused as `driver load` refuses it (detect.detect_decided).
+    plan_error = undecided_reason(facts.detection, facts.detection_error)
+    if plan_error is None and facts.detection is not None:
+        try:
+            the_plan = step.plan(host, config.driver, facts.detection,
+                                 boot.adapters_for(host, config).kmod)
+            plan_lines = the_plan.describe()
+        except GpunodeError as exc:
+            plan_error = str(exc)
     ready = not any(c.state == status.FAIL for c in checks)
     if args.json:
         _print_json({"schema_version": 1, "root": str(host.root), "ready": ready,
@@ -417,12 +450,12 @@ def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> Agent
                                                                        **overrides))
 
 
-@_changes_node("containerd configure")
+@_changes_node("containerd configure", _containerd_settings)
 def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    """`config` has the command line's overrides applied (_containerd_settings)."""
     from gpunode import systemd
     from gpunode.containerd import step
 
-    config = _containerd_settings(config, args)
     manager = systemd.for_host(host.is_live)
     with log.step("containerd", dry_run=args.dry_run) as fields:
         if not args.dry_run:

@@ -201,6 +201,27 @@ def require_decided(detection: Detection) -> None:
                              f"{'; '.join(problems)}")
 
 
+def detect_decided(host: Host, use_udev: bool | None = None) -> Detection:
+    """`detect`, refused (UndecidedError) when a possible GPU could not be identified: the one
+    path every command that acts on the GPUs (driver load/build, boot) takes."""
+    detection = detect(host, use_udev=use_udev)
+    require_decided(detection)
+    return detection
+
+
+def undecided_reason(detection: Detection | None, error: str | None = None) -> str | None:
+    """Why nobody can tell whether this host has NVIDIA GPUs (detection failed, or a possible
+    GPU is unidentified), or None when the detection is decided. For callers that observed
+    with `status.observe` (which keeps a failed detection as `detection_error`)."""
+    if detection is None:
+        return f"PCI detection failed: {error or 'no detection'}"
+    try:
+        require_decided(detection)
+    except UndecidedError as exc:
+        return str(exc)
+    return None
+
+
 # -- readers -------------------------------------------------------------------------------------
 
 

@@ -11,17 +11,27 @@ import os
 import re
 import stat
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpunode import driverinfo, systemd
 from gpunode.config import AgentConfig
 from gpunode.containerd import discover
-from gpunode.detect import Detection, PciFunction, detect, module_loaded
+from gpunode.detect import (
+    Detection,
+    PciFunction,
+    UndecidedError,
+    detect,
+    module_loaded,
+    undecided_reason,
+)
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
 from gpunode.processes import ProcessFacts
 from gpunode.processes import observe as observe_processes
 from gpunode.state import BootRecord, RecordError, read_record
+
+if TYPE_CHECKING:
+    from gpunode.kube.labels import LabelFacts
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -366,7 +376,9 @@ def evaluate(facts: StatusFacts) -> Report:
         return Report(tuple(checks), "not-ready")
     if not detection.gpus:
         checks = [_gpus(detection), _pci_scan(detection)]
-        checks += [Check(name, SKIP, "no NVIDIA GPU on this host") for name in _GPU_CHECKS]
+        skipped = ("GPU detection undecided (see gpus)" if detection.undecided
+                   else "no NVIDIA GPU on this host")
+        checks += [Check(name, SKIP, skipped) for name in _GPU_CHECKS]
         checks.append(_last_boot_check(facts))
         verdict = "not-ready" if any(c.state == FAIL for c in checks) else "no-gpu"
         return Report(tuple(checks), verdict)
@@ -404,6 +416,13 @@ def _describe(functions: tuple[PciFunction, ...]) -> str:
 
 
 def _gpus(d: Detection) -> Check:
+    undecided = undecided_reason(d)
+    if undecided is not None:
+        # Neither "no GPU" nor a GPU count to trust: the same refusal boot, plan and driver
+        # load give (detect.require_decided).
+        found = f"{_count(len(d.gpus), 'GPU')} identified, but " if d.gpus else ""
+        return Check("gpus", FAIL, f"GPU detection undecided: {found}{undecided}",
+                     UndecidedError.hint)
     if not d.gpus:
         return Check("gpus", SKIP, "no NVIDIA GPU on this host; gpunode has nothing to do")
     detail = f"{_count(len(d.gpus), 'GPU')}: {_describe(d.gpus)}"
@@ -669,14 +688,7 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
     if node.error is not None or node.obj is None:
         return Check("node", WARN, f"node {node.name}: {node.error}",
                      "gpunode-label.service retries until the API server answers")
-    version = driverinfo.parse_version(facts.driver_version_text or "")
-    step = next((s for s in facts.last_boot.steps if s.get("name") == "driver"), {}) \
-        if facts.last_boot else {}
-    wanted = labels.compute(labels.LabelFacts(
-        detection=detection, models={a: i.model for a, i in facts.gpu_infos.items() if i.model},
-        driver_version=version.version if version else None,
-        flavour=step.get("flavour") or (version.flavour if version else None),
-        strategy=step.get("strategy"), ready=ready, machine=facts.machine), facts.user_labels)
+    wanted = labels.compute(label_facts(facts, detection, ready), facts.user_labels)
     current = node.obj.get("metadata", {}).get("labels") or {}
     stale = sorted(k for k, v in wanted.items() if current.get(k) != v)
     conditions = (node.obj.get("status") or {}).get("conditions") or []
@@ -692,6 +704,21 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
         return Check("node", WARN, detail, "the device plugin has not advertised nvidia.com/gpu;"
                      " is its DaemonSet scheduled here?")
     return Check("node", OK, detail)
+
+
+def label_facts(facts: StatusFacts, detection: Detection, ready: bool) -> LabelFacts:
+    """The label inputs, from what `observe` read (safely) and nothing read again: the one
+    source for the `node` check and `gpunode label`, so they cannot disagree."""
+    from gpunode.kube import labels
+
+    version = driverinfo.parse_version(facts.driver_version_text or "")
+    step = next((s for s in facts.last_boot.steps if s.get("name") == "driver"), {}) \
+        if facts.last_boot else {}
+    return labels.LabelFacts(
+        detection=detection, models={a: i.model for a, i in facts.gpu_infos.items() if i.model},
+        driver_version=version.version if version else None,
+        flavour=step.get("flavour") or (version.flavour if version else None),
+        strategy=step.get("strategy"), ready=ready, machine=facts.machine)
 
 
 def _last_boot_check(facts: StatusFacts) -> Check:

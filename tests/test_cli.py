@@ -206,3 +206,59 @@ def test_installed_command_runs_as_a_process(make_host: HostFactory) -> None:
     version = subprocess.run([str(gpunode), "--version"], capture_output=True, text=True,
                              check=True)
     assert version.stdout.strip().startswith("gpunode ")
+
+
+GARBAGE_VENDOR = {"/sys/devices/pci0001:00/0001:00:00.0/vendor": "zz\n"}
+
+
+@pytest.mark.parametrize("action", ["load", "build"])
+def test_driver_load_and_build_refuse_a_gpu_whose_vendor_is_garbage(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str], action: str
+) -> None:
+    host = make_host("nc4as-t4-v3", "driver", extra=GARBAGE_VENDOR)
+    code = main(["--root", str(host.root), "--log-format", "json", "driver", action])
+    out, err = capsys.readouterr()
+    assert (code, out) == (1, "")
+    errors = [e for e in map(json.loads, err.splitlines()) if e["level"] == "error"]
+    assert [e["error"] for e in errors] == ["cannot tell whether 0001:00:00.0 is an NVIDIA GPU: "
+                                            "0001:00:00.0: 'vendor' is 'zz', expected 0x and 4 "
+                                            "hex digits; cannot tell whether it is NVIDIA"]
+
+
+def test_driver_status_fails_pci_scan_for_a_gpu_whose_vendor_is_garbage(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready", extra=GARBAGE_VENDOR)
+    code = main(["--root", str(host.root), "--log-format", "json", "driver", "status", "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert (code, document["ready"], document["plan"]) == (1, False, [])
+    assert document["plan_error"].startswith("cannot tell whether 0001:00:00.0 is an NVIDIA GPU")
+    assert {c["name"]: c["state"] for c in document["checks"]}["pci_scan"] == "fail"
+
+
+def test_label_dry_run_on_an_undecided_node_shows_gpuready_false_and_exits_1(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready", extra=GARBAGE_VENDOR)
+    code = main(["--root", str(host.root), "--log-format", "json", "label", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert out.splitlines() == [
+        "node nc4as-t4-v3-vmss000000", "gpunode.io/ready=false",
+        "condition GPUReady=False (GpusNotReady): gpunode: gpus: GPU detection undecided: "
+        "cannot tell whether 0001:00:00.0 is an NVIDIA GPU: 0001:00:00.0: 'vendor' is 'zz', "
+        "expected 0x and 4 hex digits; cannot tell whether it is NVIDIA; pci_scan: "
+        "0001:00:00.0: 'vendor' is 'zz', expected 0x and 4 hex digits; cannot tell whether it "
+        "is NVIDIA"]
+    errors = [e for e in map(json.loads, err.splitlines()) if e["level"] == "error"]
+    assert len(errors) == 1 and errors[0]["error"].startswith("labelled GPUReady=False: cannot "
+                                                              "tell whether 0001:00:00.0")
+
+
+def test_detect_lists_what_it_read_and_exits_1_when_a_gpu_cannot_be_identified(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready", extra=GARBAGE_VENDOR)
+    code = main(["--root", str(host.root), "--log-format", "json", "detect", "--json"])
+    document = json.loads(capsys.readouterr().out)
+    assert (code, document["undecided"]) == (1, ["0001:00:00.0"])

@@ -194,3 +194,21 @@ def test_status_node_check_reads_the_node(node: Host, api: FakeApiServer,
     after = next(c for c in json.loads(capsys.readouterr().out)["checks"] if c["name"] == "node")
     assert (after["state"], after["detail"]) == (
         "ok", f"node {NODE}: labels current; GPUReady=True; nvidia.com/gpu allocatable=1")
+
+
+def test_a_node_whose_gpu_cannot_be_identified_gets_gpuready_false_and_label_exits_1(
+    node: Host, api: FakeApiServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not left as the last run labelled it (GPUReady=True would keep GPU pods coming)."""
+    label(node)
+    (node.root / "sys/devices/pci0001:00/0001:00:00.0/vendor").write_text("zz\n")
+    code = main(["--root", str(node.root), "--log-format", "json", "label"])
+    assert code == 1, capsys.readouterr().err
+    stored = api.node(NODE)
+    assert stored is not None
+    labels = stored["metadata"]["labels"]
+    assert not [k for k in labels if k.startswith("nvidia.com/gpu.")]
+    assert labels["gpunode.io/ready"] == "false"
+    conditions = {c["type"]: c for c in stored["status"]["conditions"]}
+    assert (conditions["GPUReady"]["status"], conditions["GPUReady"]["reason"]) == (
+        "False", "GpusNotReady")

@@ -241,3 +241,25 @@ def test_under_a_root_a_changed_config_is_not_called_a_pending_restart(
     c = check(report_for(host), "containerd_running")
     assert c.state == "ok"
     assert "cannot tell whether a restart is pending" in c.detail
+
+
+def test_a_gpu_whose_vendor_is_garbage_makes_the_gpus_row_undecided(
+    make_host: HostFactory,
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready",
+                     extra={"/sys/devices/pci0001:00/0001:00:00.0/vendor": "zz\n"})
+    report = report_for(host)
+    assert report.verdict == "not-ready"
+    c = check(report, "gpus")
+    assert (c.state, c.detail) == ("fail", "GPU detection undecided: cannot tell whether "
+                                   "0001:00:00.0 is an NVIDIA GPU: 0001:00:00.0: 'vendor' is "
+                                   "'zz', expected 0x and 4 hex digits; cannot tell whether it "
+                                   "is NVIDIA")
+    assert check(report, "driver").detail == "GPU detection undecided (see gpus)"
+
+
+def test_a_root_without_a_pci_tree_makes_the_gpus_row_undecided(tmp_path: Path) -> None:
+    c = check(report_for(Host(tmp_path)), "gpus")
+    assert (c.state, c.detail) == ("fail", "GPU detection undecided: cannot look for NVIDIA "
+                                   f"GPUs: {tmp_path}/sys/bus/pci/devices: does not exist; is "
+                                   "sysfs mounted (and --root the node's root)?")

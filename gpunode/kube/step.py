@@ -8,13 +8,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpunode import driverinfo, status
+from gpunode import status
 from gpunode.config import AgentConfig
+from gpunode.detect import undecided_reason
 from gpunode.errors import FileError, GpunodeError
 from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.kube.client import ApiError, NodeApi, read_kubeconfig, with_retries
-from gpunode.state import read_record
 
 KUBELET_FLAG_FILES = ("/var/lib/kubelet/kubeadm-flags.env", "/etc/default/kubelet",
                       "/etc/sysconfig/kubelet")
@@ -25,12 +25,15 @@ class Desired:
     node: str
     labels: dict[str, str]
     condition: labels.Condition
+    # why nobody can tell whether this node has a GPU (detect.undecided_reason), or None
+    undecided: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "labels": self.labels,
                 "condition": {"type": "GPUReady", "status": self.condition.status,
                               "reason": self.condition.reason,
-                              "message": self.condition.message}}
+                              "message": self.condition.message},
+                "undecided": self.undecided}
 
 
 @dataclass(frozen=True)
@@ -77,35 +80,25 @@ class NodeNameError(GpunodeError):
 
 
 def desired(host: Host, config: AgentConfig) -> Desired:
-    """Labels and condition from the host alone (what `label --dry-run` prints)."""
+    """Labels and condition from the host alone (what `label --dry-run` prints), computed from
+    what `status.observe` read and nothing read again, so `label` and `status` see one host.
+
+    When nobody can tell whether the node has a GPU (detect.undecided_reason), the labels are
+    the user's and gpunode.io/ready=false, without any nvidia.com/gpu.* label, and GPUReady is
+    False with status's failing checks as the reason; `undecided` says why (`label` then
+    exits 1)."""
     facts = status.observe(host, config, contact_api=False)
     report = status.evaluate(facts)
-    version = driverinfo.parse_version(facts.driver_version_text or "")
-    record = read_record_quietly(host)
-    driver_step: dict[str, Any] = {}
-    if record is not None:
-        driver_step = next((s for s in record.steps if s.get("name") == "driver"), {})
-    infos = driverinfo.read_gpu_infos(host)
-    label_facts = labels.LabelFacts(
-        detection=facts.detection,  # type: ignore[arg-type]
-        models={a: i.model for a, i in infos.items() if i.model},
-        driver_version=version.version if version else None,
-        flavour=driver_step.get("flavour") or (version.flavour if version else None),
-        strategy=driver_step.get("strategy"),
-        ready=report.verdict == "ready",
-        machine=(host.read_optional("/sys/class/dmi/id/product_name") or "").strip() or None,
-    )
-    wanted = labels.compute(label_facts, dict(config.kubernetes.labels)) \
-        if facts.detection is not None else dict(config.kubernetes.labels)
-    checks = [(c.name, c.state, c.detail) for c in report.checks]
-    return Desired(node_name(host, config)[0], wanted, labels.condition_for(checks))
-
-
-def read_record_quietly(host: Host) -> Any:
-    try:
-        return read_record(host)
-    except GpunodeError:  # RecordError, or a HostError: a FIFO or directory in its place
-        return None  # `status` reports an unreadable record; labels do without it
+    name = node_name(host, config)[0]
+    condition = labels.condition_for([(c.name, c.state, c.detail) for c in report.checks])
+    undecided = undecided_reason(facts.detection, facts.detection_error)
+    if undecided is not None or facts.detection is None:
+        wanted = {f"{labels.PREFIX}ready": "false", **config.kubernetes.labels}
+        return Desired(name, wanted, condition, undecided)
+    wanted = labels.compute(status.label_facts(facts, facts.detection,
+                                               report.verdict == "ready"),
+                            dict(config.kubernetes.labels))
+    return Desired(name, wanted, condition)
 
 
 def apply(host: Host, config: AgentConfig, want: Desired, api: NodeApi | None = None,

@@ -91,18 +91,21 @@ def make_cli(capsys: pytest.CaptureFixture[str]) -> Cli:
     return run
 
 
-# The node lock (gpunode/nodelock.py, and the directories it is made in) is made by every
-# command that may change the node, refused or not; it holds no state, so it is not a change.
+# The node lock (gpunode/nodelock.py, and the directories it is made in) is made by a command
+# that may change the node once it has started its work, refused there or not; it holds no
+# state, so it is not a change. A usage or agent-config refusal (exit 2) comes before any work
+# and takes no lock: check_refusal then counts the lock as a change like any other file.
 NOT_STATE = ("run", "run/gpunode", "run/gpunode/lock")
+EXIT_USAGE = 2
 
 
-def snapshot(root: Path) -> dict[str, tuple[object, ...]]:
-    """Every entry under `root`: type, mode, owner and content or link target."""
+def snapshot(root: Path, hidden: tuple[str, ...] = NOT_STATE) -> dict[str, tuple[object, ...]]:
+    """Every entry under `root` but `hidden`: type, mode, owner and content or link target."""
     seen: dict[str, tuple[object, ...]] = {}
     for directory, dirs, files in os.walk(root):
         for name in [*dirs, *files]:
             path = Path(directory, name)
-            if str(path.relative_to(root)) in NOT_STATE:
+            if str(path.relative_to(root)) in hidden:
                 continue
             st = path.lstat()
             if stat.S_ISLNK(st.st_mode):
@@ -116,8 +119,9 @@ def snapshot(root: Path) -> dict[str, tuple[object, ...]]:
     return seen
 
 
-def assert_unchanged(root: Path, before: dict[str, tuple[object, ...]]) -> None:
-    after = snapshot(root)
+def assert_unchanged(root: Path, before: dict[str, tuple[object, ...]],
+                     hidden: tuple[str, ...] = NOT_STATE) -> None:
+    after = snapshot(root, hidden)
     temps = [p for p in after if p.endswith(".gpunode-tmp")]
     assert not temps, f"temp files left behind: {temps}"
     changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
@@ -135,8 +139,9 @@ def assert_refused(result: Result, code: int, pattern: str) -> None:
 
 def check_refusal(cli: Cli, root: Path, argv: list[str], code: int, pattern: str) -> Result:
     """Run `argv` against `root` and assert the whole refusal contract (module docstring)."""
-    before = snapshot(root)
+    hidden = () if code == EXIT_USAGE else NOT_STATE
+    before = snapshot(root, hidden)
     result = cli(*argv)
     assert_refused(result, code, pattern)
-    assert_unchanged(root, before)
+    assert_unchanged(root, before, hidden)
     return result

@@ -637,8 +637,7 @@ COMMAND_READS = [
     (["containerd", "configure"], "usr/lib/systemd/system/containerd.service"),
     (["containerd", "configure", "--dry-run"], "etc/containerd/config.toml"),
     (["containerd", "revert"], "var/lib/gpunode/containerd.json"),
-    (["label", "--dry-run"], DMI),
-]
+]  # label reads the DMI name as status does (only a label): tests/hostile/test_consistency.py
 
 
 @pytest.mark.parametrize(("argv", "path"), COMMAND_READS,
