@@ -189,9 +189,13 @@ def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         from gpunode import render
 
         print(render.detection(detection))
-    # The listing is printed either way; a possible GPU nobody could identify makes it an
-    # incomplete answer, refused (exit 1, naming it) as boot, plan and status refuse it.
-    require_decided(detection)
+    # A listing answers with what it found (exit 0 is detect's documented contract): a possible
+    # GPU nobody could identify is in `undecided` and `problems`, and said once more as a
+    # warning; boot, plan, status and the driver commands are the ones that refuse it.
+    try:
+        require_decided(detection)
+    except GpunodeError as exc:
+        log.get().warning("detect.undecided", exc=exc)
     return EXIT_OK
 
 
