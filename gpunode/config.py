@@ -125,6 +125,12 @@ def _node_labels(value: dict[str, str]) -> str | None:
     return None
 
 
+def _node_name(value: str) -> str | None:
+    from gpunode.kube.step import node_name_problem
+
+    return node_name_problem(value)
+
+
 _TAINT_RE = re.compile(r"[^=:\s]+(=[^:\s]*)?:(NoSchedule|PreferNoSchedule|NoExecute)")
 
 
@@ -182,6 +188,7 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     else f"may only name the modules {', '.join(DRIVER_MODULES)}",
     ("driver.build", "dev_container_sha512"): lambda v: _hex_digest(v, 128),
     ("kubernetes", "kubeconfig"): _absolute_path,
+    ("kubernetes", "node_name"): lambda v: _node_name(v),
     ("kubernetes", "labels"): _node_labels,
     ("kubernetes", "taints"): lambda v: next(filter(None, map(_taint, v)), None),
     ("kubernetes", "register_with"): _one_of("chart", "kubelet"),

@@ -3,6 +3,7 @@ kubelet's credentials — one GET, and a PATCH only for what differs."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -48,7 +49,26 @@ def node_name(host: Host, config: AgentConfig) -> tuple[str, str]:
     """The Node's name and where it came from, decided as the kubelet does: its
     --hostname-override if set (kubeadm writes it to kubeadm-flags.env), else the hostname."""
     if config.kubernetes.node_name:
-        return config.kubernetes.node_name, "kubernetes.node_name"
+        return config.kubernetes.node_name, "kubernetes.node_name"  # checked by config.py
+    name, source = _kubelet_node_name(host)
+    problem = node_name_problem(name)
+    if problem is not None:
+        raise NodeNameError(f"cannot use {name!r} (from {source}) as this node's name: {problem}")
+    return name, source
+
+
+_NODE_NAME_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a Node's name (a DNS-1123 subdomain, as the API server requires)."""
+    if len(name) > 253 or not _NODE_NAME_RE.fullmatch(name):
+        return ("a Node's name is lowercase letters, digits, '-' and '.', starting and ending "
+                "with a letter or digit, at most 253 characters")
+    return None
+
+
+def _kubelet_node_name(host: Host) -> tuple[str, str]:
     for path in KUBELET_FLAG_FILES:
         for number, line in enumerate((host.read_optional(path) or "").splitlines(), 1):
             key, eq, value = line.partition("=")
@@ -62,9 +82,10 @@ def node_name(host: Host, config: AgentConfig) -> tuple[str, str]:
                                 "fix the quoting of that line (kubeadm writes KEY=\"--flag=value "
                                 "...\"), or set kubernetes.node_name in the agent config") from exc
             for i, word in enumerate(words):
-                if word.startswith("--hostname-override="):
+                # The kubelet ignores an empty override and takes the hostname.
+                if word.startswith("--hostname-override=") and word.split("=", 1)[1]:
                     return word.split("=", 1)[1].lower(), f"--hostname-override in {path}"
-                if word == "--hostname-override" and i + 1 < len(words):
+                if word == "--hostname-override" and i + 1 < len(words) and words[i + 1]:
                     return words[i + 1].lower(), f"--hostname-override in {path}"
     hostname = (host.read_optional("/proc/sys/kernel/hostname") or "").strip().lower()
     if not hostname:
@@ -73,10 +94,11 @@ def node_name(host: Host, config: AgentConfig) -> tuple[str, str]:
 
 
 class NodeNameError(GpunodeError):
-    def __init__(self) -> None:
-        self.hint = "set kubernetes.node_name in the agent config"
-        super().__init__("cannot tell this node's name: no --hostname-override for the "
-                         "kubelet and no hostname")
+    hint = "set kubernetes.node_name in the agent config"
+
+    def __init__(self, message: str = "cannot tell this node's name: no --hostname-override "
+                 "for the kubelet and no hostname") -> None:
+        super().__init__(message)
 
 
 def desired(host: Host, config: AgentConfig) -> Desired:

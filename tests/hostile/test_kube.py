@@ -249,3 +249,25 @@ def test_status_with_an_api_reply_of_the_wrong_shape_warns_on_the_node_check(
     node = next(c for c in json.loads(result.out)["checks"] if c["name"] == "node")
     assert (result.code, node["state"]) == (0, "warn")
     assert "has metadata.labels that is a string, not a map" in node["detail"]
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ('KUBELET_KUBEADM_ARGS="--hostname-override="\n', "nc4as-t4-v3-vmss000000"),
+    ('KUBELET_KUBEADM_ARGS="--hostname-override=Node-1.Example"\n', "node-1.example"),
+], ids=["empty-override-means-the-hostname", "uppercase-is-lowered"])
+def test_the_node_name_is_the_kubelets_choice(
+    make_host: HostFactory, cli: Cli, flags: str, expected: str
+) -> None:
+    host = make_host("nc4as-t4-v3", "ready",
+                     extra={"/var/lib/kubelet/kubeadm-flags.env": flags})
+    result = cli("--root", str(host.root), "label", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["node"] == expected
+
+
+def test_a_node_name_the_api_server_refuses_is_named(make_host: HostFactory, cli: Cli) -> None:
+    flags = 'KUBELET_KUBEADM_ARGS="--hostname-override=UP_per"\n'
+    host = make_host("nc4as-t4-v3", "ready", extra={"/var/lib/kubelet/kubeadm-flags.env": flags})
+    check_refusal(cli, host.root, ["--root", str(host.root), "label", "--dry-run"], 1,
+                  r"cannot use 'up_per' \(from --hostname-override in "
+                  r"/var/lib/kubelet/kubeadm-flags.env\) as this node's name: a Node's name is")
