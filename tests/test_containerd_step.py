@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures
+from gpunode import fixtures, nodelock
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import step
 from gpunode.containerd.edit import EditError
@@ -419,8 +419,11 @@ def layout_host(make_host: HostFactory, layout: str) -> tuple[Host, ContainerdCo
 
 
 def configure_now(host: Host, config: ContainerdConfig, probe: VersionProbe) -> None:
-    step.recover(host, NoSystemd())
-    step.apply(host, step.plan(host, config, NoSystemd(), probe=probe), NoSystemd(), 5)
+    """What `containerd configure` does: takes the node lock (which sweeps stale temps), rolls
+    an interrupted change back, plans and applies."""
+    with nodelock.held(host, "containerd configure", 1):
+        step.recover(host, NoSystemd())
+        step.apply(host, step.plan(host, config, NoSystemd(), probe=probe), NoSystemd(), 5)
 
 
 @pytest.mark.parametrize("command", ["configure", "revert"])
@@ -435,6 +438,8 @@ def test_a_kill_after_any_step_of_the_write_is_rolled_back_by_the_next_run(
 
     host, config, probe = layout_host(make_host, layout)
     (host.root / "var/lib").mkdir(parents=True, exist_ok=True)
+    with nodelock.held(host, "containerd configure", 1):
+        pass  # the lock file stays: part of the node from here on
     pristine = snapshot(host.root)
     configure_now(host, config, probe)
     configured = snapshot(host.root)

@@ -200,8 +200,9 @@ def test_a_dry_run_with_an_interrupted_change_pending_says_so_and_writes_nothing
     before = snapshot(root)
     result = cli("--root", str(root), "containerd", "configure", "--enable-cdi", "--dry-run")
     assert result.code == 0, result.err
-    (warning,) = [e for e in result.events if e["event"] == "containerd.interrupted"]
-    assert "rolls its change back first" in str(warning["note"])
+    assert result.out.startswith(f"# roll back the interrupted change recorded in "
+                                 f"{journal.JOURNAL}"), result.out
+    assert "computed after the rollback" in result.out
     assert_unchanged(root, before)
 
 
