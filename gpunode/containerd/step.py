@@ -1,11 +1,14 @@
 """The container runtime step: plan the config change, write it safely, restart only if needed.
 
-`plan()` reads and decides (nothing written); `apply()` writes the backup, the config, the
-drop-in and the ledger as one transaction (gpunode.containerd.journal: any prefix of it that
-a kill leaves is rolled back by the next run's `recover()`), then restarts containerd only
-when it is running and something changed, and puts everything back if containerd does not
-come back. `revert()` undoes what the ledger says gpunode did, and only where the value is
-still what gpunode wrote; it says what it kept and why.
+`plan()` reads and decides (nothing written); `preview()` is what `plan` and `--dry-run` show
+(the pending rollback first, while an interrupted change is recorded); `configure()` is
+recover, plan, apply: the one call of `containerd configure` and of boot. `apply()` writes the
+backup, the config, the drop-in and the ledger as one transaction (gpunode.containerd.journal:
+any prefix of it that a kill leaves is rolled back by the next run's `recover()`), then
+restarts containerd only when it is running and something changed, and puts everything back
+(the directories it made included) if containerd does not come back. `revert()` undoes what
+the ledger says gpunode did, and only where the value is still what gpunode wrote; it says
+what it kept and why.
 """
 
 from __future__ import annotations
@@ -170,6 +173,8 @@ class NoProbe:
 
 def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
          explicit: str | None = None, force: bool = False, probe: Probe | None = None) -> Plan:
+    """The change, from the files as they are (after `recover()`: while an interrupted change
+    is pending, `preview()` is what configure and boot would do)."""
     spec = spec_from(config)
     probe = probe or (CommandProbe() if host.is_live else NoProbe())
     if not force and not host.is_executable_file(spec.binary):
@@ -183,11 +188,6 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     else:
         active = active_config(host, systemd)
     binary = active.raw_exec[0].lstrip("-@+!:") if active.raw_exec else "/usr/bin/containerd"
-    if journal.pending(host):
-        log.get().warning("containerd.interrupted", journal=host.display(JOURNAL),
-                          note="an earlier gpunode run was interrupted; the next configure or "
-                          "revert rolls its change back first; this plan is of the files as "
-                          "they are now")
     recorded = ledger.read(host)
     target, copied_from, dropin = _target(host, active, recorded)
     if recorded is not None and recorded.target != target:
