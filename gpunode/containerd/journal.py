@@ -194,13 +194,9 @@ def recover(host: Host, targets: Collection[str]) -> list[str]:
         if not host.exists(directory):
             host.make_dirs(directory)
             done.append(f"make {directory} again")
-    for entry, before in zip(reversed(files), reversed(befores), strict=True):
-        attrs = tuple(entry["attrs"]) if entry["attrs"] else None
-        if read_optional_bytes(host, entry["path"]) == before and (
-                before is None or attrs_of(host, entry["path"]) == attrs):
-            continue
-        _apply(host, Write(entry["path"], before, attrs))  # type: ignore[arg-type]
-        done.append(f"{'remove' if before is None else 'restore'} {entry['path']}")
+    for write in _rollback_writes(host, files, befores):
+        _apply(host, write)
+        done.append(f"{'remove' if write.data is None else 'restore'} {write.path}")
     done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
     host.remove(JOURNAL)
     done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
@@ -215,15 +211,25 @@ def preview(host: Host, targets: Collection[str]) -> tuple[str | None, list[str]
         return None
     target, files, befores = _checked(host, record, targets)
     lines = [f"make {d} again" for d in record["removed_dirs"] if not host.exists(d)]
+    lines += [f"{'remove' if w.data is None else 'restore'} {w.path}"
+              for w in _rollback_writes(host, files, befores)]
+    lines += [f"remove {d} when empty" for d in sorted(record["created_dirs"], key=len,
+                                                        reverse=True) if host.exists(d)]
+    return target, lines
+
+
+def _rollback_writes(host: Host, files: list[dict[str, Any]],
+                     befores: list[bytes | None]) -> list[Write]:
+    """The writes that put each file back as the journal has it, last file first; a file
+    already so (content, and mode and owner where it exists) needs none."""
+    writes = []
     for entry, before in zip(reversed(files), reversed(befores), strict=True):
         attrs = tuple(entry["attrs"]) if entry["attrs"] else None
         if read_optional_bytes(host, entry["path"]) == before and (
                 before is None or attrs_of(host, entry["path"]) == attrs):
             continue
-        lines.append(f"{'remove' if before is None else 'restore'} {entry['path']}")
-    lines += [f"remove {d} when empty" for d in sorted(record["created_dirs"], key=len,
-                                                        reverse=True) if host.exists(d)]
-    return target, lines
+        writes.append(Write(entry["path"], before, attrs))  # type: ignore[arg-type]
+    return writes
 
 
 def _checked(host: Host, record: dict[str, Any], targets: Collection[str],
