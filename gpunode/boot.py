@@ -95,7 +95,8 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
         return the_plan.describe() if the_plan.changed else []
 
     def containerd_actions() -> list[str]:
-        the_plan = containerd.plan(host, config.containerd, adapters.systemd)
+        # While an interrupted change is pending, boot rolls it back first: say so.
+        the_plan = containerd.preview(host, config.containerd, adapters.systemd)
         return the_plan.describe() if the_plan.changed else []
 
     def registration_actions() -> list[str]:
@@ -238,10 +239,9 @@ def _containerd(host: Host, config: AgentConfig, adapters: Adapters,
     from gpunode.containerd import step as containerd
     from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
 
-    containerd.recover(host, adapters.systemd)  # an interrupted earlier run is rolled back
-    the_plan = containerd.plan(host, config.containerd, adapters.systemd)
-    outcome = containerd.apply(host, the_plan, adapters.systemd,
-                               config.containerd.restart_timeout)
+    # An interrupted earlier run is rolled back first, then planned and applied.
+    the_plan, outcome = containerd.configure(host, config.containerd, adapters.systemd,
+                                             config.containerd.restart_timeout)
     fields.update(changed=outcome.changed, restarted=outcome.restarted, config=outcome.target)
     watched += [the_plan.active.path, the_plan.target, containerd.DROPIN, containerd.LEDGER,
                 containerd.JOURNAL, containerd.IMPORT_FILE,

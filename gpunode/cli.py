@@ -462,16 +462,17 @@ def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namesp
 
     manager = systemd.for_host(host.is_live)
     with log.step("containerd", dry_run=args.dry_run) as fields:
-        if not args.dry_run:
-            step.recover(host, manager)  # an interrupted earlier run is rolled back first
-        the_plan = step.plan(host, config.containerd, manager, args.containerd_config,
-                             force=args.force)
-        fields.update(config=the_plan.target, changed=the_plan.changed)
-        if args.dry_run:
-            print(the_plan.diff(), end="")
+        if args.dry_run:  # an interrupted change pending: the rollback configure starts with
+            preview = step.preview(host, config.containerd, manager, args.containerd_config,
+                                   force=args.force)
+            fields.update(config=preview.target, changed=preview.changed)
+            print(preview.diff(), end="")
             return EXIT_OK
-        outcome = step.apply(host, the_plan, manager, config.containerd.restart_timeout)
-        fields.update(restarted=outcome.restarted)
+        the_plan, outcome = step.configure(host, config.containerd, manager,
+                                           config.containerd.restart_timeout,
+                                           args.containerd_config, force=args.force)
+        fields.update(config=the_plan.target, changed=the_plan.changed,
+                      restarted=outcome.restarted)
     print("\n".join(outcome.descriptions))
     return EXIT_OK
 

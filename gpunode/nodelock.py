@@ -7,6 +7,13 @@ an exclusive flock(2) on /run/gpunode/lock under the root (created 0600; /run is
 every boot, and a lock held by a process dies with it, so a crash never leaves the node
 locked). Read-only commands (status, detect, plan, driver status) take no lock and never wait.
 
+Taking the lock is also the one moment that proves no other gpunode command is writing: the
+holder first sweeps the stale temp files a kill inside an atomic write leaves
+(`.<name>.<random>.gpunode-tmp`, host.Host's pattern) from every directory gpunode writes.
+
+`probe()` tells `gpunode status` whether a command holds the lock right now, without waiting
+and without creating the file.
+
 A command waits a bounded time, then fails naming the process that holds the lock (its pid
 and command are written into the file). `boot` waits longest: two boots (the unit at startup
 and an operator's, or a retry) should run one after the other, and a boot that loads a driver
@@ -21,6 +28,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -53,6 +61,7 @@ def held(host: Host, command: str, wait: float) -> Iterator[None]:
             os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
         except OSError as exc:
             raise HostError("write", shown, exc.strerror or str(exc)) from exc
+        sweep_stale_temps(host)  # holding the lock: no other gpunode writer is at work
         yield
     finally:
         os.close(fd)  # releases the lock; the file stays (unlinking it races other waiters)
@@ -109,3 +118,90 @@ def _holder(fd: int) -> str:
     if not text or parse_uint(text[0]) is None:
         return "pid unknown"
     return f"pid {text[0]}" + (f", gpunode {' '.join(text[1:])}" if len(text) > 1 else "")
+
+
+# Every directory gpunode writes a file, device node or link into (host.write_atomic,
+# make_char_device, symlink), with the names it writes there (a pattern), besides the
+# containerd config's own directory (from the ledger). Another program's temp file that happens
+# to end in .gpunode-tmp is never gpunode's to remove.
+WRITTEN = (
+    ("/dev", r"nvidia[\w-]*"),  # device nodes (driver.devices)
+    ("/dev/nvidia-caps", r"nvidia-cap\d+"),
+    ("/dev/char", r"\d+:\d+"),  # their /dev/char links
+    ("/run/gpunode", r"[\w.-]+"),  # gpunode's own: the boot record, the fast path's stamp
+    ("/var/lib", r"gpunode\.containerd-journal"),
+    ("/var/lib/gpunode", r"containerd\.json"),  # the ledger
+    ("/etc/containerd", r"config\.toml(\.gpunode-orig)?"),
+    ("/etc/containerd/conf.d", r"99-gpunode-nvidia\.toml"),
+    ("/etc/systemd/system/containerd.service.d", r"10-gpunode\.conf"),
+    ("/etc/systemd/system/kubelet.service.d", r"20-gpunode-registration\.conf"),
+    ("/etc/flatcar", r"enabled-sysext\.conf"),
+)
+
+
+def sweep_stale_temps(host: Host) -> list[str]:
+    """Remove gpunode's own temp files left by a kill; those removed. Only host.Host's temp
+    names (".<name>.<random>.gpunode-tmp") for a name gpunode writes, directly in a directory
+    gpunode writes (a symlinked directory is skipped), never a directory, never through a
+    symlink (a temp that is itself a link is unlinked)."""
+    removed = []
+    for directory, names in (*WRITTEN, *_config_dirs(host)):
+        temp = re.compile(rf"\.(?:{names})\.[A-Za-z0-9_]+\.gpunode-tmp")
+        try:
+            st = host.lstat(directory)
+            entries = host.list_dir(directory) if st and stat.S_ISDIR(st.st_mode) else []
+        except HostError:
+            continue  # not ours to read: nothing of ours can be in it
+        for entry in entries:
+            path = f"{directory.rstrip('/')}/{entry}"
+            found = temp.fullmatch(entry) and host.lstat(path)
+            if found and not stat.S_ISDIR(found.st_mode):
+                try:
+                    host.remove(path)
+                except HostError as exc:
+                    log.get().warning("lock.stale_temp_kept", path=host.display(path), exc=exc)
+                    continue
+                removed.append(path)
+    if removed:
+        log.get().info("lock.stale_temps_removed", removed=[host.display(p) for p in removed],
+                       note="left by an earlier gpunode run that was killed while writing")
+    return removed
+
+
+def _config_dirs(host: Host) -> list[tuple[str, str]]:
+    """The directory of the containerd config gpunode edits, as its ledger says, and the
+    names it writes there (the config and its backup)."""
+    from gpunode.containerd import ledger
+
+    try:
+        recorded = ledger.read(host)
+    except GpunodeError:
+        return []  # a damaged ledger is reported by the command that needs it
+    if recorded is None:
+        return []
+    directory, _, name = recorded.target.rpartition("/")
+    return [(directory or "/", re.escape(name) + r"(\.gpunode-orig)?")]
+
+
+def probe(host: Host) -> str | None:
+    """'pid 1234, gpunode boot' when a gpunode command holds the node lock right now, else
+    None. Never waits, never creates the lock file, never follows a symlink."""
+    directory, _, name = LOCK_PATH.rpartition("/")
+    try:
+        fd = os.open(host.path(directory) / name,
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, HostError):
+        return None  # no lock file (nobody has run since boot) or none gpunode could use
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return _holder(fd)
+            return None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

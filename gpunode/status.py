@@ -108,8 +108,9 @@ class StatusFacts:
     # the driver's /proc files are there but cannot be read (a directory, a FIFO): why
     driver_error: str | None = None
     containerd_start: DaemonStart = DaemonStart(unknown="not observed")
-    # a containerd configure/revert was killed mid-way; the next one (or boot) rolls it back
-    containerd_interrupted: bool = False
+    # a containerd configure/revert was killed mid-way; the next one (or boot) rolls it back;
+    # text: it is not interrupted but running now, held by this gpunode command ("pid 12, ...")
+    containerd_interrupted: bool | str = False
 
 
 @dataclass(frozen=True)
@@ -562,13 +563,18 @@ def _wanted_numbers(facts: StatusFacts) -> dict[str, tuple[int | None, int | Non
     return wanted
 
 
-def _containerd_interrupted(host: Host) -> bool:
+def _containerd_interrupted(host: Host) -> bool | str:
+    """A change to containerd's config is pending: True; the lock holder ("pid 12, gpunode
+    boot") when a gpunode command is making it right now (the node lock, probed without
+    waiting); False when none is."""
+    from gpunode import nodelock
     from gpunode.containerd import journal
 
     try:
-        return journal.pending(host)
+        pending = journal.pending(host)
     except GpunodeError:
-        return True  # something is at the journal's path: not gpunode's to judge, but not clean
+        pending = True  # something is at the journal's path: not gpunode's to judge, not clean
+    return (nodelock.probe(host) or True) if pending else False
 
 
 def _containerd_runtime(facts: StatusFacts) -> Check:
@@ -577,6 +583,11 @@ def _containerd_runtime(facts: StatusFacts) -> Check:
         return check
     from gpunode.containerd.journal import JOURNAL
 
+    if isinstance(facts.containerd_interrupted, str):
+        return Check(check.name, FAIL if check.state == FAIL else WARN,
+                     f"{check.detail}; a gpunode command ({facts.containerd_interrupted}) is "
+                     "changing containerd's config right now",
+                     "wait for it to finish, then run 'gpunode status' again")
     return Check(check.name, FAIL if check.state == FAIL else WARN,
                  f"{check.detail}; an interrupted gpunode change to containerd's config is "
                  f"pending ({JOURNAL})",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures
+from gpunode import fixtures, nodelock
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import step
 from gpunode.containerd.edit import EditError
@@ -419,8 +419,11 @@ def layout_host(make_host: HostFactory, layout: str) -> tuple[Host, ContainerdCo
 
 
 def configure_now(host: Host, config: ContainerdConfig, probe: VersionProbe) -> None:
-    step.recover(host, NoSystemd())
-    step.apply(host, step.plan(host, config, NoSystemd(), probe=probe), NoSystemd(), 5)
+    """What `containerd configure` does: takes the node lock (which sweeps stale temps), rolls
+    an interrupted change back, plans and applies."""
+    with nodelock.held(host, "containerd configure", 1):
+        step.recover(host, NoSystemd())
+        step.apply(host, step.plan(host, config, NoSystemd(), probe=probe), NoSystemd(), 5)
 
 
 @pytest.mark.parametrize("command", ["configure", "revert"])
@@ -435,6 +438,8 @@ def test_a_kill_after_any_step_of_the_write_is_rolled_back_by_the_next_run(
 
     host, config, probe = layout_host(make_host, layout)
     (host.root / "var/lib").mkdir(parents=True, exist_ok=True)
+    with nodelock.held(host, "containerd configure", 1):
+        pass  # the lock file stays: part of the node from here on
     pristine = snapshot(host.root)
     configure_now(host, config, probe)
     configured = snapshot(host.root)
@@ -732,3 +737,53 @@ def test_status_names_an_interrupted_change_until_the_next_configure_rolls_it_ba
     assert hint is not None and "rolls the interrupted change back first" in hint
     configure_now(flatcar, CONFIG, VersionProbe(None))
     assert "interrupted" not in runtime_check()[1]
+
+
+def test_a_failed_restart_on_flatcar_leaves_the_tree_as_it_was_no_empty_directory(
+    flatcar: Host,
+) -> None:
+    """The copy's directory and the drop-in's, made by the change, go with its rollback."""
+    from hostile.support import snapshot
+
+    listen(flatcar)
+    (flatcar.root / "var/lib").mkdir(parents=True, exist_ok=True)
+    assert not (flatcar.root / "etc/systemd/system/containerd.service.d").exists()
+    before = snapshot(flatcar.root)
+    fake = FakeSystemd(host=flatcar, broken={"nvidia"})
+    with pytest.raises(step.ContainerdStepError, match="previous config was restored"):
+        step.configure(flatcar, CONFIG, fake, 5)
+    assert snapshot(flatcar.root) == before
+    assert fake.calls.count("restart containerd.service") == 2
+
+
+def test_status_says_a_change_is_running_now_while_a_gpunode_command_holds_the_lock(
+    flatcar: Host, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gpunode.config import AgentConfig
+    from gpunode.status import evaluate, observe
+
+    real = Host.write_atomic
+    seen: list[tuple[str, str, str | None]] = []
+
+    def status_at_the_dropin(self: Host, path: str, *args: object, **kwargs: object) -> None:
+        if path == step.DROPIN and not seen:
+            c = next(c for c in evaluate(observe(flatcar, AgentConfig())).checks
+                     if c.name == "containerd_runtime")
+            seen.append((c.state, c.detail, c.hint))
+        real(self, path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Host, "write_atomic", status_at_the_dropin)
+    configure_now(flatcar, CONFIG, VersionProbe(None))
+    ((state, detail, hint),) = seen
+    assert state in ("warn", "fail"), detail
+    assert re.search(rf"a gpunode command \(pid {os.getpid()}, gpunode containerd configure\) "
+                     "is changing containerd's config right now", detail), detail
+    assert hint is not None and "wait for it to finish" in hint
+
+
+def test_the_lock_probe_creates_no_lock_file_and_sees_no_holder_when_none(flatcar: Host) -> None:
+    assert nodelock.probe(flatcar) is None
+    assert not (flatcar.root / "run/gpunode/lock").exists()
+    with nodelock.held(flatcar, "boot", 1):
+        assert nodelock.probe(flatcar) == f"pid {os.getpid()}, gpunode boot"
+    assert nodelock.probe(flatcar) is None

@@ -23,8 +23,11 @@ neither as the journal recorded it nor as the change would have made it was chan
 else since: nothing is rolled back and the error says which file (never a silent overwrite).
 Rollback writes are themselves idempotent, so an interrupted recovery is finished by the next.
 
-`recover()` also removes gpunode's own stale temp files (`.<name>.*.gpunode-tmp`, left by a kill
-inside an atomic write) next to every file this protocol writes.
+A journal may only name the files and directories gpunode owns for the config it edits
+(ledger.owned_paths, the ledger's own rule) and only a config gpunode edits here: a damaged
+journal naming /etc/passwd is refused, nothing written. The stale temp files a kill inside an
+atomic write leaves (`.<name>.*.gpunode-tmp`) are swept when the node lock is taken
+(gpunode.nodelock), for every directory gpunode writes.
 
 The journal lives directly in /var/lib (always there, persistent), not in /var/lib/gpunode,
 so that a revert can remove gpunode's own directory inside the same transaction.
@@ -38,12 +41,12 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpunode.containerd import ContainerdStepError
-from gpunode.errors import GpunodeError, HostError
+from gpunode.errors import GpunodeError
 from gpunode.host import Host
 
 JOURNAL = "/var/lib/gpunode.containerd-journal"
@@ -99,11 +102,26 @@ def missing_dirs(host: Host, paths: Iterable[str]) -> list[str]:
     return missing
 
 
-def commit(host: Host, writes: Sequence[Write], remove_dirs: Sequence[str] = ()) -> list[Write]:
+@dataclass(frozen=True)
+class Committed:
+    """What a committed transaction did, for a caller that must put everything back later
+    (containerd refused the new config): `commit(host, c.undo, c.target, c.created)`."""
+
+    undo: list[Write]  # the previous content, mode and owner of each file
+    target: str
+    created: list[str]  # the directories it created, parents first
+
+
+def commit(host: Host, writes: Sequence[Write], target: str,
+           remove_dirs: Sequence[str] = ()) -> Committed:
     """Apply `writes` (then remove each of `remove_dirs` that is empty) as one transaction.
 
-    Returns the writes that undo it (the previous content, mode and owner of each file), for a
-    caller that must put everything back later (containerd refused the new config)."""
+    `target` is the containerd config the change edits: every path written or removed must be
+    one gpunode owns for it (ledger.owned_paths), the rule `recover()` holds a journal to."""
+    problem = _foreign(target, [w.path for w in writes], (), remove_dirs, [target])
+    if problem:
+        raise ContainerdStepError(f"gpunode refuses to write {problem}",
+                                  "this is a bug in gpunode: report it")
     if host.exists(JOURNAL):
         raise JournalError(f"{host.display(JOURNAL)}: an interrupted change is still pending",
                            "run 'gpunode containerd revert' or 'configure' again: they roll "
@@ -113,6 +131,7 @@ def commit(host: Host, writes: Sequence[Write], remove_dirs: Sequence[str] = ())
     created = missing_dirs(host, [JOURNAL, *(w.path for w in writes if w.data is not None)])
     record = {
         "schema_version": SCHEMA,
+        "target": target,
         "files": [{"path": u.path, "before": _b64(u.data),
                    "attrs": list(u.attrs) if u.attrs else None,
                    "after_sha256": sha256(w.data)} for u, w in zip(undo, writes, strict=True)],
@@ -132,7 +151,7 @@ def commit(host: Host, writes: Sequence[Write], remove_dirs: Sequence[str] = ())
     except GpunodeError as failure:
         # Failed here and now (disk full, read-only file system): put everything back at once.
         try:
-            recover(host, ())
+            recover(host, [target])
         except GpunodeError as second:
             raise ContainerdStepError(
                 f"{failure}; putting the files back failed too ({second})",
@@ -141,7 +160,7 @@ def commit(host: Host, writes: Sequence[Write], remove_dirs: Sequence[str] = ())
         raise
     host.remove(JOURNAL)
     _remove_empty(host, created)  # the journal's own directory, on a tree that had none
-    return undo
+    return Committed(undo, target, [d for d in created if host.exists(d)])
 
 
 def _remove_empty(host: Host, directories: Sequence[str]) -> list[str]:
@@ -160,17 +179,78 @@ def pending(host: Host) -> bool:
     return host.exists(JOURNAL)
 
 
-def recover(host: Host, paths: Iterable[str]) -> list[str]:
-    """Roll back an interrupted transaction and remove stale temp files; what was undone.
+def recover(host: Host, targets: Collection[str]) -> list[str]:
+    """Roll back an interrupted transaction; what was undone.
 
-    `paths` are the files gpunode may write besides those the journal names: their
-    directories are swept for gpunode's own temp files."""
+    `targets` are the containerd configs gpunode may be editing here (the ledger's, the one
+    containerd reads, --config): a journal whose change edits another file, or names a file
+    or directory gpunode does not own for its target, is damaged and refused, nothing written."""
     record = _read(host)
-    files = record["files"] if record else []
-    _remove_stale_temps(host, {*paths, JOURNAL, *(f["path"] for f in files)})
     if record is None:
         return []
+    _, files, befores = _checked(host, record, targets)
+    done: list[str] = []
+    for directory in record["removed_dirs"]:
+        if not host.exists(directory):
+            host.make_dirs(directory)
+            done.append(f"make {directory} again")
+    for write in _rollback_writes(host, files, befores):
+        _apply(host, write)
+        done.append(f"{'remove' if write.data is None else 'restore'} {write.path}")
+    done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
+    host.remove(JOURNAL)
+    done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
+    return done
+
+
+def preview(host: Host, targets: Collection[str]) -> tuple[str | None, list[str]] | None:
+    """(the config the change edits, what `recover()` would do), nothing written; None when
+    no change is pending. A journal recover would refuse is the same error here."""
+    record = _read(host)
+    if record is None:
+        return None
+    target, files, befores = _checked(host, record, targets)
+    lines = [f"make {d} again" for d in record["removed_dirs"] if not host.exists(d)]
+    lines += [f"{'remove' if w.data is None else 'restore'} {w.path}"
+              for w in _rollback_writes(host, files, befores)]
+    lines += [f"remove {d} when empty" for d in sorted(record["created_dirs"], key=len,
+                                                        reverse=True) if host.exists(d)]
+    return target, lines
+
+
+def _rollback_writes(host: Host, files: list[dict[str, Any]],
+                     befores: list[bytes | None]) -> list[Write]:
+    """The writes that put each file back as the journal has it, last file first; a file
+    already so (content, and mode and owner where it exists) needs none."""
+    writes = []
+    for entry, before in zip(reversed(files), reversed(befores), strict=True):
+        attrs = tuple(entry["attrs"]) if entry["attrs"] else None
+        if read_optional_bytes(host, entry["path"]) == before and (
+                before is None or attrs_of(host, entry["path"]) == attrs):
+            continue
+        writes.append(Write(entry["path"], before, attrs))  # type: ignore[arg-type]
+    return writes
+
+
+def _checked(host: Host, record: dict[str, Any], targets: Collection[str],
+             ) -> tuple[str | None, list[dict[str, Any]], list[bytes | None]]:
+    """The journal's target, files and their previous contents, once it passed the path
+    policy and every file is as the journal recorded it or as the change made it."""
     shown = host.display(JOURNAL)
+    files: list[dict[str, Any]] = record["files"]
+    target = record.get("target")
+    if target is not None and not _absolute(target):
+        raise JournalError(f"{shown}: key 'target' must be an absolute path",
+                           f"{shown} is damaged: check the files it names by hand, then "
+                           "remove it and run gpunode again")
+    if target is None:
+        target = _inferred_target([f["path"] for f in files])
+    problem = _foreign(target, [f["path"] for f in files], record["created_dirs"],
+                       record["removed_dirs"], targets)
+    if problem:
+        raise JournalError(
+            f"{shown}: names {problem}; the journal is damaged, and gpunode rolls nothing back",
+            f"check that file by hand, then remove {shown} and run gpunode again")
     befores = [_unb64(f["before"], shown) for f in files]
     for entry, before in zip(files, befores, strict=True):
         now = read_optional_bytes(host, entry["path"])
@@ -181,22 +261,42 @@ def recover(host: Host, paths: Iterable[str]) -> list[str]:
                 "back", f"put {host.display(entry['path'])} back as it was (the journal holds "
                 "its previous content, base64) or accept the files as they are by removing "
                 f"{shown}; then run gpunode again")
-    done: list[str] = []
-    for directory in record["removed_dirs"]:
-        if not host.exists(directory):
-            host.make_dirs(directory)
-            done.append(f"make {directory} again")
-    for entry, before in zip(reversed(files), reversed(befores), strict=True):
-        attrs = tuple(entry["attrs"]) if entry["attrs"] else None
-        if read_optional_bytes(host, entry["path"]) == before and (
-                before is None or attrs_of(host, entry["path"]) == attrs):
-            continue
-        _apply(host, Write(entry["path"], before, attrs))  # type: ignore[arg-type]
-        done.append(f"{'remove' if before is None else 'restore'} {entry['path']}")
-    done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
-    host.remove(JOURNAL)
-    done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
-    return done
+    return target, files, befores
+
+
+def _inferred_target(paths: Sequence[str]) -> str | None:
+    """The config a journal without a 'target' key edits: the one file it names that is
+    neither a fixed file of gpunode's nor a backup."""
+    from gpunode.containerd import ledger
+
+    fixed = ledger.owned_paths("") - {"", ledger.BACKUP_SUFFIX}
+    others = {p.removesuffix(ledger.BACKUP_SUFFIX) for p in paths if p not in fixed}
+    return others.pop() if len(others) == 1 else None
+
+
+def _foreign(target: str | None, files: Iterable[str], created_dirs: Iterable[str],
+             removed_dirs: Iterable[str], targets: Collection[str]) -> str | None:
+    """The first path that is not gpunode's to write for this change, said for a message;
+    None when every one is."""
+    from gpunode.containerd import ledger
+
+    files = list(files)
+    if target is None and not files:  # no file to put back: any config's directories
+        owned = frozenset({JOURNAL}).union(*(ledger.owned_paths(t) for t in targets))
+    elif target is None or target not in targets:
+        known = ", ".join(sorted(targets)) or "none"
+        return (f"{target!r} as the containerd config it edits, which is none that gpunode "
+                f"edits here ({known})") if target else "no single containerd config it edits"
+    else:
+        owned = ledger.owned_paths(target) | {JOURNAL}
+    for path in files:
+        if path not in owned:
+            return f"{path!r}, which is not a file gpunode writes for {target}"
+    for key, directories in (("created_dirs", created_dirs), ("removed_dirs", removed_dirs)):
+        for directory in directories:
+            if not ledger.holds_owned(directory, owned):
+                return f"{directory!r} in '{key}', which holds no file gpunode writes"
+    return None
 
 
 def _read(host: Host) -> dict[str, Any] | None:
@@ -257,19 +357,3 @@ def _unb64(text: str | None, shown: str) -> bytes | None:
     except (binascii.Error, ValueError) as exc:
         raise JournalError(f"{shown}: a file's 'before' is not base64 ({exc})",
                            "remove the journal if the files are as they should be") from exc
-
-
-def _remove_stale_temps(host: Host, paths: Iterable[str]) -> None:
-    """Remove `.<name>.*.gpunode-tmp` next to each path: what a kill inside write_atomic left."""
-    by_dir: dict[str, set[str]] = {}
-    for path in paths:
-        directory, _, name = path.rpartition("/")
-        by_dir.setdefault(directory or "/", set()).add(name)
-    for directory, names in by_dir.items():
-        try:
-            entries = host.list_dir(directory)
-        except HostError:
-            continue  # not a directory we can read: nothing of ours can be in it
-        for entry in entries:
-            if entry.endswith(TEMP_SUFFIX) and any(entry.startswith(f".{n}.") for n in names):
-                host.remove(f"{directory.rstrip('/')}/{entry}")

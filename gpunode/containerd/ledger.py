@@ -133,15 +133,31 @@ def _check_paths(ledger: Ledger, reader: _Reader) -> None:
                                 ("import_file", ledger.import_file, IMPORT_FILE)):
         if value is not None and value != allowed:
             reader.fail(key, f"is {value!r}; gpunode only writes {allowed!r} there")
-    owned = {ledger.target, ledger.target + BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER}
+    owned = owned_paths(ledger.target)
     for path in ledger.written:
         if path not in owned:
             reader.fail("written", f"names {path!r}, which is not a file gpunode writes")
     for directory in ledger.created_dirs:
-        if not any(p.startswith(directory.rstrip("/") + "/") for p in owned) or directory in (
-                "/", ""):
+        if not holds_owned(directory, owned):
             reader.fail("created_dirs", f"names {directory!r}, which holds no file gpunode "
                         "writes")
+
+
+def owned_paths(target: str) -> frozenset[str]:
+    """Every file gpunode's containerd step writes when it edits `target`: the target, its
+    backup, the imported file, the containerd.service.d drop-in and the ledger.
+
+    The one path policy of the ledger and of the undo journal (gpunode.containerd.journal,
+    which adds its own file): a damaged record naming any other file (/etc/passwd) is
+    refused, never written."""
+    return frozenset({target, target + BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER})
+
+
+def holds_owned(directory: str, owned: frozenset[str]) -> bool:
+    """`directory` (created or removed by gpunode) holds one of the `owned` files."""
+    if directory in ("/", "") or not directory.startswith("/") or "\0" in directory:
+        return False
+    return any(p.startswith(directory.rstrip("/") + "/") for p in owned)
 
 
 @dataclass(frozen=True)

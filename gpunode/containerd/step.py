@@ -1,15 +1,19 @@
 """The container runtime step: plan the config change, write it safely, restart only if needed.
 
-`plan()` reads and decides (nothing written); `apply()` writes the backup, the config, the
-drop-in and the ledger as one transaction (gpunode.containerd.journal: any prefix of it that
-a kill leaves is rolled back by the next run's `recover()`), then restarts containerd only
-when it is running and something changed, and puts everything back if containerd does not
-come back. `revert()` undoes what the ledger says gpunode did, and only where the value is
-still what gpunode wrote; it says what it kept and why.
+`plan()` reads and decides (nothing written); `preview()` is what `plan` and `--dry-run` show
+(the pending rollback first, while an interrupted change is recorded); `configure()` is
+recover, plan, apply: the one call of `containerd configure` and of boot. `apply()` writes the
+backup, the config, the drop-in and the ledger as one transaction (gpunode.containerd.journal:
+any prefix of it that a kill leaves is rolled back by the next run's `recover()`), then
+restarts containerd only when it is running and something changed, and puts everything back
+(the directories it made included) if containerd does not come back. `revert()` undoes what
+the ledger says gpunode did, and only where the value is still what gpunode wrote; it says
+what it kept and why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import re
@@ -39,7 +43,8 @@ from gpunode.systemd import Systemd, SystemdError
 
 DEFAULT_SOCKET = "/run/containerd/containerd.sock"
 __all__ = ["BACKUP_SUFFIX", "DROPIN", "IMPORT_FILE", "JOURNAL", "LEDGER", "READ_ONLY_PREFIXES",
-           "WRITABLE_CONFIG", "ContainerdStepError", "apply", "plan", "recover", "revert"]
+           "WRITABLE_CONFIG", "ContainerdStepError", "PendingRollback", "apply", "configure",
+           "plan", "preview", "recover", "revert"]
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,8 @@ class NoProbe:
 
 def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
          explicit: str | None = None, force: bool = False, probe: Probe | None = None) -> Plan:
+    """The change, from the files as they are (after `recover()`: while an interrupted change
+    is pending, `preview()` is what configure and boot would do)."""
     spec = spec_from(config)
     probe = probe or (CommandProbe() if host.is_live else NoProbe())
     if not force and not host.is_executable_file(spec.binary):
@@ -181,11 +188,6 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     else:
         active = active_config(host, systemd)
     binary = active.raw_exec[0].lstrip("-@+!:") if active.raw_exec else "/usr/bin/containerd"
-    if journal.pending(host):
-        log.get().warning("containerd.interrupted", journal=host.display(JOURNAL),
-                          note="an earlier gpunode run was interrupted; the next configure or "
-                          "revert rolls its change back first; this plan is of the files as "
-                          "they are now")
     recorded = ledger.read(host)
     target, copied_from, dropin = _target(host, active, recorded)
     if recorded is not None and recorded.target != target:
@@ -301,23 +303,73 @@ def _read_config(host: Host, path: str) -> str:
 # -- apply ---------------------------------------------------------------------------------------
 
 
-def recover(host: Host, systemd: Systemd) -> None:
-    """Roll back a change an earlier run could not finish (killed, power cut) and sweep its temp
-    files; configure, revert and boot call this before they read anything."""
-    paths = {WRITABLE_CONFIG, WRITABLE_CONFIG + BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER}
-    try:
-        recorded = ledger.read(host)
-    except ledger.LedgerError:
-        recorded = None  # reported by the command itself, once, right after this
-    if recorded is not None:
-        paths |= {recorded.target, recorded.target + BACKUP_SUFFIX}
-    undone = journal.recover(host, paths)
+def recover(host: Host, systemd: Systemd, explicit: str | None = None) -> None:
+    """Roll back a change an earlier run could not finish (killed, power cut); configure,
+    revert and boot call this before they read anything. A journal is only followed for a
+    config gpunode edits here (`_known_targets`)."""
+    undone = journal.recover(host, _known_targets(host, systemd, explicit))
     if undone:
         log.get().warning("containerd.interrupted_change_undone", undone=undone,
                           note="an earlier gpunode run was interrupted before it finished; "
                           "its change was rolled back, and this run starts from there")
         if any(line.endswith(DROPIN) for line in undone):
             systemd.daemon_reload()
+
+
+def _known_targets(host: Host, systemd: Systemd | None, explicit: str | None) -> set[str]:
+    """The configs an interrupted change may have edited: the writable copy, the ledger's
+    target, the file containerd reads, and the one this command names (--config or
+    containerd.config_path)."""
+    targets = {WRITABLE_CONFIG, *([explicit] if explicit else [])}
+    try:
+        recorded = ledger.read(host)
+    except ledger.LedgerError:
+        recorded = None  # reported by the command itself, once, right after this
+    if recorded is not None:
+        targets.add(recorded.target)
+    with contextlib.suppress(GpunodeError):  # a unit it cannot read: the plan reports it
+        targets.add(active_config(host, systemd).path)
+    return targets
+
+
+def configure(host: Host, config: ContainerdConfig, systemd: Systemd, restart_timeout: float,
+              explicit: str | None = None, force: bool = False) -> tuple[Plan, Outcome]:
+    """`containerd configure` and boot's containerd step: roll back an interrupted change,
+    plan from the files as that leaves them, apply."""
+    recover(host, systemd, explicit or config.config_path)
+    the_plan = plan(host, config, systemd, explicit, force=force)
+    return the_plan, apply(host, the_plan, systemd, restart_timeout)
+
+
+@dataclass(frozen=True)
+class PendingRollback:
+    """The plan while an interrupted change is pending: configure and boot roll it back
+    first, and decide the rest from the files as they are then."""
+
+    target: str
+    undo: tuple[str, ...]  # what the rollback does (journal.preview)
+    changed: bool = True
+
+    def describe(self) -> list[str]:
+        undo = "; ".join(self.undo) or "nothing left to put back"
+        return [f"roll back the interrupted change recorded in {JOURNAL} ({undo}), then "
+                f"configure {self.target} from the rolled-back files (that plan is computed "
+                "after the rollback)"]
+
+    def diff(self) -> str:
+        return "".join(f"# {line}\n" for line in self.describe())
+
+
+def preview(host: Host, config: ContainerdConfig, systemd: Systemd | None,
+            explicit: str | None = None, force: bool = False) -> Plan | PendingRollback:
+    """What configure (and boot) would do: the plan, or, while an interrupted change is
+    pending, the rollback they start with. Nothing is written."""
+    targets = _known_targets(host, systemd, explicit or config.config_path)
+    pending = journal.preview(host, targets)
+    if pending is None:
+        return plan(host, config, systemd, explicit, force=force)
+    target = pending[0] or explicit or config.config_path or WRITABLE_CONFIG
+    return PendingRollback(target, tuple(pending[1]))
 
 
 def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) -> Outcome:
@@ -327,7 +379,7 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) 
                        descriptions=descriptions)
     writes = _configure_writes(host, the_plan)  # every content decided before any write
     running = systemd.active_state(CONTAINERD_UNIT) == "active"
-    undo = journal.commit(host, writes)
+    done = journal.commit(host, writes, the_plan.target)
     if the_plan.dropin_text is not None:
         systemd.daemon_reload()
     if not running:
@@ -337,7 +389,7 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) 
     try:
         _restart(host, systemd, the_plan.edit.text, restart_timeout)
     except GpunodeError as failure:
-        journal.commit(host, undo)
+        journal.commit(host, done.undo, done.target, remove_dirs=done.created)
         if the_plan.dropin_text is not None:
             systemd.daemon_reload()
         try:
@@ -506,7 +558,7 @@ def read_ledger(host: Host) -> Ledger | None:
 
 def revert(host: Host, systemd: Systemd, restart_timeout: float,
            expected_target: str | None = None) -> Outcome:
-    recover(host, systemd)
+    recover(host, systemd, expected_target)
     recorded = ledger.read(host)
     if recorded is None:
         return Outcome(changed=False, restarted=False, target="",
@@ -518,7 +570,7 @@ def revert(host: Host, systemd: Systemd, restart_timeout: float,
                                   f"run 'gpunode containerd revert --config {target}'")
     writes, notes = _revert_writes(host, recorded)
     _refuse_hard_links(host, [w.path for w in writes if w.data is not None])
-    undo = journal.commit(host, writes, remove_dirs=recorded.created_dirs)
+    done = journal.commit(host, writes, target, remove_dirs=recorded.created_dirs)
     notes += [f"remove {d} (gpunode created it; now empty)" for d in
               reversed(recorded.created_dirs) if not host.exists(d)]
     dropin_removed = any(w.path == DROPIN and w.data is None for w in writes)
@@ -530,7 +582,7 @@ def revert(host: Host, systemd: Systemd, restart_timeout: float,
             _restart(host, systemd, _config_text(host, target, recorded.copied_from),
                      restart_timeout)
         except GpunodeError as failure:
-            journal.commit(host, undo)
+            journal.commit(host, done.undo, done.target, remove_dirs=done.created)
             if dropin_removed:
                 systemd.daemon_reload()
             raise ContainerdStepError(f"containerd did not come back after the revert "

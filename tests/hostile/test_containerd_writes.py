@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -189,6 +190,60 @@ def test_stale_temp_files_of_gpunodes_own_writes_are_swept_and_no_others(
     assert foreign.exists()
 
 
+STALE_TEMPS = {  # what a kill inside host.Host's atomic writes leaves, in every directory
+    "dev/.nvidia0.0a1b2c3d4e5f.gpunode-tmp": "char",  # make_char_device's temp node
+    "dev/.nvidiactl.9f8e7d6c5b4a.gpunode-tmp": "file",
+    "dev/char/.195:0.0a1b2c3d4e5f.gpunode-tmp": "link",  # symlink's temp link
+    "run/gpunode/.state.json.k2j_x9a1.gpunode-tmp": "file",
+    "run/gpunode/.inputs.json.q1w2e3r4.gpunode-tmp": "file",
+    "etc/systemd/system/kubelet.service.d/.20-gpunode-registration.conf.ab12cd34.gpunode-tmp":
+        "file",
+    "etc/systemd/system/containerd.service.d/.10-gpunode.conf.ab12cd34.gpunode-tmp": "file",
+    "var/lib/gpunode/.containerd.json.zz99yy88.gpunode-tmp": "file",
+}
+NOT_OURS = [  # temp-like names gpunode never writes, a directory, and a symlinked directory
+    "dev/.sda.0a1b2c3d4e5f.gpunode-tmp", "dev/char/.not-a-device.aa.gpunode-tmp",
+    "etc/systemd/system/kubelet.service.d/.10-kubeadm.conf.ab12cd34.gpunode-tmp",
+    "run/gpunode/.state.json.dir.gpunode-tmp/", "srv/.state.json.k2j_x9a1.gpunode-tmp",
+]
+
+
+def test_the_next_boot_sweeps_stale_temps_of_gpunodes_writes_from_every_directory(
+    make_host: HostFactory, cli: Cli,
+) -> None:
+    """Device nodes, /dev/char links, the boot record, the stamp, the kubelet drop-in: a kill
+    inside any of their writes leaves a temp that the next boot (holding the node lock) removes;
+    nothing else is touched, not even through a symlinked directory."""
+    root = make_host("nc4as-t4-v3", "driver").root
+    for name, kind in STALE_TEMPS.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "char":
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+        elif kind == "link":
+            path.symlink_to("../nvidia0")
+        else:
+            path.write_text("half")
+    for name in NOT_OURS:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir() if name.endswith("/") else path.write_text("someone else's")
+    (root / "srv/kubelet.service.d").mkdir(parents=True)
+    decoy = root / "srv/kubelet.service.d/.20-gpunode-registration.conf.ab12cd34.gpunode-tmp"
+    decoy.write_text("not under gpunode's directory")
+    linked = root / "etc/flatcar"
+    assert not linked.exists()
+    linked.symlink_to("../srv/kubelet.service.d")  # a symlinked directory: never swept
+    (root / "srv/kubelet.service.d/.enabled-sysext.conf.ab12cd34.gpunode-tmp").write_text("x")
+    result = cli("--root", str(root), "boot")
+    assert not [p for p in STALE_TEMPS if os.path.lexists(root / p)], result.err
+    assert all(os.path.lexists(root / p) for p in NOT_OURS)
+    assert decoy.exists()
+    assert (root / "srv/kubelet.service.d/.enabled-sysext.conf.ab12cd34.gpunode-tmp").exists()
+    (swept,) = [e for e in result.events if e["event"] == "lock.stale_temps_removed"]
+    assert len(swept["removed"]) == len(STALE_TEMPS)  # type: ignore[arg-type]
+
+
 def test_a_dry_run_with_an_interrupted_change_pending_says_so_and_writes_nothing(
     make_host: HostFactory, cli: Cli,
 ) -> None:
@@ -200,8 +255,9 @@ def test_a_dry_run_with_an_interrupted_change_pending_says_so_and_writes_nothing
     before = snapshot(root)
     result = cli("--root", str(root), "containerd", "configure", "--enable-cdi", "--dry-run")
     assert result.code == 0, result.err
-    (warning,) = [e for e in result.events if e["event"] == "containerd.interrupted"]
-    assert "rolls its change back first" in str(warning["note"])
+    assert result.out.startswith(f"# roll back the interrupted change recorded in "
+                                 f"{journal.JOURNAL}"), result.out
+    assert "computed after the rollback" in result.out
     assert_unchanged(root, before)
 
 
