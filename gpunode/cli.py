@@ -441,6 +441,7 @@ def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> Agent
     as the agent config's own keys (a name containerd rejects, a relative path: exit 2)."""
     from gpunode.config import _absolute_path, _runtime_name
 
+    _check_config_flag(args)
     for flag, value, check in (("--runtime-name", args.runtime_name, _runtime_name),
                                ("--runtime-path", args.runtime_path, _absolute_path)):
         problem = check(value) if value is not None else None
@@ -452,6 +453,22 @@ def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> Agent
         if value is not None}
     return dataclasses.replace(config, containerd=dataclasses.replace(config.containerd,
                                                                        **overrides))
+
+
+def _check_config_flag(args: argparse.Namespace) -> None:
+    """containerd's --config names a host path (under --root): an empty or relative one names
+    no file gpunode could edit or revert, and must not quietly mean the default."""
+    from gpunode.config import _absolute_path
+
+    value = args.containerd_config
+    problem = _absolute_path(value) if value is not None else None
+    if problem is not None:
+        raise UsageError(f"containerd --config {value!r}: {problem}")
+
+
+def _revert_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:
+    _check_config_flag(args)
+    return config
 
 
 @_changes_node("containerd configure", _containerd_settings)
@@ -477,7 +494,7 @@ def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namesp
     return EXIT_OK
 
 
-@_changes_node("containerd revert")
+@_changes_node("containerd revert", _revert_settings)
 def _containerd_revert(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import systemd
     from gpunode.containerd import step

@@ -263,3 +263,16 @@ def test_an_unset_config_variable_in_execstart_is_named(make_host: HostFactory, 
                                    "--force"], 1,
                   r"containerd\.service: ExecStart's --config '\$\{CONTAINERD_CONFIG\}' "
                   r"expands to '', not an absolute path")
+
+
+@pytest.mark.parametrize("command", ["configure", "revert"])
+@pytest.mark.parametrize("value", ["", "etc/containerd/config.toml"], ids=["empty", "relative"])
+def test_containerd_config_flag_must_name_a_host_path(
+    command: str, value: str, make_host: HostFactory, cli: Cli
+) -> None:
+    """An empty --config once meant the default file, silently; a relative one names nothing."""
+    host = make_host("nc4as-t4-v3", "driver")
+    force = ["--force"] if command == "configure" else []
+    check_refusal(cli, host.root, ["--root", str(host.root), "containerd", command, *force,
+                                   "--config", value], 2,
+                  r"containerd --config '.*': must be an absolute path")
