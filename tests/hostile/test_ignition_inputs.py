@@ -34,7 +34,8 @@ AGENT_CONFIGS: dict[str, tuple[Callable[[Path], object], str]] = {
     "a-directory": (lambda p: p.mkdir(), r"config\.toml: is a directory, not a regular file"),
     "a-fifo": (fifo, r"config\.toml: is a FIFO, not a regular file"),
     "not-utf-8": (lambda p: p.write_bytes(b"[log]\nlevel = \"info\" # caf\xe9\n"),
-                  r"config\.toml: is not UTF-8 text \(invalid byte 0xe9 at line 2, byte offset 26\)"),
+                  r"config\.toml: is not UTF-8 text \(invalid byte 0xe9 at line 2, "
+                  r"byte offset 26\)"),
     "not-toml": (lambda p: p.write_text("[log\n"), r"config\.toml:1: not valid TOML"),
     "invalid-key": (lambda p: p.write_text("[log]\nlevel = \"loud\"\n"),
                     r"config\.toml:2: key 'log\.level'"),
