@@ -17,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures
+from gpunode import fixtures, records
 from gpunode.containerd import edit, journal
+from gpunode.errors import FileError
+from gpunode.tomlread import loads_toml
 from hostile.support import Cli, check_refusal
 
 USR_CONFIG = "usr/share/containerd/config.toml"  # what Flatcar's containerd.service names
@@ -236,3 +238,32 @@ def test_a_record_whose_schema_version_is_true_is_refused(
         path, pattern = journal.JOURNAL.lstrip("/"), r"not a gpunode journal \(schema_version 1\)"
     (root / path).write_text(json.dumps({**document, "schema_version": True}))
     check_refusal(cli, root, ["--root", str(root), "containerd", "revert"], 1, pattern)
+
+
+# -- the two parsers themselves ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [b"[" * DEEP + b"]" * DEEP, b"[" * 150 + b"]" * 150,
+                                  b'{"a": ' * 150 + b"1" + b"}" * 150],
+                         ids=["recursion-limit", "list-150", "object-150"])
+def test_loads_json_refuses_any_document_nested_too_deeply(data: bytes) -> None:
+    with pytest.raises(ValueError, match=r"^f: not JSON for gpunode: nested too deeply"):
+        records.loads_json(data, "f")
+
+
+def test_loads_json_reads_a_document_as_deep_as_the_limit() -> None:
+    depth = records.MAX_DEPTH
+    assert records.loads_json("[" * depth + "]" * depth, "f") == json.loads("[" * depth +
+                                                                            "]" * depth)
+
+
+def test_loads_toml_drops_a_byte_order_mark_and_names_the_line_of_an_error() -> None:
+    assert loads_toml("\ufeffa = 1\n", "f") == {"a": 1}
+    with pytest.raises(FileError, match=r"^f:2: not valid TOML"):
+        loads_toml("\ufeffa = 1\nb =\n", "f")
+
+
+def test_the_reader_does_not_take_true_for_the_schema_version_1() -> None:
+    reader = records.Reader({"schema_version": True}, "f", ValueError)
+    with pytest.raises(ValueError, match=r"^f: key 'schema_version' is true, expected 1$"):
+        reader.schema("schema_version", 1)
