@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 # Nothing gpunode writes or reads nests deeper than a dozen levels (a containerd runtime's
@@ -60,13 +59,16 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-@dataclass(frozen=True)
 class Reader:
-    """Typed access to a JSON object's keys; a missing or wrong-typed key is one error."""
+    """Typed access to a JSON object's keys; a missing or wrong-typed key is one error.
 
-    document: dict[str, Any]
-    shown: str
-    error: ErrorFactory
+    A plain class, not a dataclass: this module is imported at boot (through tomlread), and a
+    dataclass costs a millisecond to define."""
+
+    def __init__(self, document: dict[str, Any], shown: str, error: ErrorFactory) -> None:
+        self.document = document
+        self.shown = shown
+        self.error = error
 
     def fail(self, key: str, problem: str) -> NoReturn:
         raise self.error(f"{self.shown}: key '{key}' {problem}")
