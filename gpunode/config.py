@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpunode import safeio
 from gpunode.errors import ConfigError, HostError
 from gpunode.host import Host
-from gpunode.tomlread import error_line, key_line
+from gpunode.tomlread import key_line, loads_toml
 
 DEFAULT_CONFIG_PATH = "/etc/gpunode/config.toml"
 
@@ -198,6 +198,10 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
 }
 
 
+# The most an agent config may hold: `ignition` refuses exactly what the node would.
+MAX_CONFIG_BYTES = safeio.DEFAULT_LIMIT
+
+
 def load_config(host: Host, path: str | None = None) -> AgentConfig:
     """Read and validate the agent config. `path` None: the default under the root, where a
     missing file means defaults; a path given (--config) must exist, even when it names the
@@ -207,22 +211,15 @@ def load_config(host: Host, path: str | None = None) -> AgentConfig:
     shown = host.display(path)
     try:
         # Strict UTF-8 (a config is never kernel text) and a FIFO is refused, never waited on.
-        text = host.read_optional(path, errors="strict")
+        text = host.read_optional(path, limit=MAX_CONFIG_BYTES, errors="strict")
     except HostError as exc:
         raise ConfigError(shown, None, f"cannot be read: {exc.reason}") from exc
     if text is None:
         if explicit:
             raise ConfigError(shown, None, "does not exist (omit --config to use defaults)")
         return AgentConfig()
-    # A byte-order mark, as some editors write, is not TOML; it carries nothing, so it goes.
-    text = text.removeprefix("\ufeff")
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(shown, None, f"not valid TOML: {exc}", error_line(exc)) from exc
-    except RecursionError:
-        raise ConfigError(shown, None, "not valid for gpunode: arrays or tables nested too "
-                          "deeply to read (the agent config needs two levels)") from None
+    doc = loads_toml(text, shown, lambda file, reason, line: ConfigError(file, None, reason,
+                                                                             line))
     return parse_config(doc, text, shown)
 
 

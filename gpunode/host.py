@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 import tempfile
 from collections.abc import Callable
@@ -116,6 +115,16 @@ class Host:
         assert data is not None
         return self._decode(path, data, errors)
 
+    def read_optional_bytes(self, path: str, limit: int = safeio.DEFAULT_LIMIT) -> bytes | None:
+        """The file's bytes, or None when nothing is there. Unlike read_optional, a symlink to
+        a missing file is refused, not taken as absent: the files gpunode replaces and records
+        (containerd's config, its ledger and journal) must never be mistaken for none."""
+        data = self._read(path, limit, missing_ok=True)
+        if data is None and self.lstat(path) is not None:
+            raise HostError("read", self.display(path), "is a symlink to a file that does not "
+                            "exist")
+        return data
+
     def read_optional(self, path: str, limit: int = safeio.DEFAULT_LIMIT,
                       errors: str | None = None) -> str | None:
         """The file's text (as read_text), or None when it does not exist (other failures,
@@ -206,7 +215,7 @@ class Host:
         except OSError as exc:
             raise HostError("write", shown, _reason(exc)) from exc
         if current is not None and not stat.S_ISREG(current.st_mode):
-            raise HostError("write", shown, "not a regular file")
+            raise HostError("write", shown, safeio.kind(current.st_mode))
         if current is not None and current.st_nlink > 1:
             raise HostError("write", shown, f"it has {current.st_nlink} hard links, and replacing "
                             "it would split them (the other names would keep the old content)")
@@ -373,7 +382,7 @@ def _reason(exc: OSError, followed: bool = False) -> str:
         return "too many levels of symbolic links" if followed else \
             "is a symlink where a file was expected"
     if exc.errno == errno.ENXIO:  # opening a socket
-        return "is a socket, not a regular file"
+        return safeio.kind(stat.S_IFSOCK)
     return exc.strerror or str(exc)
 
 
@@ -381,7 +390,7 @@ def _make_unique(beside: Path, make: Callable[[str], None]) -> str:
     """Create an entry with make(name) under a fresh ".<name>.<random>.gpunode-tmp" next to
     `beside` (the way mkstemp picks names), and return that name."""
     for _ in range(100):
-        temp = str(beside.with_name(f".{beside.name}.{secrets.token_hex(6)}.gpunode-tmp"))
+        temp = str(beside.with_name(f".{beside.name}.{os.urandom(6).hex()}.gpunode-tmp"))
         try:
             make(temp)
         except FileExistsError:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import re
-import stat
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpunode import __version__
-from gpunode.errors import UsageError
+from gpunode.config import MAX_CONFIG_BYTES
+from gpunode.errors import HostError, UsageError
 from gpunode.host import Host
 
 CLC_LIMIT = 32768
@@ -67,7 +67,9 @@ def units_dir() -> Path:
     return checkout if checkout.is_dir() else Path("/usr/lib/systemd/system")
 
 
-MAX_INPUT = 1 << 20  # bytes: an agent config or unit file larger than this is a mistake
+# A snippet file may be as large as the agent config may be on the node (config.py): a config
+# the node accepts is never refused here.
+MAX_INPUT = MAX_CONFIG_BYTES
 
 
 class InputRefused(UsageError):
@@ -80,30 +82,17 @@ class InputRefused(UsageError):
 
 
 def read_input(host: Host, path: str) -> str:
-    """A file for the snippet, read through the Host: a regular file (a FIFO would block, a
-    device never ends), at most MAX_INPUT bytes, and UTF-8 text (Ignition carries text)."""
-    st = host.stat(path)
-    if st is None:
-        raise InputRefused(path, "does not exist")
-    if not stat.S_ISREG(st.st_mode):
-        raise InputRefused(path, f"is {_file_kind(st.st_mode)}, not a regular file")
-    if st.st_size > MAX_INPUT:
-        raise InputRefused(path, f"is {st.st_size} bytes; a snippet file may have at most "
-                           f"{MAX_INPUT}")
-    data = host.read_bytes(path)
+    """A file for the snippet, read through the Host the way the node reads the agent config:
+    a regular file (a FIFO would block, a device never ends), at most MAX_INPUT bytes, and
+    UTF-8 text (Ignition carries text). Any read failure is an InputRefused (exit 2)."""
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[:exc.start].count(b"\n") + 1
-        raise InputRefused(path, f"line {line}: not UTF-8 text (byte 0x{data[exc.start]:02x} "
-                           f"at offset {exc.start})", "save the file as UTF-8") from exc
-
-
-def _file_kind(mode: int) -> str:
-    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-             (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-             (stat.S_ISBLK, "a block device"))
-    return next((name for test, name in kinds if test(mode)), "not a file")
+        text = host.read_optional(path, limit=MAX_INPUT, errors="strict")
+    except HostError as exc:
+        raise InputRefused(path, exc.reason, "give a regular file of UTF-8 text, at most "
+                           f"{MAX_INPUT >> 20} MiB") from None
+    if text is None:
+        raise InputRefused(path, "does not exist")
+    return text
 
 
 def check_url(url: str) -> None:

@@ -33,7 +33,7 @@ import stat
 import time
 from collections.abc import Iterator
 
-from gpunode import log
+from gpunode import log, safeio
 from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
 from gpunode.integers import parse_uint
@@ -80,9 +80,7 @@ def _open(host: Host, shown: str) -> int:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        from gpunode.safeio import kind
-
-        raise HostError("open the node lock", shown, f"is {kind(mode)}, not a regular file")
+        raise HostError("open the node lock", shown, safeio.kind(mode))
     return fd
 
 

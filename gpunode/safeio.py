@@ -37,8 +37,9 @@ class Refused(Exception):
 
 
 def kind(mode: int) -> str:
-    """What a non-regular entry is, for messages: "a FIFO", "a directory", …"""
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    """Why a non-regular entry is refused, for messages: "is a FIFO, not a regular file"."""
+    name = next((name for test, name in _KINDS if test(mode)), None)
+    return "is not a regular file" if name is None else f"is {name}, not a regular file"
 
 
 def read(real: str, limit: int = DEFAULT_LIMIT, follow: bool = True) -> bytes:
@@ -52,13 +53,13 @@ def read(real: str, limit: int = DEFAULT_LIMIT, follow: bool = True) -> bytes:
     if not stat.S_ISREG(st.st_mode):
         if not follow and stat.S_ISLNK(st.st_mode):
             raise OSError(errno.ELOOP, "is a symlink where a file was expected", real)
-        raise Refused(f"is {kind(st.st_mode)}, not a regular file")
+        raise Refused(kind(st.st_mode))
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     fd = os.open(real, flags if follow else flags | os.O_NOFOLLOW)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
-            raise Refused(f"is {kind(st.st_mode)}, not a regular file")
+            raise Refused(kind(st.st_mode))
         if st.st_size > limit:
             raise Refused(too_large(limit))
         chunks: list[bytes] = []
@@ -83,12 +84,13 @@ def too_large(limit: int) -> str:
 
 
 def decode(data: bytes) -> str:
-    """UTF-8 text; raises Refused naming the byte offset of the first invalid byte."""
+    """UTF-8 text; raises Refused naming the line and byte offset of the first invalid byte."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise Refused(f"is not UTF-8 text (invalid byte 0x{data[exc.start]:02x} at byte offset "
-                      f"{exc.start})") from None
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise Refused(f"is not UTF-8 text (invalid byte 0x{data[exc.start]:02x} at line {line}, "
+                      f"byte offset {exc.start})") from None
 
 
 def resolve(root: str, path: str, follow: bool = True) -> str:

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from gpunode import records
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
 
@@ -66,14 +67,12 @@ _TYPE_NAMES = {str: "a string", int: "a number", float: "a number", list: "an ar
 
 def parse_record(text: str) -> BootRecord:
     """The record from its JSON text, every field gpunode reads back checked for its type."""
-    try:
-        raw = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise RecordError(f"not JSON: {exc}") from None
+    raw = records.loads_json(text, "record", lambda message: RecordError(
+        message.removeprefix("record: ")))
     if not isinstance(raw, dict):
         raise RecordError("not a JSON object")
     version = raw.get("schema_version")
-    if type(version) is not int or version != SCHEMA_VERSION:
+    if not records.is_int(version) or version != SCHEMA_VERSION:
         raise RecordError(f"schema_version is {version!r}, expected {SCHEMA_VERSION}")
     outcome = raw.get("outcome")
     if outcome not in ("ok", "failed", "no-gpu"):

@@ -4,8 +4,34 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Callable
+from typing import Any
+
+from gpunode.errors import FileError
+from gpunode.records import TOO_DEEP, too_deep
 
 _LINE_RE = re.compile(r"at line (\d+)")
+
+
+BOM = "\ufeff"  # some editors write one; it carries nothing (containerd 1.x skips it too)
+
+# How a caller's error is made: (file, reason, line) → the exception its command reports.
+FileErrorFactory = Callable[[str, str, int | None], Exception]
+
+
+def loads_toml(text: str, file: str, error: FileErrorFactory = FileError) -> dict[str, Any]:
+    """The TOML document in `text` (a leading byte order mark dropped), or one error naming
+    `file` and the line: not TOML, or nested too deeply for gpunode (tomllib recurses into
+    inline arrays and tables, and so does everything that walks a document after it)."""
+    try:
+        doc = tomllib.loads(text.removeprefix(BOM))
+    except tomllib.TOMLDecodeError as exc:
+        raise error(file, f"not valid TOML: {exc}", error_line(exc)) from None
+    except RecursionError:
+        raise error(file, f"not valid for gpunode: {TOO_DEEP}", None) from None
+    if too_deep(doc):
+        raise error(file, f"not valid for gpunode: {TOO_DEEP}", None)
+    return doc
 
 
 def error_line(exc: tomllib.TOMLDecodeError) -> int | None:

@@ -340,6 +340,10 @@ def _garble_manifest(entry: Path) -> None:
     (entry / "manifest.json").write_text('{"schema_version": 1, "kernel": ')
 
 
+def _deep_manifest(entry: Path) -> None:
+    (entry / "manifest.json").write_text("[" * 100000 + "]" * 100000)
+
+
 def _other_driver_manifest(entry: Path) -> None:
     manifest = json.loads((entry / "manifest.json").read_text())
     (entry / "manifest.json").write_text(json.dumps({**manifest, "driver": "550.127.08"}))
@@ -352,7 +356,7 @@ def _climbing_module_name(entry: Path) -> None:
 
 
 @pytest.mark.parametrize("corrupt", [_corrupt_module, _drop_module, _drop_manifest,
-                                     _garble_manifest, _other_driver_manifest,
+                                     _garble_manifest, _deep_manifest, _other_driver_manifest,
                                      _climbing_module_name],
                          ids=lambda f: f.__name__.strip("_"))
 def test_a_corrupted_entry_is_not_usable_and_gets_rebuilt(host: Host, corrupt: object) -> None:

@@ -96,7 +96,8 @@ def test_failed_write_leaves_original_bytes_and_no_temp_file(
 
 
 def test_write_refuses_to_replace_a_directory(root: Path) -> None:
-    with pytest.raises(HostError, match="not a regular file"):
+    with pytest.raises(HostError, match=r"'.*/usr/share/containerd': is a directory, not a "
+                       r"regular file$"):
         Host(root).write_atomic("/usr/share/containerd", b"x")
 
 
@@ -175,3 +176,32 @@ def test_resolving_for_the_fast_path_matches_the_host(root: Path) -> None:
     (root / "etc/up").symlink_to("../../..")
     with pytest.raises(safeio.Refused, match="climbs above the root"):
         safeio.resolve(str(root), "/etc/up/x")
+
+
+def test_an_entry_of_no_known_kind_is_named_not_a_regular_file_once() -> None:
+    assert safeio.kind(0) == "is not a regular file"
+    assert safeio.kind(stat.S_IFIFO) == "is a FIFO, not a regular file"
+
+
+def test_optional_bytes_are_none_for_a_missing_file_and_the_bytes_otherwise(root: Path) -> None:
+    host = Host(root)
+    assert host.read_optional_bytes("/etc/absent") is None
+    assert host.read_optional_bytes("/usr/share/containerd/config.toml") == b"version = 2\n"
+
+
+def test_optional_bytes_refuse_a_symlink_to_a_missing_file(root: Path) -> None:
+    (root / "etc/dangling").symlink_to("/etc/absent")
+    with pytest.raises(HostError, match="is a symlink to a file that does not exist"):
+        Host(root).read_optional_bytes("/etc/dangling")
+
+
+def test_optional_bytes_are_capped_at_the_limit_given(root: Path) -> None:
+    (root / "etc/big").write_bytes(b"x" * 65)
+    with pytest.raises(HostError, match="is larger than 64 bytes"):
+        Host(root).read_optional_bytes("/etc/big", limit=64)
+
+
+def test_text_that_is_not_utf8_is_refused_naming_its_line_and_byte_offset(root: Path) -> None:
+    (root / "etc/x").write_bytes(b"a\nb\n\xff\n")
+    with pytest.raises(HostError, match=r"invalid byte 0xff at line 3, byte offset 4\)"):
+        Host(root).read_text("/etc/x")

@@ -6,16 +6,15 @@ such as Flatcar's CONTAINERD_CONFIG expanded; containerd's own default otherwise
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from typing import Any
 
 from gpunode.containerd import schema
-from gpunode.errors import FileError
+from gpunode.errors import FileError, HostError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
 from gpunode.systemd_unit import expand_words, read_unit
-from gpunode.tomlread import error_line
+from gpunode.tomlread import loads_toml
 
 CONTAINERD_UNIT = "containerd.service"
 CONTAINERD_DEFAULT_CONFIG = "/etc/containerd/config.toml"
@@ -87,18 +86,23 @@ def config_flag(argv: list[str]) -> str | None:
     return None
 
 
+def read_config(host: Host, path: str) -> str | None:
+    """A containerd config's text (strict UTF-8, at most schema.MAX_CONFIG_BYTES), or None when
+    it does not exist; anything else (too large, not UTF-8, a FIFO) is one refusal naming it."""
+    try:
+        return host.read_optional(path, limit=schema.MAX_CONFIG_BYTES, errors="strict")
+    except HostError as exc:
+        raise ContainerdConfigError(host.display(path), exc.reason,
+                                    hint=schema.CONFIG_HINT) from None
+
+
 def load_config(host: Host, path: str) -> dict[str, Any]:
     """The parsed TOML document; a parse error names the file and line."""
     shown = host.display(path)
-    text = host.read_optional(path)
+    text = read_config(host, path)
     if text is None:
         raise ContainerdConfigError(shown, "does not exist")
-    if len(text) > schema.MAX_CONFIG_CHARS:
-        raise ContainerdConfigError(shown, schema.TOO_BIG, hint=schema.TOO_BIG_HINT)
-    try:
-        return tomllib.loads(text.removeprefix(schema.BOM))
-    except tomllib.TOMLDecodeError as exc:
-        raise ContainerdConfigError(shown, f"not valid TOML: {exc}", error_line(exc)) from exc
+    return loads_toml(text, shown, ContainerdConfigError)
 
 
 def load_layers(host: Host, path: str, doc: dict[str, Any] | None = None,

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import copy
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode.containerd import schema
 from gpunode.errors import FileError
-from gpunode.tomlread import error_line
+from gpunode.tomlread import loads_toml
 
 FALLBACK_RUNTIME: dict[str, Any] = {"runtime_type": "io.containerd.runc.v2"}
 BLOCK_COMMENT = "# Added by gpunode: {name} runtime, a copy of '{source}' running {binary}."
@@ -76,15 +75,14 @@ class Edit:
         return lines + [c.describe() for c in self.changes]
 
 
+def _unparsable(file: str, reason: str, line: int | None) -> EditError:
+    return EditError(file, reason, line,
+                     "fix the file by hand; gpunode does not edit what it cannot parse")
+
+
 def parse(text: str, file: str) -> dict[str, Any]:
     """The document, strictly parsed; refusals name the line and say what is wrong."""
-    if len(text) > schema.MAX_CONFIG_CHARS:
-        raise EditError(file, schema.TOO_BIG, hint=schema.TOO_BIG_HINT)
-    try:
-        doc = tomllib.loads(text.removeprefix(schema.BOM))
-    except tomllib.TOMLDecodeError as exc:
-        raise EditError(file, f"not valid TOML: {exc}", error_line(exc),
-                        "fix the file by hand; gpunode does not edit what it cannot parse") from exc
+    doc = loads_toml(text, file, _unparsable)
     try:
         schema.config_version(doc)
     except schema.SchemaError as exc:
@@ -546,8 +544,8 @@ def _tomlkit_edit(text: str, changes: list[Change], delete: tuple[str, ...] | No
 
 def _parses_to(text: str, expected: dict[str, Any]) -> bool:
     try:
-        return _same(tomllib.loads(text.removeprefix(schema.BOM)), expected)
-    except tomllib.TOMLDecodeError:
+        return _same(loads_toml(text, "<edited>"), expected)
+    except FileError:
         return False
 
 
@@ -734,8 +732,8 @@ def pruned(doc: Any) -> Any:
 
 def _parses_to_pruned(text: str, expected: dict[str, Any]) -> bool:
     try:
-        return bool(pruned(tomllib.loads(text)) == pruned(expected))
-    except tomllib.TOMLDecodeError:
+        return bool(pruned(loads_toml(text, "<edited>")) == pruned(expected))
+    except FileError:
         return False
 
 
@@ -763,7 +761,7 @@ def _remove_table(text: str, path: tuple[str, ...], file: str) -> str:
     is recognisable, else through tomlkit (its comment line dropped too)."""
     name = path[-1]
     without = _remove_block(text, path, name)
-    expected = tomllib.loads(text)
+    expected = loads_toml(text, file, _unparsable)
     _set(expected, path, None)
     if without is not None and _parses_to_pruned(without, expected):
         return without

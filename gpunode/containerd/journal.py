@@ -45,6 +45,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpunode import records
 from gpunode.containerd import ContainerdStepError
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
@@ -80,13 +81,6 @@ def sha256(data: bytes | None) -> str | None:
 def attrs_of(host: Host, path: str) -> Attrs | None:
     st = host.stat(path)
     return None if st is None else (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
-
-
-def read_optional_bytes(host: Host, path: str) -> bytes | None:
-    """The file's bytes, or None when it does not exist."""
-    if host.lstat(path) is None and host.stat(path) is None:
-        return None
-    return host.read_bytes(path)
 
 
 def missing_dirs(host: Host, paths: Iterable[str]) -> list[str]:
@@ -126,7 +120,7 @@ def commit(host: Host, writes: Sequence[Write], target: str,
         raise JournalError(f"{host.display(JOURNAL)}: an interrupted change is still pending",
                            "run 'gpunode containerd revert' or 'configure' again: they roll "
                            "it back first")
-    undo = [Write(w.path, read_optional_bytes(host, w.path), attrs_of(host, w.path))
+    undo = [Write(w.path, host.read_optional_bytes(w.path), attrs_of(host, w.path))
             for w in writes]
     created = missing_dirs(host, [JOURNAL, *(w.path for w in writes if w.data is not None)])
     record = {
@@ -225,7 +219,7 @@ def _rollback_writes(host: Host, files: list[dict[str, Any]],
     writes = []
     for entry, before in zip(reversed(files), reversed(befores), strict=True):
         attrs = tuple(entry["attrs"]) if entry["attrs"] else None
-        if read_optional_bytes(host, entry["path"]) == before and (
+        if host.read_optional_bytes(entry["path"]) == before and (
                 before is None or attrs_of(host, entry["path"]) == attrs):
             continue
         writes.append(Write(entry["path"], before, attrs))  # type: ignore[arg-type]
@@ -239,7 +233,7 @@ def _checked(host: Host, record: dict[str, Any], targets: Collection[str],
     shown = host.display(JOURNAL)
     files: list[dict[str, Any]] = record["files"]
     target = record.get("target")
-    if target is not None and not _absolute(target):
+    if target is not None and not records.absolute(target):
         raise JournalError(f"{shown}: key 'target' must be an absolute path",
                            f"{shown} is damaged: check the files it names by hand, then "
                            "remove it and run gpunode again")
@@ -253,7 +247,7 @@ def _checked(host: Host, record: dict[str, Any], targets: Collection[str],
             f"check that file by hand, then remove {shown} and run gpunode again")
     befores = [_unb64(f["before"], shown) for f in files]
     for entry, before in zip(files, befores, strict=True):
-        now = read_optional_bytes(host, entry["path"])
+        now = host.read_optional_bytes(entry["path"])
         if now != before and sha256(now) != entry["after_sha256"]:
             raise JournalError(
                 f"{shown}: a gpunode change to {host.display(entry['path'])} was interrupted, "
@@ -303,13 +297,10 @@ def _read(host: Host) -> dict[str, Any] | None:
     shown = host.display(JOURNAL)
     hint = (f"{shown} is gpunode's record of an interrupted change; if you know the files are "
             "as they should be, remove it")
-    data = read_optional_bytes(host, JOURNAL)
+    data = host.read_optional_bytes(JOURNAL)
     if data is None:
         return None
-    try:
-        record = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise JournalError(f"{shown}: not JSON ({exc})", hint) from exc
+    record = records.loads_json(data, shown, lambda message: JournalError(message, hint))
     problem = _problem(record)
     if problem:
         raise JournalError(f"{shown}: {problem}", hint)
@@ -318,17 +309,18 @@ def _read(host: Host) -> dict[str, Any] | None:
 
 def _problem(record: Any) -> str | None:
     """What is wrong with a journal's shape, or None."""
-    if not isinstance(record, dict) or record.get("schema_version") != SCHEMA:
+    if not isinstance(record, dict) or not records.is_int(record.get("schema_version")) or \
+            record.get("schema_version") != SCHEMA:
         return f"not a gpunode journal (schema_version {SCHEMA})"
     for key in ("created_dirs", "removed_dirs"):
         value = record.get(key)
-        if not isinstance(value, list) or not all(_absolute(v) for v in value):
+        if not isinstance(value, list) or not all(records.absolute(v) for v in value):
             return f"key '{key}' must be a list of absolute paths"
     files = record.get("files")
     if not isinstance(files, list):
         return "key 'files' must be a list"
     for i, entry in enumerate(files):
-        if not isinstance(entry, dict) or not _absolute(entry.get("path")):
+        if not isinstance(entry, dict) or not records.absolute(entry.get("path")):
             return f"key 'files[{i}].path' must be an absolute path"
         if not isinstance(entry.get("before"), str | None):
             return f"key 'files[{i}].before' must be base64 text or null"
@@ -336,13 +328,9 @@ def _problem(record: Any) -> str | None:
             return f"key 'files[{i}].after_sha256' must be text or null"
         attrs = entry.get("attrs")
         if attrs is not None and not (isinstance(attrs, list) and len(attrs) == 3 and all(
-                isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in attrs)):
+                records.is_int(a) and a >= 0 for a in attrs)):
             return f"key 'files[{i}].attrs' must be [mode, uid, gid] or null"
     return None
-
-
-def _absolute(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith("/") and "\0" not in value
 
 
 def _b64(data: bytes | None) -> str | None:

@@ -13,10 +13,11 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpunode import records
 from gpunode.containerd import ContainerdStepError
 from gpunode.containerd.edit import Hunk
-from gpunode.containerd.journal import read_optional_bytes
 from gpunode.host import Host
+from gpunode.records import kind as _kind
 
 LEDGER = "/var/lib/gpunode/containerd.json"
 WRITABLE_CONFIG = "/etc/containerd/config.toml"
@@ -80,28 +81,25 @@ class Ledger:
 def read(host: Host) -> Ledger | None:
     """The ledger, or None when gpunode has changed nothing; a bad one is one clear error."""
     shown = host.display(LEDGER)
-    data = read_optional_bytes(host, LEDGER)
+    data = host.read_optional_bytes(LEDGER)
     if data is None:
         return None
-    try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise LedgerError(f"{shown}: not JSON ({exc})", _HINT) from exc
-    return parse(document, shown)
+    return parse(records.loads_json(data, shown, _error), shown)
 
 
 _HINT = ("it is gpunode's record of what it changed in containerd's config, needed to undo it: "
          "put back a good copy, or, if gpunode's changes are already gone, remove it")
 
 
+def _error(message: str) -> LedgerError:
+    return LedgerError(message, _HINT)
+
+
 def parse(document: Any, shown: str) -> Ledger:
     if not isinstance(document, dict):
         raise LedgerError(f"{shown}: not a JSON object", _HINT)
-    if document.get("schema_version") != SCHEMA:
-        raise LedgerError(f"{shown}: key 'schema_version' is "
-                          f"{json.dumps(document.get('schema_version'))}, expected {SCHEMA}",
-                          _HINT)
-    reader = _Reader(document, shown)
+    reader = _Reader(document, shown, _error)
+    reader.schema("schema_version", SCHEMA)
     target = reader.path("target")
     ledger = Ledger(
         target=target,
@@ -160,46 +158,11 @@ def holds_owned(directory: str, owned: frozenset[str]) -> bool:
     return any(p.startswith(directory.rstrip("/") + "/") for p in owned)
 
 
-@dataclass(frozen=True)
-class _Reader:
-    document: dict[str, Any]
-    shown: str
-
-    def fail(self, key: str, problem: str) -> None:
-        raise LedgerError(f"{self.shown}: key '{key}' {problem}", _HINT)
-
-    def _get(self, key: str, default_absent: bool) -> tuple[bool, Any]:
-        if key not in self.document:
-            if not default_absent:
-                self.fail(key, "is missing")
-            return False, None
-        return True, self.document[key]
-
-    def text(self, key: str, optional: bool = False, default_absent: bool = False) -> Any:
-        _, value = self._get(key, default_absent)
-        if value is None and optional:
-            return None
-        if not isinstance(value, str) or not value:
-            self.fail(key, f"is {_kind(value)}, expected a non-empty string"
-                      + (" or null" if optional else ""))
-        return value
-
-    def path(self, key: str, optional: bool = False, default_absent: bool = False) -> Any:
-        value = self.text(key, optional, default_absent)
-        if value is not None and (not value.startswith("/") or "\0" in value):
-            self.fail(key, f"is {value!r}, expected an absolute path")
-        return value
-
-    def flag(self, key: str) -> bool:
-        _, value = self._get(key, default_absent=True)
-        if value is None:
-            return False
-        if not isinstance(value, bool):
-            self.fail(key, f"is {_kind(value)}, expected true or false")
-        return bool(value)
+class _Reader(records.Reader):
+    """records.Reader with the ledger's own kinds of value."""
 
     def digests(self, key: str) -> dict[str, str]:
-        _, value = self._get(key, default_absent=True)
+        _, value = self.get(key, default_absent=True)
         if value is None:
             return {}
         if not isinstance(value, dict) or not all(
@@ -207,17 +170,8 @@ class _Reader:
             self.fail(key, f"is {_kind(value)}, expected an object of path → sha256")
         return dict(value)
 
-    def paths(self, key: str) -> list[str]:
-        _, value = self._get(key, default_absent=True)
-        if value is None:
-            return []
-        if not isinstance(value, list) or not all(
-                isinstance(v, str) and v.startswith("/") for v in value):
-            self.fail(key, f"is {_kind(value)}, expected a list of absolute paths")
-        return list(value)
-
     def hunks(self) -> tuple[tuple[Hunk, ...], ...]:
-        _, value = self._get("hunks", default_absent=True)
+        _, value = self.get("hunks", default_absent=True)
         if value is None:
             return ()
         if not isinstance(value, list) or not all(isinstance(run, list) for run in value):
@@ -237,7 +191,7 @@ class _Reader:
         return tuple(runs)
 
     def changes(self) -> tuple[Change, ...]:
-        _, value = self._get("changes", default_absent=False)
+        _, value = self.get("changes", default_absent=False)
         if not isinstance(value, list):
             self.fail("changes", f"is {_kind(value)}, expected a list")
         found = []
@@ -256,16 +210,3 @@ class _Reader:
             found.append(Change(tuple(path), entry["before"], entry["after"]))
         return tuple(found)
 
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return f"a string ({value!r})" if value else "an empty string"
-    if isinstance(value, list):
-        return "a list"
-    return "an object"

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpunode import tomlread
+
 # version → name of the CRI plugin table that holds runtimes (containerd#5837 and the v3 split)
 CRI_PLUGIN: dict[int, str] = {
     1: "cri",
@@ -19,12 +21,14 @@ CRI_PLUGIN: dict[int, str] = {
 
 
 # containerd configs are kilobytes; gpunode parses a file several times per edit (pure-Python
-# TOML, about 1 s per MiB), so it refuses a file over this size instead of taking minutes.
-MAX_CONFIG_CHARS = 1 << 20
-TOO_BIG = f"larger than {MAX_CONFIG_CHARS >> 20} MiB, which gpunode does not edit or read"
-TOO_BIG_HINT = ("a containerd config is normally a few KiB: check what filled it, or move "
-                "registry settings to config_path directories (hosts.toml)")
-BOM = "\ufeff"  # containerd 1.x skips a UTF-8 byte order mark; 2.x refuses the file
+# TOML, about 1 s per MiB), so every read of a containerd config (the main file, its imports,
+# its backup) is capped at this size: one refusal, whatever the size beyond it.
+MAX_CONFIG_BYTES = 1 << 20
+BOM = tomlread.BOM  # containerd 1.x skips a UTF-8 byte order mark; 2.x refuses the file
+CONFIG_HINT = ("a containerd config is a regular UTF-8 file of at most "
+               f"{MAX_CONFIG_BYTES >> 20} MiB, normally a few KiB: fix or replace it (move "
+               "registry settings to config_path directories, hosts.toml, if that is what "
+               "filled it), then run gpunode again")
 
 
 class SchemaError(ValueError):

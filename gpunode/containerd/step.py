@@ -19,14 +19,18 @@ import os
 import re
 import socket
 import time
-import tomllib
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from gpunode import command, log
+from gpunode import command, log, safeio
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import ContainerdStepError, discover, edit, journal, ledger, schema
-from gpunode.containerd.discover import CONTAINERD_UNIT, ActiveConfig, active_config
+from gpunode.containerd.discover import (
+    CONTAINERD_UNIT,
+    ActiveConfig,
+    ContainerdConfigError,
+    active_config,
+)
 from gpunode.containerd.journal import JOURNAL, Write
 from gpunode.containerd.ledger import (
     BACKUP_SUFFIX,
@@ -37,9 +41,10 @@ from gpunode.containerd.ledger import (
     WRITABLE_CONFIG,
     Ledger,
 )
-from gpunode.errors import GpunodeError, HostError
+from gpunode.errors import FileError, GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import Systemd, SystemdError
+from gpunode.tomlread import loads_toml
 
 DEFAULT_SOCKET = "/run/containerd/containerd.sock"
 __all__ = ["BACKUP_SUFFIX", "DROPIN", "IMPORT_FILE", "JOURNAL", "LEDGER", "READ_ONLY_PREFIXES",
@@ -290,14 +295,13 @@ def _refuse_hard_links(host: Host, paths: list[str]) -> None:
 
 def _read_config(host: Host, path: str) -> str:
     try:
-        raw = host.read_bytes(path)
-    except HostError as exc:
-        raise ContainerdStepError(str(exc), "check the path containerd.service names") from exc
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ContainerdStepError(f"{host.display(path)}: not UTF-8 text (byte {exc.start})",
-                                  "fix the file by hand") from exc
+        text = discover.read_config(host, path)
+    except ContainerdConfigError as exc:
+        raise ContainerdStepError(str(exc), exc.hint) from None
+    if text is None:
+        raise ContainerdStepError(f"{host.display(path)}: does not exist",
+                                  "check the path containerd.service names")
+    return text
 
 
 # -- apply ---------------------------------------------------------------------------------------
@@ -431,7 +435,7 @@ def _configure_writes(host: Host, the_plan: Plan) -> list[Write]:
     imported file, drop-in, and the ledger last."""
     target = the_plan.target
     old = the_plan.ledger
-    current = journal.read_optional_bytes(host, target)
+    current = host.read_optional_bytes(target)
     text = the_plan.edit.text.encode()
     record = old or Ledger(target=target, copied_from=the_plan.copied_from)
     source = the_plan.copied_from or target
@@ -607,7 +611,7 @@ def _revert_writes(host: Host, recorded: Ledger) -> tuple[list[Write], list[str]
             changes = tuple(c for c in changes if c.path != ("imports",))
             notes.append(f"keep {IMPORT_FILE} and the import of it: it was changed since "
                          "gpunode wrote it")
-    current = journal.read_optional_bytes(host, target)
+    current = host.read_optional_bytes(target, limit=schema.MAX_CONFIG_BYTES)
     if current is None:
         notes.append(f"{target} is gone: nothing to undo in it")
         result = None
@@ -630,10 +634,10 @@ def _reverted_target(host: Host, recorded: Ledger, current: bytes,
                      changes: tuple[edit.Change, ...], notes: list[str]) -> bytes:
     target = recorded.target
     try:
-        text = current.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ContainerdStepError(f"{host.display(target)}: not UTF-8 text (byte {exc.start})",
-                                  "fix the file by hand, then run the revert again") from exc
+        text = safeio.decode(current)
+    except safeio.Refused as exc:
+        raise ContainerdStepError(f"{host.display(target)}: {exc}",
+                                  "fix the file by hand, then run the revert again") from None
     reverted = edit.revert(text, recorded.added_runtime, changes, host.display(target),
                            recorded.hunks)
     notes += [f"{target}: {line}" for line in reverted.describe()]
@@ -642,7 +646,7 @@ def _reverted_target(host: Host, recorded: Ledger, current: bytes,
     if clean and recorded.backup is not None:
         # Nobody else touched the file since gpunode's first change: its backup is exactly
         # the file without gpunode's changes (blank lines at the end included).
-        backup = journal.read_optional_bytes(host, recorded.backup)
+        backup = host.read_optional_bytes(recorded.backup)
         if backup is not None and _same_document(backup, reverted.text):
             return backup
     return result
@@ -650,9 +654,9 @@ def _reverted_target(host: Host, recorded: Ledger, current: bytes,
 
 def _same_document(data: bytes, text: str) -> bool:
     try:
-        return bool(edit.pruned(tomllib.loads(data.decode("utf-8").removeprefix(schema.BOM)))
-                    == edit.pruned(tomllib.loads(text.removeprefix(schema.BOM))))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return bool(edit.pruned(loads_toml(safeio.decode(data), "<backup>"))
+                    == edit.pruned(loads_toml(text, "<reverted>")))
+    except (safeio.Refused, FileError):
         return False
 
 
@@ -660,7 +664,7 @@ def _revert_copy(host: Host, recorded: Ledger, current: bytes | None, result: by
                  writes: list[Write], notes: list[str]) -> None:
     """The writable copy and its drop-in go together, or stay together."""
     target, original = recorded.target, recorded.copied_from or ""
-    source = journal.read_optional_bytes(host, original)
+    source = host.read_optional_bytes(original)
     clean = (current is not None and journal.sha256(current) == recorded.written_sha256
              and not recorded.others_edited)
     # A copy someone removed leaves nothing to keep: the drop-in must not point at it.
@@ -686,7 +690,7 @@ def _settle_backup(host: Host, recorded: Ledger, result: bytes | None, writes: l
     """The backup is a safety copy: removed only when the reverted file equals it."""
     if recorded.backup is None:
         return
-    backup = journal.read_optional_bytes(host, recorded.backup)
+    backup = host.read_optional_bytes(recorded.backup)
     if backup is None:
         return
     if backup == result:
@@ -702,7 +706,7 @@ def _settle_backup(host: Host, recorded: Ledger, result: bytes | None, writes: l
 def _still_ours(host: Host, recorded: Ledger, path: str) -> bool:
     """The whole file gpunode wrote is still as gpunode wrote it (a ledger from before
     gpunode recorded it: assumed so)."""
-    data = journal.read_optional_bytes(host, path)
+    data = host.read_optional_bytes(path)
     if data is None:
         return False
     digest = recorded.written.get(path)

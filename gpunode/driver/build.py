@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
-from gpunode import command, log
+from gpunode import command, log, records
 from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
 
@@ -318,9 +318,9 @@ def _check_entry(host: Host, path: str, kernel: str, driver: str,
     if text is None:
         return None, ("it has no manifest.json" if _lstat(host, path) is not None else None)
     try:
-        manifest = json.loads(text)
-    except ValueError as exc:
-        return None, f"manifest.json does not parse: {exc}"
+        manifest = records.loads_json(text, "manifest.json")
+    except ValueError as exc:  # not JSON, or nested too deeply to read
+        return None, str(exc)
     problem = manifest_problem(manifest, kernel, driver, flavour)
     if problem is None:
         problem = _modules_problem(host, path, manifest["modules"])

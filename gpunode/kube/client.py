@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpunode import log
+from gpunode import log, records
 from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
 
@@ -87,8 +87,12 @@ def read_kubeconfig(host: Host, path: str) -> Kubeconfig:
         raise KubeconfigError(shown, "does not exist (has the kubelet joined the cluster?)")
     try:
         doc = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError) as exc:
+    except yaml.YAMLError as exc:
         raise KubeconfigError(shown, f"not valid YAML: {exc}") from exc
+    except RecursionError:
+        raise KubeconfigError(shown, f"not valid for gpunode: {records.TOO_DEEP}") from None
+    if records.too_deep(doc):
+        raise KubeconfigError(shown, f"not valid for gpunode: {records.TOO_DEEP}")
     if not isinstance(doc, dict):
         raise KubeconfigError(shown, f"not a kubeconfig: the document is {_kind(doc)}, not a map")
     current = doc.get("current-context")
@@ -271,11 +275,9 @@ def parse_node(data: bytes, what: str, url: str, content_type: str = "") -> dict
     """A Node object as gpunode reads it, every field it uses checked for its type: the
     metadata's labels and annotations are maps of strings, status.conditions a list of maps,
     status.allocatable a map. Anything else is a ReplyError naming the URL and the field."""
-    try:
-        node = json.loads(data)
-    except ValueError:
-        snippet = data[:80].decode("utf-8", errors="replace")
-        raise ReplyError(what, url, f"is not JSON ({content_type}: {snippet!r})") from None
+    snippet = data[:80].decode("utf-8", errors="replace")
+    node = records.loads_json(data, url, lambda _: ReplyError(
+        what, url, f"is not JSON ({content_type}: {snippet!r})"))
     if not isinstance(node, dict):
         raise ReplyError(what, url, f"is {_kind(node)}, not a Node object")
     metadata = _field(node, "metadata", dict, what, url, required=True)
@@ -322,7 +324,8 @@ def _load_client(context: ssl.SSLContext, config: Kubeconfig) -> None:
 
 def _status_message(data: bytes) -> str:
     try:
-        return str(json.loads(data).get("message") or data[:200].decode(errors="replace"))
+        return str(records.loads_json(data, "reply").get("message")
+                   or data[:200].decode(errors="replace"))
     except (ValueError, AttributeError):
         return data[:200].decode(errors="replace")
 

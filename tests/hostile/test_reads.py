@@ -126,8 +126,8 @@ def test_kernel_files_that_report_size_zero_are_read_to_the_end() -> None:
 def test_text_that_must_be_utf8_is_refused_with_the_byte_offset(tmp_path: Path) -> None:
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc/x.json").write_bytes(b'{"a": "\xc3\x28"}')
-    with pytest.raises(HostError, match=r"is not UTF-8 text \(invalid byte 0xc3 at byte "
-                       r"offset 7\)"):
+    with pytest.raises(HostError, match=r"is not UTF-8 text \(invalid byte 0xc3 at line 1, "
+                       r"byte offset 7\)"):
         Host(tmp_path).read_text("/etc/x.json")
 
 
@@ -155,8 +155,8 @@ def test_an_agent_config_that_is_no_file_is_refused_with_exit_2(
     make_host: HostFactory, cli: Cli, odd: str
 ) -> None:
     host = make_host("nc4as-t4-v3", "ready")
-    make, reason = ODD.get(odd, (non_utf8, r"is not UTF-8 text \(invalid byte 0xff at byte "
-                                            "offset 19\\)"))
+    make, reason = ODD.get(odd, (non_utf8, r"is not UTF-8 text \(invalid byte 0xff at line 2, "
+                                            "byte offset 19\\)"))
     _replace(host.root, CONFIG, make)
     before = snapshot(host.root)
     result = cli("--root", str(host.root), "status")
