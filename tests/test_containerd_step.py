@@ -468,9 +468,8 @@ def test_a_kill_after_any_step_of_the_write_is_rolled_back_by_the_next_run(
     assert k > 4, calls  # the journal, the files, the ledger, the commit were each cut
 
 
-def test_an_interrupted_change_is_not_rolled_back_over_someone_elses_edit(
-    flatcar: Host, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def interrupt_before_the_dropin(host: Host, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A configure on the Flatcar layout killed after the copy, before the drop-in."""
     real = Host.write_atomic
 
     def killed_at_the_dropin(self: Host, path: str, *args: object, **kwargs: object) -> None:
@@ -481,7 +480,13 @@ def test_an_interrupted_change_is_not_rolled_back_over_someone_elses_edit(
     with monkeypatch.context() as patch:
         patch.setattr(Host, "write_atomic", killed_at_the_dropin)
         with pytest.raises(Crash):
-            configure_now(flatcar, CONFIG, VersionProbe(None))
+            configure_now(host, CONFIG, VersionProbe(None))
+
+
+def test_an_interrupted_change_is_not_rolled_back_over_someone_elses_edit(
+    flatcar: Host, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    interrupt_before_the_dropin(flatcar, monkeypatch)
     copy = flatcar.root / "etc/containerd/config.toml"
     copy.write_text("version = 2\n# mine now\n")
     with pytest.raises(step.ContainerdStepError, match="has been changed by someone else since"):
@@ -714,17 +719,7 @@ def test_status_names_an_interrupted_change_until_the_next_configure_rolls_it_ba
     from gpunode.config import AgentConfig
     from gpunode.status import evaluate, observe
 
-    real = Host.write_atomic
-
-    def killed_at_the_dropin(self: Host, path: str, *args: object, **kwargs: object) -> None:
-        if path == step.DROPIN:
-            raise Crash("killed before the drop-in was written")
-        real(self, path, *args, **kwargs)  # type: ignore[arg-type]
-
-    with monkeypatch.context() as patch:
-        patch.setattr(Host, "write_atomic", killed_at_the_dropin)
-        with pytest.raises(Crash):
-            configure_now(flatcar, CONFIG, VersionProbe(None))
+    interrupt_before_the_dropin(flatcar, monkeypatch)
 
     def runtime_check() -> tuple[str, str, str | None]:
         c = next(c for c in evaluate(observe(flatcar, AgentConfig())).checks
