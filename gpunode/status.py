@@ -530,7 +530,8 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
     if driver is None:
         return Check("device_nodes", SKIP, "driver not loaded")
     wanted = _wanted_numbers(facts)
-    problems = [i.minor_problem for i in facts.gpu_infos.values() if i.minor_problem]
+    unknown = [i.minor_problem for i in facts.gpu_infos.values() if i.minor_problem]
+    problems = list(unknown)
     for path, node in facts.dev_nodes.items():
         major, minor = wanted.get(path, (None, None))
         if node.kind == "missing":
@@ -541,6 +542,10 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
             problems.append(f"{path}: no major for it in /proc/devices")
         elif (node.major, node.minor) != (major, minor):
             problems.append(f"{path} is {node.major}:{node.minor}, expected {major}:{minor}")
+    if unknown:  # 'driver load' refuses it the same way (devices.for_host)
+        return Check("device_nodes", FAIL, "; ".join(problems),
+                     "the driver does not say which /dev/nvidiaN is the GPU's: look for NVRM "
+                     "errors in 'dmesg'; reload the NVIDIA modules or reboot the node")
     if problems:
         return Check("device_nodes", FAIL, "; ".join(problems),
                      "run 'gpunode driver load', which makes them (majors from /proc/devices; "
