@@ -17,6 +17,7 @@ from gpunode import driverinfo, systemd
 from gpunode.config import AgentConfig
 from gpunode.containerd import discover
 from gpunode.detect import (
+    COSMETIC_ATTRIBUTES,
     Detection,
     PciFunction,
     UndecidedError,
@@ -111,6 +112,7 @@ class StatusFacts:
     # a containerd configure/revert was killed mid-way; the next one (or boot) rolls it back;
     # text: it is not interrupted but running now, held by this gpunode command ("pid 12, ...")
     containerd_interrupted: bool | str = False
+    driver_flavour: str = "auto"  # driver.flavour: "auto" needs every GPU's device id
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         driver_error=version_error or devices_error,
         containerd_start=_containerd_start(host),
         containerd_interrupted=_containerd_interrupted(host),
+        driver_flavour=config.driver.flavour,
     )
 
 
@@ -376,7 +379,7 @@ def evaluate(facts: StatusFacts) -> Report:
                         "check that sysfs is mounted and readable")]
         return Report(tuple(checks), "not-ready")
     if not detection.gpus:
-        checks = [_gpus(detection), _pci_scan(detection)]
+        checks = [_gpus(detection, facts), _pci_scan(detection, facts.driver_flavour)]
         skipped = ("GPU detection undecided (see gpus)" if detection.undecided
                    else "no NVIDIA GPU on this host")
         checks += [Check(name, SKIP, skipped) for name in _GPU_CHECKS]
@@ -385,8 +388,8 @@ def evaluate(facts: StatusFacts) -> Report:
         return Report(tuple(checks), verdict)
     driver = driverinfo.parse_version(facts.driver_version_text or "")
     checks = [
-        _gpus(detection),
-        _pci_scan(detection),
+        _gpus(detection, facts),
+        _pci_scan(detection, facts.driver_flavour),
         _nouveau(detection),
         _binding(detection),
         _driver(facts, driver),
@@ -408,15 +411,15 @@ _GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes"
                "node")
 
 
-def _describe(functions: tuple[PciFunction, ...]) -> str:
+def _describe(functions: tuple[PciFunction, ...], models: dict[str, str]) -> str:
     products: dict[str, int] = {}
     for f in functions:
-        name = f.product_name or f"10de:{f.device_id}"
+        name = f.product_name or models.get(f.address) or f"10de:{f.device_id or 'unknown'}"
         products[name] = products.get(name, 0) + 1
     return ", ".join(f"{n}x {p}" for p, n in products.items())
 
 
-def _gpus(d: Detection) -> Check:
+def _gpus(d: Detection, facts: StatusFacts) -> Check:
     undecided = undecided_reason(d)
     if undecided is not None:
         # Neither "no GPU" nor a GPU count to trust: the same refusal boot, plan and driver
@@ -426,24 +429,38 @@ def _gpus(d: Detection) -> Check:
                      UndecidedError.hint)
     if not d.gpus:
         return Check("gpus", SKIP, "no NVIDIA GPU on this host; gpunode has nothing to do")
-    detail = f"{_count(len(d.gpus), 'GPU')}: {_describe(d.gpus)}"
+    models = {a: i.model for a, i in facts.gpu_infos.items() if i.model}
+    detail = f"{_count(len(d.gpus), 'GPU')}: {_describe(d.gpus, models)}"
     if d.nvswitches:
         detail += f"; {len(d.nvswitches)} NVSwitch"
     return Check("gpus", OK, detail)
 
 
-def _pci_scan(d: Detection) -> Check:
+def _pci_scan(d: Detection, flavour: str = "auto") -> Check:
     if not d.problems:
         return Check("pci_scan", OK, f"{_count(len(d.functions), 'NVIDIA PCI function')} read via "
                      f"{d.source}; names from {d.names_source}")
-    # A problem with an NVIDIA function, or with the PCI tree as a whole, can hide a GPU.
-    nvidia = {f.address for f in d.functions}
+    # Serious: a problem with the PCI tree as a whole or a function that may be an unreadable
+    # GPU (both undecided), or an NVIDIA function attribute gpunode decides by (detect.
+    # COSMETIC_ATTRIBUTES are the others). A GPU's device id decides the driver flavour,
+    # unless driver.flavour is pinned: the driver step refuses exactly then (flavour.choose).
+    def decides(f: PciFunction, name: str) -> bool:
+        if name == "device":
+            return f.kind == "gpu" and flavour == "auto"
+        return name not in COSMETIC_ATTRIBUTES
+
+    serious = {f.address for f in d.functions if any(decides(f, a) for a in f.unreadable)}
+    serious |= set(d.undecided)
     where = [p.split(": ", 1)[0] for p in d.problems]
-    serious = [w for w in where
-               if w in nvidia or w in d.undecided or not _PCI_ADDRESS.fullmatch(w)]
-    return Check("pci_scan", FAIL if serious else WARN, "; ".join(d.problems),
-                 "a PCI function's sysfs attributes could not be read or parsed: check the "
-                 "device with 'lspci -vvv -s ADDRESS' and the kernel log")
+    serious |= {w for w in where if not _PCI_ADDRESS.fullmatch(w)}
+    check = "check the device with 'lspci -nn -vvv -s ADDRESS' and the kernel log"
+    hint = f"a PCI function's sysfs attributes could not be read or parsed: {check}"
+    if any("device" in f.unreadable and f.address in serious for f in d.gpus):
+        hint = ("the driver flavour (open or proprietary modules) follows the GPU's device id, "
+                f"which cannot be read: set driver.flavour in the agent config, or {check}")
+    elif not serious:
+        hint += "; gpunode does not need these attributes to make the node ready"
+    return Check("pci_scan", FAIL if serious else WARN, "; ".join(d.problems), hint)
 
 
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
