@@ -123,6 +123,8 @@ class NodeFacts:
     kubeconfig: str | None  # None: not there, the kubelet has not joined
     obj: dict[str, Any] | None = None
     error: str | None = None
+    # what to do about `error`: None when waiting helps (the API server did not answer yet)
+    hint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -196,13 +198,13 @@ def _read(host: Host, path: str) -> tuple[str | None, str | None]:
 
 
 def _observe_node(host: Host, config: AgentConfig) -> NodeFacts:
-    from gpunode.kube.client import NodeApi, read_kubeconfig
+    from gpunode.kube.client import ApiError, NodeApi, read_kubeconfig
     from gpunode.kube.step import node_name
 
     try:
         name = node_name(host, config)[0]
     except GpunodeError as exc:
-        return NodeFacts("?", None, error=str(exc))
+        return NodeFacts("?", None, error=str(exc), hint=exc.hint or None)
     path = config.kubernetes.kubeconfig
     if not host.exists(path):
         return NodeFacts(name, None)
@@ -210,7 +212,10 @@ def _observe_node(host: Host, config: AgentConfig) -> NodeFacts:
         api = NodeApi(read_kubeconfig(host, path), timeout=3)
         return NodeFacts(name, path, obj=api.get_node(name))
     except GpunodeError as exc:
-        return NodeFacts(name, path, error=str(exc))
+        # Only an API server that did not answer (yet) is worth waiting for; a broken
+        # kubeconfig, a refusal or a reply that is not a Node says what to fix instead.
+        waits = isinstance(exc, ApiError) and exc.retryable
+        return NodeFacts(name, path, error=str(exc), hint=None if waits else exc.hint or None)
 
 
 def expected_dev_nodes(gpu_infos: dict[str, driverinfo.GpuInfo], modeset: bool) -> list[str]:
@@ -720,7 +725,7 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
                      "kubeconfig)")
     if node.error is not None or node.obj is None:
         return Check("node", WARN, f"node {node.name}: {node.error}",
-                     "gpunode-label.service retries until the API server answers")
+                     node.hint or "gpunode-label.service retries until the API server answers")
     wanted = labels.compute(label_facts(facts, detection, ready), facts.user_labels)
     current = node.obj.get("metadata", {}).get("labels") or {}
     stale = sorted(k for k, v in wanted.items() if current.get(k) != v)
