@@ -51,9 +51,9 @@ class PciFunction:
 
 
 # Attributes gpunode only shows (`detect`, scheduling hints): one that cannot be read is a
-# warning. The others decide something — vendor and class whether it is an NVIDIA GPU, the
-# driver link whether it is usable (vfio-pci), the device id the driver flavour
-# (driver/flavour.py; cosmetic only where driver.flavour is pinned).
+# warning in status's pci_scan. The others decide something — vendor and class whether it is
+# an NVIDIA GPU, a GPU's driver link whether it is usable (vfio-pci), a GPU's device id the
+# driver flavour (driver/flavour.py; cosmetic only where driver.flavour is pinned).
 COSMETIC_ATTRIBUTES = frozenset({"numa_node", "iommu_group", "subsystem_vendor",
                                  "subsystem_device"})
 

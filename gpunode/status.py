@@ -452,6 +452,8 @@ def _pci_scan(d: Detection, flavour: str = "auto") -> Check:
     def decides(f: PciFunction, name: str) -> bool:
         if name == "device":
             return f.kind == "gpu" and flavour == "auto"
+        if name == "driver":  # whether the GPU is usable (vfio-pci) or not
+            return f.kind == "gpu"
         return name not in COSMETIC_ATTRIBUTES
 
     serious = {f.address for f in d.functions if any(decides(f, a) for a in f.unreadable)}
