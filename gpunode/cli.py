@@ -21,6 +21,7 @@ from gpunode.errors import ConfigError, GpunodeError, UsageError
 from gpunode.host import Host
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_POOL, DEFAULT_INSTANCE_TYPE = "gpu", "Standard_NC4as_T4_v3"
 
 CONFIG_HINT = ("correct the agent config (README, 'Agent config', lists every key and its "
                "valid values), or name another file with --config")
@@ -91,10 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     label.add_argument("--registration", choices=("cluster-azure", "kubeadm", "kubelet-flags"),
                        help="print the taints and labels to set at registration in that form "
                        "(a kubelet may not change its taints later)")
-    label.add_argument("--pool", default="gpu", help="node pool name (--registration "
-                       "cluster-azure)")
-    label.add_argument("--instance-type", default="Standard_NC4as_T4_v3",
-                       help="instance type (--registration cluster-azure)")
+    label.add_argument("--pool", help="node pool name (--registration cluster-azure; "
+                       f"default {DEFAULT_POOL})")
+    label.add_argument("--instance-type", help="instance type (--registration cluster-azure; "
+                       f"default {DEFAULT_INSTANCE_TYPE})")
     label.set_defaults(run=_label)
 
     ignition = commands.add_parser("ignition", help="render the node snippet that installs "
@@ -259,6 +260,7 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
     if args.registration:
         return _registration(config, args)
+    _pool_settings(args)  # refused without --registration cluster-azure
     with log.step("label", dry_run=args.dry_run) as fields:
         want = step.desired(host, config)
         fields.update(node=want.node, labels=len(want.labels),
@@ -268,9 +270,16 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         # last boot labelled it (perhaps GPUReady=True), so the cluster would keep sending GPU
         # pods to a node gpunode cannot vouch for; "no GPU, nothing to label" would hide the
         # problem. The command still exits 1 (after labelling), naming the problem.
-        if want.undecided is None and not any(k.startswith("nvidia.com/gpu.present")
-                                              for k in want.labels):
-            print("no NVIDIA GPU: nothing to label")
+        if want.gpu is False:
+            if args.json:  # the same document, saying there is nothing to do
+                _print_json({"schema_version": 1, "node": want.node, "gpu": False,
+                             "labels": {}, "condition": None, "undecided": None,
+                             "message": NOTHING_TO_LABEL,
+                             **({} if args.dry_run else {"labels_changed": False,
+                                                         "condition_changed": False,
+                                                         "calls": []})})
+            else:
+                print(NOTHING_TO_LABEL)
             return EXIT_OK
         if args.dry_run:
             if args.json:
@@ -296,6 +305,9 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     return _undecided_exit(want.undecided)
 
 
+NOTHING_TO_LABEL = "no NVIDIA GPU: nothing to label"
+
+
 def _undecided_exit(undecided: str | None) -> int:
     """Exit 0, or — the node's GPUs cannot be identified — raise the refusal boot and
     `driver load` give, after the honest labels were printed or set."""
@@ -307,20 +319,55 @@ def _undecided_exit(undecided: str | None) -> int:
 
 
 def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
+    """The registration form on stdout: YAML (the flags on one line for kubelet-flags), or
+    with --json the very same document as JSON (kubelet-flags: a JSON array of the flags)."""
     from gpunode.kube import registration
 
     k = config.kubernetes
+    pool, instance_type = _pool_settings(args)
     if args.registration == "kubelet-flags":
-        print(" ".join(registration.kubelet_flags(k.taints, dict(k.labels))))
+        flags = registration.kubelet_flags(k.taints, dict(k.labels))
+        if args.json:
+            _print_json(flags)
+        else:
+            print(" ".join(flags))
+        return EXIT_OK
+    document = (registration.cluster_azure(pool, instance_type, k.taints, dict(k.labels))
+                if args.registration == "cluster-azure"
+                else registration.kubeadm(k.taints, dict(k.labels)))
+    if args.json:
+        _print_json(document)
         return EXIT_OK
     import yaml
 
-    document = (registration.cluster_azure(args.pool, args.instance_type, k.taints,
-                                           dict(k.labels))
-                if args.registration == "cluster-azure"
-                else registration.kubeadm(k.taints, dict(k.labels)))
     print(yaml.safe_dump(document, sort_keys=False), end="")
     return EXIT_OK
+
+
+def _pool_settings(args: argparse.Namespace) -> tuple[str, str]:
+    """--pool and --instance-type, checked (exit 2): they name a cluster-azure node pool, and
+    mean nothing to the other forms, so they are refused there rather than ignored."""
+    from gpunode.kube import registration
+
+    given = [flag for flag, value in (("--pool", args.pool),
+                                      ("--instance-type", args.instance_type))
+             if value is not None]
+    if args.registration != "cluster-azure":
+        if given:
+            form = (f"--registration {args.registration}" if args.registration
+                    else "label without --registration")
+            raise UsageError(f"{' and '.join(given)}: only --registration cluster-azure takes "
+                             f"{'it' if len(given) == 1 else 'them'}, not {form}")
+        return DEFAULT_POOL, DEFAULT_INSTANCE_TYPE
+    pool = DEFAULT_POOL if args.pool is None else args.pool
+    instance_type = DEFAULT_INSTANCE_TYPE if args.instance_type is None else args.instance_type
+    for flag, value, check in (("--pool", pool, registration.pool_problem),
+                               ("--instance-type", instance_type,
+                                registration.instance_type_problem)):
+        problem = check(value)
+        if problem is not None:
+            raise UsageError(f"{flag} {registration.shown(value)}: {problem}")
+    return pool, instance_type
 
 
 def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:

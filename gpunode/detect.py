@@ -46,6 +46,16 @@ class PciFunction:
     numa_node: int | None
     driver: str | None
     iommu_group: int | None
+    # attributes that could not be read or parsed (each also one of Detection.problems)
+    unreadable: tuple[str, ...] = ()
+
+
+# Attributes gpunode only shows (`detect`, scheduling hints): one that cannot be read is a
+# warning in status's pci_scan. The others decide something — vendor and class whether it is
+# an NVIDIA GPU, a GPU's driver link whether it is usable (vfio-pci), a GPU's device id the
+# driver flavour (driver/flavour.py; cosmetic only where driver.flavour is pinned).
+COSMETIC_ATTRIBUTES = frozenset({"numa_node", "iommu_group", "subsystem_vendor",
+                                 "subsystem_device"})
 
 
 @dataclass(frozen=True)
@@ -112,16 +122,27 @@ def parse_function(
     problems: list[str],
 ) -> PciFunction:
     """One PCI function from its sysfs attributes; unreadable or unparseable values become None
-    and a problem, so one bad attribute never hides a GPU."""
+    and a problem (the attribute named in `unreadable`), so one bad attribute never hides a
+    GPU."""
+    unreadable: list[str] = []
 
     def attr(name: str, required: bool = True) -> str | None:
         try:
             value = read(name)
         except HostError as exc:
             problems.append(f"{address}: {exc}")
+            unreadable.append(name)
             return None
         if value is None and required:
             problems.append(f"{address}: no '{name}' attribute")
+            unreadable.append(name)
+        return value
+
+    def hex_id(name: str, width: int) -> str | None:
+        raw = attr(name)
+        value = _hex_id(address, name, raw, width, problems)
+        if raw is not None and value is None:
+            unreadable.append(name)
         return value
 
     def link(name: str) -> str | None:
@@ -129,26 +150,34 @@ def parse_function(
             return read_link(name)
         except HostError as exc:
             problems.append(f"{address}: {exc}")
+            unreadable.append(name)
             return None
 
-    vendor = _hex_id(address, "vendor", attr("vendor"), 4, problems) or "unknown"
-    device = _hex_id(address, "device", attr("device"), 4, problems)
-    class_code = _hex_id(address, "class", attr("class"), 6, problems)
+    vendor = hex_id("vendor", 4) or "unknown"
+    device = hex_id("device", 4)
+    class_code = hex_id("class", 6)
     product = names.get(device) if vendor == NVIDIA_VENDOR_ID and device else None
+    subsystem_vendor = hex_id("subsystem_vendor", 4)
+    subsystem_device = hex_id("subsystem_device", 4)
+    found = len(problems)
+    numa = _numa(address, attr("numa_node", required=False), problems)
+    if len(problems) > found and "numa_node" not in unreadable:
+        unreadable.append("numa_node")
+    driver = _link_name(link("driver"))
+    iommu_group = _int_or_none(_link_name(link("iommu_group")))
     return PciFunction(
         address=address,
         vendor_id=vendor,
         device_id=device,
-        subsystem_vendor_id=_hex_id(address, "subsystem_vendor", attr("subsystem_vendor"), 4,
-                                    problems),
-        subsystem_device_id=_hex_id(address, "subsystem_device", attr("subsystem_device"), 4,
-                                    problems),
+        subsystem_vendor_id=subsystem_vendor,
+        subsystem_device_id=subsystem_device,
         class_code=class_code,
         kind=classify(class_code),
         product_name=product,
-        numa_node=_numa(address, attr("numa_node", required=False), problems),
-        driver=_link_name(link("driver")),
-        iommu_group=_int_or_none(_link_name(link("iommu_group"))),
+        numa_node=numa,
+        driver=driver,
+        iommu_group=iommu_group,
+        unreadable=tuple(unreadable),
     )
 
 

@@ -24,7 +24,9 @@ class GpuInfo:
     address: str
     model: str | None
     minor: int | None
-    minor_problem: str | None = None  # 'Device Minor' is there but not a device minor
+    # why the GPU's minor is not known: the file is missing or empty, has no 'Device Minor'
+    # line, or one that is not a device minor; /dev/nvidiaN can then be neither made nor checked
+    minor_problem: str | None = None
 
 
 def parse_version(text: str) -> DriverVersion | None:
@@ -36,8 +38,15 @@ def parse_version(text: str) -> DriverVersion | None:
     return DriverVersion(version=match.group(1), flavour=flavour)
 
 
-def parse_information(address: str, text: str) -> GpuInfo:
-    """/proc/driver/nvidia/gpus/<address>/information: 'Key: <tabs> value' lines."""
+def parse_information(address: str, text: str | None) -> GpuInfo:
+    """/proc/driver/nvidia/gpus/<address>/information: 'Key: <tabs> value' lines (None: the
+    file is missing). Every GPU the driver lists has a 'Device Minor'; one without is a
+    `minor_problem`, never a GPU quietly left without its /dev/nvidiaN."""
+    shown = f"{PROC_NVIDIA}/gpus/{address}/information"
+    if text is None or not text.strip():
+        return GpuInfo(address=address, model=None, minor=None, minor_problem=(
+            f"{shown} is {'missing' if text is None else 'empty'}: the GPU's device minor "
+            "(and so /dev/nvidiaN) is not known"))
     fields: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")
@@ -46,9 +55,12 @@ def parse_information(address: str, text: str) -> GpuInfo:
     raw = fields.get("Device Minor")
     minor = parse_uint(raw, MAX_MINOR)
     problem = None
-    if raw is not None and minor is None:
-        problem = (f"{PROC_NVIDIA}/gpus/{address}/information: 'Device Minor' is {raw!r}, "
-                   f"expected an integer from 0 to {MAX_MINOR}")
+    if raw is None:
+        problem = (f"{shown} has no 'Device Minor' line: the GPU's device minor (and so "
+                   "/dev/nvidiaN) is not known")
+    elif minor is None:
+        problem = (f"{shown}: 'Device Minor' is {raw[:80]!r}, expected an integer from 0 to "
+                   f"{MAX_MINOR}")
     return GpuInfo(address=address, model=fields.get("Model") or None, minor=minor,
                    minor_problem=problem)
 
@@ -85,6 +97,6 @@ def read_gpu_infos(host: Host) -> dict[str, GpuInfo]:
     """address → info for every GPU the driver has bound."""
     infos: dict[str, GpuInfo] = {}
     for address in host.list_dir(f"{PROC_NVIDIA}/gpus"):
-        text = host.read_optional(f"{PROC_NVIDIA}/gpus/{address}/information") or ""
+        text = host.read_optional(f"{PROC_NVIDIA}/gpus/{address}/information")
         infos[address.lower()] = parse_information(address.lower(), text)
     return infos

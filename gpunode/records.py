@@ -10,6 +10,7 @@ Callers pass the error class their command reports (a ledger error fails a step,
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -22,12 +23,28 @@ TOO_DEEP = f"nested too deeply (more than {MAX_DEPTH} levels), which gpunode doe
 ErrorFactory = Callable[[str], Exception]
 
 
+class _NotFinite(ValueError):
+    """A number JSON (RFC 8259) does not have: NaN, Infinity, or one too large for a double."""
+
+
+def _constant(name: str) -> float:
+    raise _NotFinite(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(f"{text[:40]} is too large for a number gpunode reads")
+    return value
+
+
 def loads_json(data: bytes | str, shown: str, error: ErrorFactory = ValueError) -> Any:
-    """The JSON document in `data`; anything else (not UTF-8, not JSON, nested too deeply) is
-    error("<shown>: not JSON (...)")."""
+    """The JSON document in `data`; anything else (not UTF-8, not JSON, nested too deeply, a
+    NaN or Infinity that Python's json accepts but JSON has not, a number that overflows to
+    infinity, an integer longer than Python converts) is error("<shown>: not JSON (...)")."""
     try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        document = json.loads(data, parse_constant=_constant, parse_float=_finite)
+    except ValueError as exc:  # not UTF-8, not JSON, not finite, an integer of 4300+ digits
         raise error(f"{shown}: not JSON ({exc})") from None
     except RecursionError:
         raise error(f"{shown}: not JSON for gpunode: {TOO_DEEP}") from None

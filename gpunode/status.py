@@ -17,6 +17,7 @@ from gpunode import driverinfo, systemd
 from gpunode.config import AgentConfig
 from gpunode.containerd import discover
 from gpunode.detect import (
+    COSMETIC_ATTRIBUTES,
     Detection,
     PciFunction,
     UndecidedError,
@@ -111,6 +112,7 @@ class StatusFacts:
     # a containerd configure/revert was killed mid-way; the next one (or boot) rolls it back;
     # text: it is not interrupted but running now, held by this gpunode command ("pid 12, ...")
     containerd_interrupted: bool | str = False
+    driver_flavour: str = "auto"  # driver.flavour: "auto" needs every GPU's device id
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class NodeFacts:
     kubeconfig: str | None  # None: not there, the kubelet has not joined
     obj: dict[str, Any] | None = None
     error: str | None = None
+    # what to do about `error`: None when waiting helps (the API server did not answer yet)
+    hint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         driver_error=version_error or devices_error,
         containerd_start=_containerd_start(host),
         containerd_interrupted=_containerd_interrupted(host),
+        driver_flavour=config.driver.flavour,
     )
 
 
@@ -193,13 +198,13 @@ def _read(host: Host, path: str) -> tuple[str | None, str | None]:
 
 
 def _observe_node(host: Host, config: AgentConfig) -> NodeFacts:
-    from gpunode.kube.client import NodeApi, read_kubeconfig
+    from gpunode.kube.client import ApiError, NodeApi, read_kubeconfig
     from gpunode.kube.step import node_name
 
     try:
         name = node_name(host, config)[0]
     except GpunodeError as exc:
-        return NodeFacts("?", None, error=str(exc))
+        return NodeFacts("?", None, error=str(exc), hint=exc.hint or None)
     path = config.kubernetes.kubeconfig
     if not host.exists(path):
         return NodeFacts(name, None)
@@ -207,7 +212,10 @@ def _observe_node(host: Host, config: AgentConfig) -> NodeFacts:
         api = NodeApi(read_kubeconfig(host, path), timeout=3)
         return NodeFacts(name, path, obj=api.get_node(name))
     except GpunodeError as exc:
-        return NodeFacts(name, path, error=str(exc))
+        # Only an API server that did not answer (yet) is worth waiting for; a broken
+        # kubeconfig, a refusal or a reply that is not a Node says what to fix instead.
+        waits = isinstance(exc, ApiError) and exc.retryable
+        return NodeFacts(name, path, error=str(exc), hint=None if waits else exc.hint or None)
 
 
 def expected_dev_nodes(gpu_infos: dict[str, driverinfo.GpuInfo], modeset: bool) -> list[str]:
@@ -376,7 +384,7 @@ def evaluate(facts: StatusFacts) -> Report:
                         "check that sysfs is mounted and readable")]
         return Report(tuple(checks), "not-ready")
     if not detection.gpus:
-        checks = [_gpus(detection), _pci_scan(detection)]
+        checks = [_gpus(detection, facts), _pci_scan(detection, facts.driver_flavour)]
         skipped = ("GPU detection undecided (see gpus)" if detection.undecided
                    else "no NVIDIA GPU on this host")
         checks += [Check(name, SKIP, skipped) for name in _GPU_CHECKS]
@@ -385,8 +393,8 @@ def evaluate(facts: StatusFacts) -> Report:
         return Report(tuple(checks), verdict)
     driver = driverinfo.parse_version(facts.driver_version_text or "")
     checks = [
-        _gpus(detection),
-        _pci_scan(detection),
+        _gpus(detection, facts),
+        _pci_scan(detection, facts.driver_flavour),
         _nouveau(detection),
         _binding(detection),
         _driver(facts, driver),
@@ -408,15 +416,15 @@ _GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes"
                "node")
 
 
-def _describe(functions: tuple[PciFunction, ...]) -> str:
+def _describe(functions: tuple[PciFunction, ...], models: dict[str, str]) -> str:
     products: dict[str, int] = {}
     for f in functions:
-        name = f.product_name or f"10de:{f.device_id}"
+        name = f.product_name or models.get(f.address) or f"10de:{f.device_id or 'unknown'}"
         products[name] = products.get(name, 0) + 1
     return ", ".join(f"{n}x {p}" for p, n in products.items())
 
 
-def _gpus(d: Detection) -> Check:
+def _gpus(d: Detection, facts: StatusFacts) -> Check:
     undecided = undecided_reason(d)
     if undecided is not None:
         # Neither "no GPU" nor a GPU count to trust: the same refusal boot, plan and driver
@@ -426,24 +434,40 @@ def _gpus(d: Detection) -> Check:
                      UndecidedError.hint)
     if not d.gpus:
         return Check("gpus", SKIP, "no NVIDIA GPU on this host; gpunode has nothing to do")
-    detail = f"{_count(len(d.gpus), 'GPU')}: {_describe(d.gpus)}"
+    models = {a: i.model for a, i in facts.gpu_infos.items() if i.model}
+    detail = f"{_count(len(d.gpus), 'GPU')}: {_describe(d.gpus, models)}"
     if d.nvswitches:
         detail += f"; {len(d.nvswitches)} NVSwitch"
     return Check("gpus", OK, detail)
 
 
-def _pci_scan(d: Detection) -> Check:
+def _pci_scan(d: Detection, flavour: str = "auto") -> Check:
     if not d.problems:
         return Check("pci_scan", OK, f"{_count(len(d.functions), 'NVIDIA PCI function')} read via "
                      f"{d.source}; names from {d.names_source}")
-    # A problem with an NVIDIA function, or with the PCI tree as a whole, can hide a GPU.
-    nvidia = {f.address for f in d.functions}
+    # Serious: a problem with the PCI tree as a whole or a function that may be an unreadable
+    # GPU (both undecided), or an NVIDIA function attribute gpunode decides by (detect.
+    # COSMETIC_ATTRIBUTES are the others). A GPU's device id decides the driver flavour,
+    # unless driver.flavour is pinned: the driver step refuses exactly then (flavour.choose).
+    def decides(f: PciFunction, name: str) -> bool:
+        if name == "device":
+            return f.kind == "gpu" and flavour == "auto"
+        if name == "driver":  # whether the GPU is usable (vfio-pci) or not
+            return f.kind == "gpu"
+        return name not in COSMETIC_ATTRIBUTES
+
+    serious = {f.address for f in d.functions if any(decides(f, a) for a in f.unreadable)}
+    serious |= set(d.undecided)
     where = [p.split(": ", 1)[0] for p in d.problems]
-    serious = [w for w in where
-               if w in nvidia or w in d.undecided or not _PCI_ADDRESS.fullmatch(w)]
-    return Check("pci_scan", FAIL if serious else WARN, "; ".join(d.problems),
-                 "a PCI function's sysfs attributes could not be read or parsed: check the "
-                 "device with 'lspci -vvv -s ADDRESS' and the kernel log")
+    serious |= {w for w in where if not _PCI_ADDRESS.fullmatch(w)}
+    check = "check the device with 'lspci -nn -vvv -s ADDRESS' and the kernel log"
+    hint = f"a PCI function's sysfs attributes could not be read or parsed: {check}"
+    if any("device" in f.unreadable and f.address in serious for f in d.gpus):
+        hint = ("the driver flavour (open or proprietary modules) follows the GPU's device id, "
+                f"which cannot be read: set driver.flavour in the agent config, or {check}")
+    elif not serious:
+        hint += "; gpunode does not need these attributes to make the node ready"
+    return Check("pci_scan", FAIL if serious else WARN, "; ".join(d.problems), hint)
 
 
 _PCI_ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
@@ -530,7 +554,8 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
     if driver is None:
         return Check("device_nodes", SKIP, "driver not loaded")
     wanted = _wanted_numbers(facts)
-    problems = [i.minor_problem for i in facts.gpu_infos.values() if i.minor_problem]
+    unknown = [i.minor_problem for i in facts.gpu_infos.values() if i.minor_problem]
+    problems = list(unknown)
     for path, node in facts.dev_nodes.items():
         major, minor = wanted.get(path, (None, None))
         if node.kind == "missing":
@@ -541,6 +566,10 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
             problems.append(f"{path}: no major for it in /proc/devices")
         elif (node.major, node.minor) != (major, minor):
             problems.append(f"{path} is {node.major}:{node.minor}, expected {major}:{minor}")
+    if unknown:  # 'driver load' refuses it the same way (devices.for_host)
+        return Check("device_nodes", FAIL, "; ".join(problems),
+                     "the driver does not say which /dev/nvidiaN is the GPU's: look for NVRM "
+                     "errors in 'dmesg'; reload the NVIDIA modules or reboot the node")
     if problems:
         return Check("device_nodes", FAIL, "; ".join(problems),
                      "run 'gpunode driver load', which makes them (majors from /proc/devices; "
@@ -698,7 +727,7 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
                      "kubeconfig)")
     if node.error is not None or node.obj is None:
         return Check("node", WARN, f"node {node.name}: {node.error}",
-                     "gpunode-label.service retries until the API server answers")
+                     node.hint or "gpunode-label.service retries until the API server answers")
     wanted = labels.compute(label_facts(facts, detection, ready), facts.user_labels)
     current = node.obj.get("metadata", {}).get("labels") or {}
     stale = sorted(k for k, v in wanted.items() if current.get(k) != v)

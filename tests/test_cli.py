@@ -16,7 +16,7 @@ DETECT_KEYS = {"schema_version", "root", "source", "names_source", "gpu_count", 
                "nouveau_loaded", "vfio_gpus", "problems", "undecided", "functions"}
 FUNCTION_KEYS = {"address", "vendor_id", "device_id", "subsystem_vendor_id",
                  "subsystem_device_id", "class_code", "kind", "product_name", "numa_node",
-                 "driver", "iommu_group"}
+                 "driver", "iommu_group", "unreadable"}
 STATUS_KEYS = {"schema_version", "root", "verdict", "ready", "config", "boot_time", "driver",
                "containerd_config", "checks", "last_boot"}
 
@@ -40,7 +40,7 @@ def test_detect_json_is_the_documented_document(
         "address": "0001:00:00.0", "vendor_id": "10de", "device_id": "1eb8",
         "subsystem_vendor_id": "10de", "subsystem_device_id": "12a2", "class_code": "030200",
         "kind": "gpu", "product_name": "TU104GL [Tesla T4]", "numa_node": None,
-        "driver": "nvidia", "iommu_group": 1}]
+        "driver": "nvidia", "iommu_group": 1, "unreadable": []}]
     assert set(doc["functions"][0]) == FUNCTION_KEYS
 
 

@@ -60,7 +60,7 @@ RELEASE = f"/usr/lib/extension-release.d/extension-release.{SYSEXT}"
 
 
 def kernel_for(host: Host, machine: fixtures.Machine = T4, **kw: object) -> FakeKernel:
-    return FakeKernel(host.root, machine, **kw)  # type: ignore[arg-type]
+    return FakeKernel(host.root, machine, **kw)
 
 
 def prebuilt(host: Host, base: str = "/opt/nvidia/modules") -> str:
@@ -75,7 +75,7 @@ def prebuilt(host: Host, base: str = "/opt/nvidia/modules") -> str:
 # -- flavour ---------------------------------------------------------------------------------
 
 
-def gpu(device: str, address: str = "0001:00:00.0") -> PciFunction:
+def gpu(device: str | None, address: str = "0001:00:00.0") -> PciFunction:
     return PciFunction(address, "10de", device, "10de", "0000", "030200", "gpu", None, None, None,
                        None)
 
@@ -125,7 +125,7 @@ def test_configured_open_on_t4_is_honoured() -> None:
 def facts(**kw: object) -> strategy.DriverFacts:
     base = {"kernel": fixtures.KERNEL, "loaded_version": None, "merged_sysexts": (),
             "prebuilt_dir": None, "cache_entry": None, "build_enabled": False}
-    return strategy.DriverFacts(**{**base, **kw})  # type: ignore[arg-type]
+    return strategy.DriverFacts(**{**base, **kw})
 
 
 @pytest.mark.parametrize(("given", "strategy_name", "action"), [
@@ -373,3 +373,12 @@ def test_driver_autoloaded_without_uvm_gets_the_missing_modules(make_host: HostF
     assert the_plan.load.describe() == ["modprobe nvidia_uvm"]
     step.apply(host, the_plan, DriverConfig(), kernel)
     assert kernel.calls == [("modprobe", "nvidia_uvm")]
+
+
+def test_auto_flavour_refuses_a_gpu_whose_device_id_cannot_be_read() -> None:
+    with pytest.raises(flavour.FlavourError, match=r"PCI device id of the GPU at 0001:00:00.0"):
+        flavour.choose((gpu(None),), "auto", False)
+
+
+def test_a_pinned_flavour_drives_a_gpu_whose_device_id_cannot_be_read() -> None:
+    assert flavour.choose((gpu(None),), "open", False).flavour == "open"

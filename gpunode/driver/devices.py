@@ -38,7 +38,8 @@ class MissingMajor(ValueError):
 
 def for_host(host: Host) -> list[Node]:
     """The nodes the loaded driver calls for, from its /proc files; MissingMajor when they
-    name no usable number (a GPU's minor out of range is never silently left out)."""
+    name no usable number (a GPU whose minor is unknown or out of range is never silently
+    left out)."""
     infos = driverinfo.read_gpu_infos(host)
     bad = [i.minor_problem for i in infos.values() if i.minor_problem]
     if bad:

@@ -102,6 +102,17 @@ def choose(gpus: tuple[PciFunction, ...], configured: str, on_azure: bool) -> Fl
                                f"set driver.flavour to {' or '.join(sorted(n.supported))}, or "
                                "\"auto\"")
         return FlavourChoice(configured, "configured (driver.flavour)")
+    unknown = [g.address for g in gpus if g.device_id is None]
+    if unknown:
+        # Open or proprietary depends on the generation, which only the device id tells:
+        # picking one anyway would be a guess that leaves the GPU without a driver.
+        raise FlavourError(
+            f"cannot choose the driver flavour: the PCI device id of the GPU at "
+            f"{', '.join(unknown)} cannot be read ('gpunode detect' shows why), and open or "
+            "proprietary modules depend on the GPU's generation",
+            "set driver.flavour in the agent config (\"open\" for Turing and newer, "
+            "\"proprietary\" for Volta and older), or check the device with "
+            "'lspci -nn -s ADDRESS' and the kernel log")
     # GRID is a different driver: auto takes it only where a GPU needs it.
     candidates = {"open", "proprietary"} | {n.preferred for n in needs if n.preferred == "grid"}
     common = frozenset(candidates).intersection(*(n.supported for n in needs))

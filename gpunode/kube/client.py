@@ -44,10 +44,19 @@ class ApiError(GpunodeError):
 
 
 class KubeconfigError(GpunodeError):
+    """The kubeconfig (or a file it names) cannot be used: the file's fault, so waiting for the
+    API server cannot help; the default hint says to fix or regenerate it."""
+
     def __init__(self, path: str, reason: str, hint: str = "") -> None:
         self.path = path
         self.reason = reason
-        self.hint = hint or "point kubernetes.kubeconfig at the kubelet's kubeconfig"
+        # kubeadm: 'kubeadm join' (its kubelet-start phase) has the kubelet TLS-bootstrap and
+        # write /etc/kubernetes/kubelet.conf; 'kubeadm init phase kubeconfig kubelet' writes it
+        # on a control-plane node (kubernetes.io/docs/reference/setup-tools/kubeadm/generated/).
+        self.hint = hint or (f"fix {path} or regenerate it (kubeadm writes the kubelet's "
+                             "kubeconfig when the node joins: 'kubeadm join'), or point "
+                             "kubernetes.kubeconfig at the kubelet's kubeconfig; retrying "
+                             "does not help while the file is wrong")
         super().__init__(f"{path}: {reason}")
 
 
@@ -84,7 +93,10 @@ def read_kubeconfig(host: Host, path: str) -> Kubeconfig:
     shown = host.display(path)
     text = host.read_optional(path)
     if text is None:
-        raise KubeconfigError(shown, "does not exist (has the kubelet joined the cluster?)")
+        raise KubeconfigError(shown, "does not exist (has the kubelet joined the cluster?)",
+                              "the kubelet's kubeconfig appears when the node joins ('kubeadm "
+                              "join'); gpunode-label.service runs after the kubelet and is "
+                              "restarted on failure. Else point kubernetes.kubeconfig at it")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -152,6 +164,9 @@ def _named(shown: str, doc: dict[str, Any], kind: str, inner: str, name: object,
            named_by: str) -> dict[str, Any]:
     """doc[kind] is a list of {name, <inner>: {...}}: the <inner> map of the item called name."""
     items = doc.get(kind)
+    if items is None:
+        raise KubeconfigError(shown, f"has no '{kind}' list: not a kubeconfig (the document "
+                              f"has {_keys(doc)})")
     if not isinstance(items, list):
         raise KubeconfigError(shown, f"'{kind}' is {_kind(items)}, not a list")
     for item in items:
@@ -206,6 +221,11 @@ def _server(shown: str, value: object) -> str:
     if problem:
         raise KubeconfigError(shown, f"server {value!r} is not a usable URL: {problem}")
     return value
+
+
+def _keys(doc: dict[Any, Any]) -> str:
+    keys = [repr(k)[:40] for k in list(doc)[:5]]
+    return f"key{'s' if len(keys) != 1 else ''} {', '.join(keys)}" if keys else "no keys"
 
 
 def _kind(value: object) -> str:

@@ -102,7 +102,7 @@ def _product(gpu: PciFunction, models: dict[str, str]) -> str:
     model = models.get(gpu.address)
     if model:
         return _dashed(model)
-    name = gpu.product_name or f"10de-{gpu.device_id}"
+    name = gpu.product_name or f"10de-{gpu.device_id or 'unknown'}"
     bracket = re.search(r"\[(.+)\]", name)  # pci.ids: "TU104GL [Tesla T4]"
     return _dashed(bracket.group(1) if bracket else name)
 

@@ -9,6 +9,7 @@ JoinConfiguration's `nodeRegistration` or the kubelet's `--register-with-taints`
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from gpunode.host import Host
@@ -26,6 +27,38 @@ def parse_taint(text: str) -> dict[str, str]:
     if eq:
         taint["value"] = value
     return taint
+
+
+# A cluster-azure node pool is a key of the chart's `global.nodePools` map that names Azure
+# resources (the machine pool, the VMSS); a lowercase RFC 1123 label of at most 63 characters
+# is safe for every one of them (AKS itself allows less: 1-12 for Linux pools).
+_POOL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+MAX_POOL = 63
+MAX_INSTANCE_TYPE = 128
+
+
+def shown(value: str) -> str:
+    """A command-line value quoted for a message, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}... ({len(value)} characters)"
+
+
+def pool_problem(pool: str) -> str | None:
+    """Why `pool` cannot name a cluster-azure node pool, or None."""
+    if len(pool) > MAX_POOL or not _POOL_RE.fullmatch(pool):
+        return (f"a node pool name is 1-{MAX_POOL} lowercase letters, digits and '-', starting "
+                "and ending with a letter or digit (an RFC 1123 label)")
+    return None
+
+
+def instance_type_problem(instance_type: str) -> str | None:
+    """Why `instance_type` cannot be an Azure VM size (e.g. Standard_NC4as_T4_v3), or None."""
+    if not instance_type or len(instance_type) > MAX_INSTANCE_TYPE or not (
+            instance_type.isascii() and instance_type.isprintable()) or any(
+            c.isspace() for c in instance_type):
+        return (f"an instance type is 1-{MAX_INSTANCE_TYPE} printable ASCII characters without "
+                "spaces, e.g. Standard_NC4as_T4_v3")
+    return None
 
 
 def cluster_azure(pool: str, instance_type: str, taints: tuple[str, ...],

@@ -29,8 +29,15 @@ class Desired:
     # why nobody can tell whether this node has a GPU (detect.undecided_reason), or None
     undecided: str | None = None
 
+    @property
+    def gpu(self) -> bool | None:
+        """Whether the node has NVIDIA GPUs to label: None when nobody can tell (undecided)."""
+        if self.undecided is not None:
+            return None
+        return f"{labels.NVIDIA}gpu.present" in self.labels
+
     def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "labels": self.labels,
+        return {"node": self.node, "gpu": self.gpu, "labels": self.labels,
                 "condition": {"type": "GPUReady", "status": self.condition.status,
                               "reason": self.condition.reason,
                               "message": self.condition.message},
