@@ -485,11 +485,12 @@ def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namesp
             fields.update(config=preview.target, changed=preview.changed)
             print(preview.diff(), end="")
             return EXIT_OK
-        the_plan, outcome = step.configure(host, config.containerd, manager,
-                                           config.containerd.restart_timeout,
-                                           args.containerd_config, force=args.force)
-        fields.update(config=the_plan.target, changed=the_plan.changed,
-                      restarted=outcome.restarted)
+        # The step fills config, planned_change and changed as they happen (step.apply): a
+        # failed write's event says changed: false.
+        _, outcome = step.configure(host, config.containerd, manager,
+                                    config.containerd.restart_timeout, args.containerd_config,
+                                    force=args.force, report=fields)
+        fields.update(restarted=outcome.restarted)
     print("\n".join(outcome.descriptions))
     return EXIT_OK
 
