@@ -342,16 +342,18 @@ def effective(layers: list[Layer], daemon: Daemon) -> View:
 
 # `disabled_plugins` entries that leave containerd without a CRI plugin. 1.x matches a version
 # 1 file's entries against plugin IDs and a version 2 file's against URIs, exactly
-# (case-sensitively); 2.x migrates a version 1 file's "cri" to io.containerd.grpc.v1.cri, and
-# the CRI gRPC service needs both the runtime and the images plugin, so disabling any of the
-# three leaves it out ("failed to load plugin ... no plugins registered for
-# io.containerd.cri.v1.runtime"). Checked against containerd 1.6, 1.7 and 2.1: `config dump`
-# omits a plugin 1.x disables, and 2.1's daemon log (tests/test_containerd_real.py).
+# (case-sensitively). 2.x migrates a version 1 file's "cri" to io.containerd.grpc.v1.cri (a URI
+# there stays as it is), and its CRI gRPC service needs both the runtime and the images plugin,
+# so disabling any of the three leaves it out ("failed to load plugin ... no plugins registered
+# for io.containerd.cri.v1.runtime" in 2.1's daemon log, run with each of them). Checked against
+# containerd 1.6, 1.7 and 2.1 in tests/test_containerd_real.py: 1.x's `config dump` omits a
+# plugin it disables; 2.x's shows the migrated list. A version 2 or 3 file must name plugins by
+# URI: a short name ("cri") makes every version refuse the file.
 _CRI_2X = frozenset({"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
                      "io.containerd.cri.v1.images"})
 DISABLES_CRI: dict[tuple[str, int], frozenset[str]] = {
     ("1.x", 1): frozenset({"cri"}), ("1.x", 2): frozenset({"io.containerd.grpc.v1.cri"}),
-    ("2.x", 1): frozenset({"cri"}), ("2.x", 2): _CRI_2X, ("2.x", 3): _CRI_2X,
+    ("2.x", 1): _CRI_2X | {"cri"}, ("2.x", 2): _CRI_2X, ("2.x", 3): _CRI_2X,
 }
 
 
@@ -370,6 +372,13 @@ def _disabled_cri(layers: list[Layer], daemon: Daemon) -> str | None:
         if not isinstance(listed, list):
             continue
         version = _version_or(layer.doc or {}, 1) if daemon >= (2, 0) else final
+        bad = next((n for n in listed if version >= 2 and isinstance(n, str)
+                    and len(n.split(".")) < 4), None)
+        if bad is not None:  # containerd's ValidateV2: "invalid disabled plugin URI"
+            return (f"{layer.file} lists '{bad}' in disabled_plugins, which a version "
+                    f"{version} config must name by URI (io.containerd.<type>.<id>): "
+                    "containerd refuses to start ('invalid disabled plugin URI'); use "
+                    "the plugin's URI or remove the entry")
         names = DISABLES_CRI.get(("2.x" if daemon >= (2, 0) else "1.x", version), frozenset())
         name = next((n for n in listed if isinstance(n, str) and n in names), None)
         if name is not None:
