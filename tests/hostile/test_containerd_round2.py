@@ -202,6 +202,15 @@ def test_a_configure_that_succeeds_says_it_changed_the_file(make_host: HostFacto
     assert (again["changed"], again["planned_change"]) == (False, False), again
 
 
+def test_a_dry_run_says_what_would_change_and_that_nothing_changed(make_host: HostFactory,
+                                                                   cli: Cli) -> None:
+    host = make_host("nc4as-t4-v3", "driver", extra={CONFIG: "version = 2\n" + runc(CRI_V2)})
+    result = cli("--root", str(host.root), "containerd", "configure", "--config", CONFIG,
+                 "--force", "--dry-run")
+    done = next(e for e in result.events if e["event"] == "step.done")
+    assert (done["changed"], done["planned_change"]) == (False, True), done
+
+
 # -- the journal's own directory ------------------------------------------------------------------
 
 
@@ -221,3 +230,4 @@ def test_configure_then_revert_on_a_root_without_var_leaves_no_var(make_host: Ho
     assert not (host.root / "var").exists()
     assert "remove /var (gpunode created it; now empty)" in reverted.out
     assert_unchanged(host.root, before)
+
