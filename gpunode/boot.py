@@ -240,9 +240,10 @@ def _containerd(host: Host, config: AgentConfig, adapters: Adapters,
     from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
 
     # An interrupted earlier run is rolled back first, then planned and applied.
+    # The step fills config, planned_change and changed as they happen (step.apply).
     the_plan, outcome = containerd.configure(host, config.containerd, adapters.systemd,
-                                             config.containerd.restart_timeout)
-    fields.update(changed=outcome.changed, restarted=outcome.restarted, config=outcome.target)
+                                             config.containerd.restart_timeout, report=fields)
+    fields.update(restarted=outcome.restarted)
     watched += [the_plan.active.path, the_plan.target, containerd.DROPIN, containerd.LEDGER,
                 containerd.JOURNAL, containerd.IMPORT_FILE,
                 "/etc/systemd/system/containerd.service.d",

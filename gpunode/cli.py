@@ -529,14 +529,16 @@ def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namesp
         if args.dry_run:  # an interrupted change pending: the rollback configure starts with
             preview = step.preview(host, config.containerd, manager, args.containerd_config,
                                    force=args.force)
-            fields.update(config=preview.target, changed=preview.changed)
+            # Nothing is written: what would change is planned_change, as in a real run's event.
+            fields.update(config=preview.target, planned_change=preview.changed, changed=False)
             print(preview.diff(), end="")
             return EXIT_OK
-        the_plan, outcome = step.configure(host, config.containerd, manager,
-                                           config.containerd.restart_timeout,
-                                           args.containerd_config, force=args.force)
-        fields.update(config=the_plan.target, changed=the_plan.changed,
-                      restarted=outcome.restarted)
+        # The step fills config, planned_change and changed as they happen (step.apply): a
+        # failed write's event says changed: false.
+        _, outcome = step.configure(host, config.containerd, manager,
+                                    config.containerd.restart_timeout, args.containerd_config,
+                                    force=args.force, report=fields)
+        fields.update(restarted=outcome.restarted)
     print("\n".join(outcome.descriptions))
     return EXIT_OK
 

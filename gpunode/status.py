@@ -310,9 +310,10 @@ def _containerd_views(host: Host, active: discover.ActiveConfig, doc: dict[str, 
     from gpunode.containerd.edit import readers
 
     schema = discover.schema
+    bom = discover.starts_with_bom(host, active.path)
 
     def effective(daemon: discover.schema.Daemon) -> discover.schema.View:
-        layers = discover.load_layers(host, active.path, doc, daemon=daemon)
+        layers = discover.load_layers(host, active.path, doc, daemon=daemon, bom=bom)
         return schema.effective(layers, daemon)
 
     if host.is_live:

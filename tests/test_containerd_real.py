@@ -484,3 +484,51 @@ def test_live_status_reports_the_runtime_containerd_itself_dumps(
     assert facts.binary_name == expected[containerd.version], facts
     if name == "version-1-file" and containerd.major == 2:
         assert facts.problem and "ignores its CRI settings" in facts.problem
+
+
+# -- disabled_plugins: which entries leave containerd without CRI --------------------------------
+
+DISABLED_CASES = {
+    "v1-cri": 'disabled_plugins = ["cri"]\n',
+    "v1-uri": 'disabled_plugins = ["io.containerd.grpc.v1.cri"]\n',
+    "v2-grpc-cri": 'version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n',
+    "v2-cri-runtime": 'version = 2\ndisabled_plugins = ["io.containerd.cri.v1.runtime"]\n',
+    "v2-other-case": 'version = 2\ndisabled_plugins = ["io.containerd.grpc.v1.CRI"]\n',
+    "v2-other-plugin": 'version = 2\ndisabled_plugins = ["io.containerd.monitor.v1.cgroups"]\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(DISABLED_CASES))
+def test_gpunode_knows_which_disabled_plugins_entries_leave_containerd_without_cri(
+    name: str, containerd: Containerd, tmp_path: Path
+) -> None:
+    """1.x's dump leaves out a plugin it disables: gpunode's view has a problem exactly then.
+    2.x's dump keeps every plugin's settings but shows the list as it migrated it: gpunode's
+    2.1 view has a problem exactly when that list names one of the CRI plugins."""
+    from gpunode.containerd import schema
+
+    text = DISABLED_CASES[name]
+    dumped = dump(containerd, tmp_path, text)
+    doc = tomllib.loads(text)
+    if containerd.major == 1:
+        daemon = (1, 6) if containerd.version == "1.6" else (1, 7)
+        has_cri = any(key in dumped.get("plugins", {}) for key in ("cri", CRI_V2))
+    else:
+        daemon = (2, 1)
+        cri = {CRI_V2, CRI_V3_RUNTIME, CRI_V3_IMAGES}
+        has_cri = not cri & set(dumped["disabled_plugins"])
+    problem = schema.effective([schema.Layer("f", doc)], daemon).problem
+    assert (problem is None) == has_cri, (problem, dumped.get("disabled_plugins"))
+
+
+def test_a_short_plugin_name_in_a_version_2_file_is_refused_by_containerd(
+    containerd: Containerd, tmp_path: Path
+) -> None:
+    from gpunode.containerd import schema
+
+    with pytest.raises(ContainerdError, match="invalid disabled plugin URI"):
+        dump(containerd, tmp_path, 'version = 2\ndisabled_plugins = ["cri"]\n')
+    doc = {"version": 2, "disabled_plugins": ["cri"]}
+    for daemon in schema.KNOWN_BEHAVIOURS:
+        assert "refuses to start" in (schema.effective([schema.Layer("f", doc)], daemon).problem
+                                      or "")

@@ -105,16 +105,34 @@ def load_config(host: Host, path: str) -> dict[str, Any]:
     return loads_toml(text, shown, ContainerdConfigError)
 
 
+def starts_with_bom(host: Host, path: str) -> bool:
+    """Whether the config starts with a UTF-8 byte order mark (containerd 2.x refuses it)."""
+    text = read_config(host, path)
+    return text is not None and text.startswith(schema.BOM)
+
+
+def load_layer(host: Host, path: str) -> schema.Layer:
+    """One existing config file as containerd reads it: its document and whether it has a BOM."""
+    shown = host.display(path)
+    text = read_config(host, path)
+    if text is None:
+        raise ContainerdConfigError(shown, "does not exist")
+    return schema.Layer(path, loads_toml(text, shown, ContainerdConfigError),
+                        text.startswith(schema.BOM))
+
+
 def load_layers(host: Host, path: str, doc: dict[str, Any] | None = None,
-                parent: str | None = None,
-                daemon: schema.Daemon | None = None) -> list[schema.Layer]:
+                parent: str | None = None, daemon: schema.Daemon | None = None,
+                bom: bool = False) -> list[schema.Layer]:
     """The main file and every file it imports, recursively, in the order containerd loads
     them (breadth first, each pattern's matches sorted, each file once). `doc`: the main file's
     document when the caller has it (e.g. as gpunode is about to write it); `parent`: the path
     relative imports resolve against, when it is not `path` (a copy about to be made); `daemon`:
-    the containerd version whose resolution of relative imports counts (1.6 differs)."""
-    main = doc if doc is not None else load_config(host, path)
-    layers = [schema.Layer(path, main)]
+    the containerd version whose resolution of relative imports counts (1.6 differs); `bom`:
+    whether the main file given as `doc` starts with a byte order mark."""
+    first = schema.Layer(path, doc, bom) if doc is not None else load_layer(host, path)
+    main = first.doc or {}
+    layers = [first]
     loaded = {path}
     pending = _resolve(host, parent or path, main, daemon)
     while pending:
@@ -122,10 +140,10 @@ def load_layers(host: Host, path: str, doc: dict[str, Any] | None = None,
         if file in loaded:
             continue
         loaded.add(file)
-        part = load_config(host, file) if host.exists(file) else None
-        layers.append(schema.Layer(file, part))
-        if part is not None:
-            pending += _resolve(host, file, part, daemon)
+        layer = load_layer(host, file) if host.exists(file) else schema.Layer(file, None)
+        layers.append(layer)
+        if layer.doc is not None:
+            pending += _resolve(host, file, dict(layer.doc), daemon)
     return layers
 
 

@@ -112,6 +112,11 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     that reads this config version is considered), `imports` the files the main file imports,
     in containerd's load order (per version, where versions resolve them differently): the edit
     is judged by what containerd makes of all of them."""
+    # containerd 2.x refuses a file that starts with a byte order mark; 1.x skips it, so
+    # gpunode keeps one it finds. Known to be 2.x: refused here, with the fix. Version unknown:
+    # the 2.x views carry it as their problem (schema.effective), so the edit is refused as
+    # for any reader that would not use it — gpunode never claims a runtime some containerd
+    # that may read the file would not start with.
     bom = text.startswith(schema.BOM)
     if bom and daemon is not None and daemon >= (2, 0):
         raise EditError(file, f"starts with a UTF-8 byte order mark, which {schema.show(daemon)} "
@@ -126,7 +131,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
         changes.append(Change(("version",), None, 2))
         version, doc = 2, {}
     versions = readers(version, daemon)
-    before = _views(schema.Layer(file, doc), imports, versions, file)
+    before = _views(schema.Layer(file, doc, bom), imports, versions, file)
     expected = copy.deepcopy(doc)
     if changes:
         expected["version"] = 2
@@ -175,7 +180,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
     changes += _cri_settings(doc, spec, version)
     for change in changes:
         _set(expected, change.path, change.after)
-    after = _views(schema.Layer(file, expected), imports, versions, file)
+    after = _views(schema.Layer(file, expected, bom), imports, versions, file)
     _check(after, before, spec, file, daemon)
     edit = Edit(text=text, version=version, added_runtime=added, source_runtime=source_name,
                 changes=tuple(changes))
@@ -321,7 +326,8 @@ def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
     Returns the edit of the main file (an `imports` entry, when none matches yet) and the
     drop-in's full text, which gpunode owns and rewrites as a whole."""
     doc, version, runtimes = _read(text, file)
-    views = _views(schema.Layer(file, doc), (), (schema.MERGES_FROM,), file)
+    views = _views(schema.Layer(file, doc, text.startswith(schema.BOM)), (),
+                   (schema.MERGES_FROM,), file)
     source_name, source = _source_runtime(doc, runtimes, views, spec.name)
     dropin: dict[str, Any] = {"version": version} if "version" in doc else {}
     rt_path = (*schema.runtimes_path(version), spec.name)

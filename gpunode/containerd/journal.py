@@ -153,7 +153,11 @@ def commit(host: Host, writes: Sequence[Write], target: str,
                 "once the cause is fixed") from failure
         raise
     host.remove(JOURNAL)
-    _remove_empty(host, created)  # the journal's own directory, on a tree that had none
+    # The journal's own directory, on a tree that had none: made for this change (`created`),
+    # or one the change removes (a revert of the change that made /var/lib) that the journal
+    # itself kept from being removed while it was there.
+    own = [d for d in record["removed_dirs"] if JOURNAL.startswith(d.rstrip("/") + "/")]
+    _remove_empty(host, [*created, *own])
     return Committed(undo, target, [d for d in created if host.exists(d)])
 
 

@@ -253,6 +253,7 @@ class Layer:
 
     file: str
     doc: Mapping[str, Any] | None
+    bom: bool = False  # the file starts with a UTF-8 byte order mark (2.x refuses it)
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,21 @@ def effective(layers: list[Layer], daemon: Daemon) -> View:
 
     1.x: the last non-zero `version` wins; a plugin table of a later file replaces the earlier
     one whole (containerd#5837). 2.x: each file's own version counts (a version 1 file's CRI
-    settings are dropped); from 2.1 plugin tables merge key by key, later files winning."""
+    settings are dropped); from 2.1 plugin tables merge key by key, later files winning.
+
+    Before any of that, two things make a version use no CRI settings at all: 2.x refuses a
+    file that starts with a byte order mark (1.x skips it), and a CRI plugin named in
+    `disabled_plugins` is never loaded (the names each version honours: DISABLES_CRI)."""
+    if daemon >= (2, 0):
+        marked = next((layer.file for layer in layers if layer.bom and layer.doc is not None),
+                      None)
+        if marked is not None:
+            return _broken(daemon, f"{marked} starts with a UTF-8 byte order mark, which "
+                           "containerd 2.x refuses ('invalid character at start of key'; 1.x "
+                           "skips it): remove the file's first 3 bytes")
+    disabled = _disabled_cri(layers, daemon)
+    if disabled is not None:
+        return _broken(daemon, disabled)
     problem = None
     if daemon < (2, 0):
         missing = next((layer.file for layer in layers if layer.doc is None), None)
@@ -323,6 +338,55 @@ def effective(layers: list[Layer], daemon: Daemon) -> View:
             cri_file = layer.file
     view = _runtimes_view(daemon, cri, cri_file, layers if daemon >= MERGES_FROM else None)
     return dataclasses.replace(view, problem=problem) if problem else view
+
+
+# `disabled_plugins` entries that leave containerd without a CRI plugin. 1.x matches a version
+# 1 file's entries against plugin IDs and a version 2 file's against URIs, exactly
+# (case-sensitively). 2.x migrates a version 1 file's "cri" to io.containerd.grpc.v1.cri (a URI
+# there stays as it is), and its CRI gRPC service needs both the runtime and the images plugin,
+# so disabling any of the three leaves it out ("failed to load plugin ... no plugins registered
+# for io.containerd.cri.v1.runtime" in 2.1's daemon log, run with each of them). Checked against
+# containerd 1.6, 1.7 and 2.1 in tests/test_containerd_real.py: 1.x's `config dump` omits a
+# plugin it disables; 2.x's shows the migrated list. A version 2 or 3 file must name plugins by
+# URI: a short name ("cri") makes every version refuse the file.
+_CRI_2X = frozenset({"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
+                     "io.containerd.cri.v1.images"})
+DISABLES_CRI: dict[tuple[str, int], frozenset[str]] = {
+    ("1.x", 1): frozenset({"cri"}), ("1.x", 2): frozenset({"io.containerd.grpc.v1.cri"}),
+    ("2.x", 1): _CRI_2X | {"cri"}, ("2.x", 2): _CRI_2X, ("2.x", 3): _CRI_2X,
+}
+
+
+def _disabled_cri(layers: list[Layer], daemon: Daemon) -> str | None:
+    """Why `daemon` loads no CRI plugin from these files' `disabled_plugins`, or None.
+
+    1.x appends every file's list and matches it as the resulting (last non-zero) version
+    says; 2.x migrates each file by its own version. gpunode never edits the list: a CRI
+    plugin someone disabled is theirs to enable."""
+    docs = [layer for layer in layers if layer.doc is not None]
+    final = 1
+    for layer in docs:
+        final = _version_or(layer.doc or {}, final)
+    for layer in docs:
+        listed = (layer.doc or {}).get("disabled_plugins")
+        if not isinstance(listed, list):
+            continue
+        version = _version_or(layer.doc or {}, 1) if daemon >= (2, 0) else final
+        bad = next((n for n in listed if version >= 2 and isinstance(n, str)
+                    and len(n.split(".")) < 4), None)
+        if bad is not None:  # containerd's ValidateV2: "invalid disabled plugin URI"
+            return (f"{layer.file} lists '{bad}' in disabled_plugins, which a version "
+                    f"{version} config must name by URI (io.containerd.<type>.<id>): "
+                    "containerd refuses to start ('invalid disabled plugin URI'); use "
+                    "the plugin's URI or remove the entry")
+        names = DISABLES_CRI.get(("2.x" if daemon >= (2, 0) else "1.x", version), frozenset())
+        name = next((n for n in listed if isinstance(n, str) and n in names), None)
+        if name is not None:
+            return (f"{layer.file} lists '{name}' in disabled_plugins, so containerd loads no "
+                    "CRI plugin and the kubelet can run no pod, with any runtime: remove "
+                    f"'{name}' from disabled_plugins (gpunode never edits that list), then run "
+                    "gpunode again")
+    return None
 
 
 def _broken(daemon: Daemon, problem: str) -> View:

@@ -337,12 +337,14 @@ def _known_targets(host: Host, systemd: Systemd | None, explicit: str | None) ->
 
 
 def configure(host: Host, config: ContainerdConfig, systemd: Systemd, restart_timeout: float,
-              explicit: str | None = None, force: bool = False) -> tuple[Plan, Outcome]:
+              explicit: str | None = None, force: bool = False,
+              report: dict[str, Any] | None = None) -> tuple[Plan, Outcome]:
     """`containerd configure` and boot's containerd step: roll back an interrupted change,
-    plan from the files as that leaves them, apply."""
+    plan from the files as that leaves them, apply. `report` (the step's log fields) says
+    what happened as it happens, so a failure's event is as true as a success's (apply)."""
     recover(host, systemd, explicit or config.config_path)
     the_plan = plan(host, config, systemd, explicit, force=force)
-    return the_plan, apply(host, the_plan, systemd, restart_timeout)
+    return the_plan, apply(host, the_plan, systemd, restart_timeout, report)
 
 
 @dataclass(frozen=True)
@@ -376,14 +378,29 @@ def preview(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     return PendingRollback(target, tuple(pending[1]))
 
 
-def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) -> Outcome:
+def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float,
+          report: dict[str, Any] | None = None) -> Outcome:
+    """Write the plan and restart containerd when it runs. `report` gets `config`,
+    `planned_change` (the plan changes something) and `changed` (the files are changed now):
+    `changed` turns true only once the transaction has committed, and false again once a
+    refused config is put back. A write that fails (disk full) leaves the files as they were,
+    and the failure's event says changed: false; `interrupted` says a rollback failed too and
+    the journal holds the change for the next run to roll back."""
+    report = {} if report is None else report
+    report.update(config=the_plan.target, planned_change=the_plan.changed, changed=False)
     descriptions = tuple(the_plan.describe())
     if not the_plan.changed:
         return Outcome(changed=False, restarted=False, target=the_plan.target,
                        descriptions=descriptions)
     writes = _configure_writes(host, the_plan)  # every content decided before any write
     running = systemd.active_state(CONTAINERD_UNIT) == "active"
-    done = journal.commit(host, writes, the_plan.target)
+    try:
+        done = journal.commit(host, writes, the_plan.target)
+    except GpunodeError:
+        if journal.pending(host):
+            report.update(interrupted=True)
+        raise
+    report.update(changed=True)
     if the_plan.dropin_text is not None:
         systemd.daemon_reload()
     if not running:
@@ -394,6 +411,7 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float) 
         _restart(host, systemd, the_plan.edit.text, restart_timeout)
     except GpunodeError as failure:
         journal.commit(host, done.undo, done.target, remove_dirs=done.created)
+        report.update(changed=False)
         if the_plan.dropin_text is not None:
             systemd.daemon_reload()
         try:
