@@ -5,9 +5,7 @@ body and identity, and applies NodeRestriction's rules)."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,13 +15,21 @@ from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.host import Host
 from gpunode.kube import step
 from gpunode.kube.client import ApiError
-from real.kube_api import DROP, FakeApiServer, Pki, make_node, make_pki
+from real.kube_api import (
+    DROP,
+    KUBELET_CLIENT,
+    KUBELET_KUBECONFIG,
+    FakeApiServer,
+    Pki,
+    join,
+    make_node,
+    make_pki,
+)
 
 pytestmark = pytest.mark.integration
 
 NODE = "nc4as-t4-v3-vmss000000"  # the fixture's hostname
-KUBECONFIG = "/etc/kubernetes/kubelet.conf"
-CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+KUBECONFIG, CLIENT = KUBELET_KUBECONFIG, KUBELET_CLIENT
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +47,7 @@ def api(pki: Pki) -> Iterator[FakeApiServer]:
 def node(make_host: HostFactory, api: FakeApiServer, pki: Pki) -> Host:
     """A ready T4 node whose kubelet joined: its kubeconfig and rotated client credential."""
     host = make_host("nc4as-t4-v3", "ready")
-    client = host.root / CLIENT.lstrip("/")
-    client.parent.mkdir(parents=True)
-    shutil.copy(pki.kubelet_client_current, client)
-    kubeconfig = host.root / KUBECONFIG.lstrip("/")
-    kubeconfig.parent.mkdir(parents=True)
-    api.write_kubeconfig(kubeconfig, Path(CLIENT), Path(CLIENT))
+    join(host.root, api, pki)
     return host
 
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,11 +16,18 @@ import yaml
 from conftest import HostFactory
 from gpunode.host import Host
 from hostile.support import Cli, check_refusal
-from real.kube_api import FakeApiServer, Pki, make_node, make_pki
+from real.kube_api import (
+    KUBELET_CLIENT,
+    KUBELET_KUBECONFIG,
+    FakeApiServer,
+    Pki,
+    join,
+    make_node,
+    make_pki,
+)
 
 NODE = "nc4as-t4-v3-vmss000000"  # the fixture's hostname
-KUBECONFIG = "/etc/kubernetes/kubelet.conf"
-CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+KUBECONFIG, CLIENT = KUBELET_KUBECONFIG, KUBELET_CLIENT
 PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
 
@@ -187,12 +192,7 @@ def api(pki: Pki) -> Iterator[FakeApiServer]:
 @pytest.fixture
 def registered(make_host: HostFactory, api: FakeApiServer, pki: Pki) -> Host:
     host = make_host("nc4as-t4-v3", "ready")
-    client = host.root / CLIENT.lstrip("/")
-    client.parent.mkdir(parents=True)
-    shutil.copy(pki.kubelet_client_current, client)
-    kubeconfig = host.root / KUBECONFIG.lstrip("/")
-    kubeconfig.parent.mkdir(parents=True)
-    api.write_kubeconfig(kubeconfig, Path(CLIENT), Path(CLIENT))
+    join(host.root, api, pki)
     return host
 
 

@@ -40,6 +40,7 @@ import http.server
 import json
 import re
 import secrets
+import shutil
 import socket
 import ssl
 import subprocess
@@ -764,3 +765,19 @@ class _TlsServer(http.server.ThreadingHTTPServer):
             for connection in list(self.connections):
                 with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RDWR)
+
+
+# Where a kubeadm-joined kubelet keeps its kubeconfig and rotated client credential.
+KUBELET_KUBECONFIG = "/etc/kubernetes/kubelet.conf"
+KUBELET_CLIENT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
+
+
+def join(root: Path, api: FakeApiServer, pki: Pki) -> None:
+    """Make the fixture tree at `root` a node whose kubelet joined `api`: its kubeconfig and
+    its client credential, as kubeadm leaves them."""
+    client = root / KUBELET_CLIENT.lstrip("/")
+    client.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(pki.kubelet_client_current, client)
+    kubeconfig = root / KUBELET_KUBECONFIG.lstrip("/")
+    kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+    api.write_kubeconfig(kubeconfig, Path(KUBELET_CLIENT), Path(KUBELET_CLIENT))
