@@ -9,8 +9,9 @@ quietly depending on the machine.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +57,23 @@ def make_host(tmp_path: Path) -> HostFactory:
 def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
     """The command line in-process under the hostile suite's rules (tests/hostile/support.py)."""
     return make_cli(capsys)
+
+
+# The local TLS API server (tests/real/kube_api.py) and the PKI it trusts, for a fixture node
+# whose hostname names its Node.
+KUBE_NODE = "nc4as-t4-v3-vmss000000"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from real.kube_api import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"), node_name=KUBE_NODE)
+
+
+@pytest.fixture
+def api(pki: Any) -> Iterator[Any]:
+    from real.kube_api import FakeApiServer, make_node
+
+    with FakeApiServer(pki, nodes=[make_node(KUBE_NODE, gpus=1)]) as server:
+        yield server

@@ -5,7 +5,6 @@ body and identity, and applies NodeRestriction's rules)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -23,24 +22,12 @@ from real.kube_api import (
     Pki,
     join,
     make_node,
-    make_pki,
 )
 
 pytestmark = pytest.mark.integration
 
 NODE = "nc4as-t4-v3-vmss000000"  # the fixture's hostname
 KUBECONFIG, CLIENT = KUBELET_KUBECONFIG, KUBELET_CLIENT
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"), node_name=NODE)
-
-
-@pytest.fixture
-def api(pki: Pki) -> Iterator[FakeApiServer]:
-    with FakeApiServer(pki, nodes=[make_node(NODE, gpus=1)]) as server:
-        yield server
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import copy
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,8 +21,6 @@ from real.kube_api import (
     FakeApiServer,
     Pki,
     join,
-    make_node,
-    make_pki,
 )
 
 NODE = "nc4as-t4-v3-vmss000000"  # the fixture's hostname
@@ -176,17 +173,6 @@ REPLIES: dict[str, tuple[object, str]] = {
 }
 
 integration = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"), node_name=NODE)
-
-
-@pytest.fixture
-def api(pki: Pki) -> Iterator[FakeApiServer]:
-    with FakeApiServer(pki, nodes=[make_node(NODE, gpus=1)]) as server:
-        yield server
 
 
 @pytest.fixture
