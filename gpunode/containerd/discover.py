@@ -179,19 +179,3 @@ def go_glob(host: Host, pattern: str) -> list[str]:
         matches = [f"{m}/{name}" for m in matches for name in host.list_dir(m or "/")
                    if schema.go_match(part, name)]
     return [m for m in matches if host.lstat(m) is not None]
-
-
-def runtime_tables(host: Host, path: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    """name → (file that defines it, runtime table), across the main file and its `imports`,
-    as the last file that sets it has it (a plain overlay: see `views` for what containerd
-    itself makes of them)."""
-    found: dict[str, tuple[str, dict[str, Any]]] = {}
-    for layer in load_layers(host, path):
-        if layer.doc is None:
-            continue
-        try:
-            for name, table in schema.runtimes(layer.doc).items():
-                found[name] = (layer.file, dict(table))
-        except schema.SchemaError as exc:
-            raise ContainerdConfigError(host.display(layer.file), str(exc)) from exc
-    return found

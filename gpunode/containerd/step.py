@@ -573,11 +573,6 @@ def _wait_for_socket(host: Host, path: str, timeout: float) -> None:
 # -- revert --------------------------------------------------------------------------------------
 
 
-def read_ledger(host: Host) -> Ledger | None:
-    """The validated ledger (gpunode.containerd.ledger), or None when gpunode changed nothing."""
-    return ledger.read(host)
-
-
 def revert(host: Host, systemd: Systemd, restart_timeout: float,
            expected_target: str | None = None) -> Outcome:
     recover(host, systemd, expected_target)
