@@ -378,6 +378,8 @@ MERGES = {
     "wrong-binary-in-an-import": ("version = 2\nimports = [\"conf.d/*.toml\"]\n" + RUNC_V2
                                   + NVIDIA_V2.split("\n", 1)[1],
                                   {"conf.d/old.toml": "version = 2\n" + RUNC_V2 + NVIDIA_OLD}),
+    "relative-literal-import": ('version = 2\nimports = ["sub/runc.toml"]\n',
+                                {"sub/runc.toml": "version = 2\n" + RUNC_V2}),
     "imports-of-imports": ('version = 2\nimports = ["a.toml"]\n' + RUNC_V2,
                            {"a.toml": 'version = 2\nimports = ["b/*.toml"]\n',
                             "b/nvidia.toml": "version = 2\n" + RUNC_V2 + NVIDIA_OLD}),
@@ -408,8 +410,8 @@ def test_gpunodes_model_of_imports_is_what_containerd_dumps(
     config.write_text(main.replace("{tmp}", str(tmp_path)))
     daemon = {"1.6": (1, 6), "1.7": (1, 7), "2": (2, 1)}[containerd.version]
     view = schema.effective(discover.load_layers(Host(), str(config), daemon=daemon), daemon)
-    # From "/", the working directory systemd gives containerd (1.6 resolves relative imports
-    # against it).
+    # From "/", the working directory systemd gives containerd (1.6 resolves relative globs
+    # against it, relative literal paths against the importing file's directory).
     import subprocess
 
     dumped = tomllib.loads(subprocess.run(

@@ -216,19 +216,21 @@ def go_match(pattern: str, name: str) -> bool:
     return re.fullmatch("".join(out), name, re.DOTALL) is not None
 
 
-# containerd 1.6 joins a relative import with its working directory (systemd's "/"), 1.7 and
-# later with the importing file's directory (checked against both in test_containerd_real.py).
+# containerd 1.6 globs a relative pattern as written, so against its working directory
+# (systemd's "/"), but joins a relative literal path with the importing file's directory; 1.7
+# and later join both with that directory (checked against each in test_containerd_real.py).
 CWD = "/"
 
 
 def import_path(parent: str, pattern: str, daemon: Daemon | None = None) -> str:
     """An `imports` entry as containerd resolves it: cleaned, relative to the importing file
-    (containerd 1.6: to its working directory)."""
+    (containerd 1.6's globs: to its working directory)."""
     import posixpath
 
     path = posixpath.normpath(pattern)
     if not path.startswith("/"):
-        base = CWD if daemon is not None and daemon < (1, 7) else posixpath.dirname(parent)
+        glob_16 = daemon is not None and daemon < (1, 7) and "*" in pattern
+        base = CWD if glob_16 else posixpath.dirname(parent)
         path = posixpath.normpath(posixpath.join(base, path))
     return path
 

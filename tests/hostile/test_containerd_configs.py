@@ -184,8 +184,13 @@ STATUS = {
         {"/etc/containerd/conf.d/nvidia.toml": "version = 2\n" + RUNC + NVIDIA},
         "ok", r"runtime 'nvidia' → /usr/bin/nvidia-container-runtime in "
               r"/etc/containerd/conf.d/nvidia.toml"),
-    # containerd 1.6 resolves a relative import against its working directory, 1.7+ against
-    # the importing file's directory
+    # containerd 1.6 resolves a relative glob against its working directory, 1.7+ against
+    # the importing file's directory; a relative literal path is the file's directory for all
+    "runtime-in-a-relative-literal-import": (
+        'version = 2\nimports = ["conf.d/nvidia.toml"]\n', {"/etc/containerd/conf.d/nvidia.toml":
+                                                            "version = 2\n" + RUNC + NVIDIA},
+        "ok", r"runtime 'nvidia' → /usr/bin/nvidia-container-runtime in "
+              r"/etc/containerd/conf.d/nvidia.toml"),
     "runtime-in-a-relative-import": (
         'version = 2\nimports = ["conf.d/*.toml"]\n', {"/etc/containerd/conf.d/nvidia.toml":
                                                       "version = 2\n" + RUNC + NVIDIA},
