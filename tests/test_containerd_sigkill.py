@@ -89,17 +89,23 @@ def state(root: Path, pristine: dict[str, object], configured: dict[str, object]
     return "other"
 
 
-def test_sigkill_anywhere_in_configure_or_revert_is_always_recovered(
-    make_host: HostFactory, cli: Cli,
-) -> None:
+def seeded_node(make_host: HostFactory) -> tuple[int, random.Random, Path]:
+    """A seeded RNG (GPUNODE_KILL_SEED replays a run; the seed is printed) and a Flatcar
+    fixture node with the driver loaded and the NVIDIA runtime installed."""
     seed = int(os.environ.get("GPUNODE_KILL_SEED", time.time_ns() % 2**31))
     print(f"GPUNODE_KILL_SEED={seed}")
-    rng = random.Random(seed)
     root = make_host("nc4as-t4-v3", "driver").root
     runtime = root / "usr/bin/nvidia-container-runtime"
     runtime.write_text("#!/bin/sh\n")
     runtime.chmod(0o755)
     (root / "var/lib").mkdir(parents=True, exist_ok=True)
+    return seed, random.Random(seed), root
+
+
+def test_sigkill_anywhere_in_configure_or_revert_is_always_recovered(
+    make_host: HostFactory, cli: Cli,
+) -> None:
+    seed, rng, root = seeded_node(make_host)
     pristine = snapshot(root)
     assert cli(*argv(root, "configure")).code == 0
     configured = snapshot(root)
@@ -181,14 +187,7 @@ def test_sigkill_anywhere_in_boot_on_flatcar_is_recovered_by_the_next_boot(
     """Device nodes, the containerd copy and drop-in, the boot record, the stamp: wherever a
     kill lands in `gpunode boot`, the next boot gives exactly the node an uninterrupted boot
     gives, no temp file and no journal left."""
-    seed = int(os.environ.get("GPUNODE_KILL_SEED", time.time_ns() % 2**31))
-    print(f"GPUNODE_KILL_SEED={seed}")
-    rng = random.Random(seed)
-    root = make_host("nc4as-t4-v3", "driver").root
-    runtime = root / "usr/bin/nvidia-container-runtime"
-    runtime.write_text("#!/bin/sh\n")
-    runtime.chmod(0o755)
-    (root / "var/lib").mkdir(parents=True, exist_ok=True)
+    seed, rng, root = seeded_node(make_host)
     boot = ["--root", str(root), "--log-format", "json", "boot"]
     pristine = snapshot(root)
 
