@@ -10,6 +10,7 @@ from __future__ import annotations
 class GpunodeError(Exception):
     """Base of every error gpunode reports on purpose: a message, and what to do (`hint`)."""
 
+    code: str = "error"  # stable, kebab-case: what operators and tests match, never the wording
     hint: str = ""
 
     def __init__(self, message: str = "", hint: str = "") -> None:
