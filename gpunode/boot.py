@@ -17,7 +17,7 @@ from gpunode import log
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
 from gpunode.detect import Detection, detect, require_decided
 from gpunode.driver.modules import Kmod
-from gpunode.errors import GpunodeError
+from gpunode.errors import ConflictError, GpunodeError
 from gpunode.host import Host
 from gpunode.state import SCHEMA_VERSION, STATE_PATH
 from gpunode.systemd import Systemd
@@ -121,11 +121,6 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
 FLATCAR_NVIDIA_UNIT = "nvidia.service"
 
 
-class ConflictError(GpunodeError):
-    hint = (f"mask it: 'systemctl mask {FLATCAR_NVIDIA_UNIT}' (gpunode's Ignition snippet does "
-            "this), then reboot")
-
-
 def _refuse_flatcar_nvidia(host: Host, systemd: Systemd) -> None:
     """Flatcar's own nvidia.service compiles and installs a driver too: never both at once.
 
@@ -142,7 +137,9 @@ def _refuse_flatcar_nvidia(host: Host, systemd: Systemd) -> None:
     if state in ("active", "activating") or enabled:
         raise ConflictError(f"Flatcar's {FLATCAR_NVIDIA_UNIT} is {state} and "
                             f"{'enabled' if enabled else 'not enabled'}: it installs the driver "
-                            "its own way, and gpunode will not race it")
+                            "its own way, and gpunode will not race it",
+                            hint=f"mask it: 'systemctl mask {FLATCAR_NVIDIA_UNIT}' (gpunode's "
+                            "Ignition snippet does this), then reboot")
 
 
 def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
@@ -152,7 +149,7 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
     except ConflictError as exc:
         log.get().error("step.failed", step="preflight", exc=exc)
         run.steps.append({"name": "preflight", "outcome": "failed", "duration_ms": 0.0,
-                          "error": str(exc), "hint": exc.hint})
+                          "error": str(exc), "code": exc.code, "hint": exc.hint})
         run.outcome = "failed"
         write_record(host, run)
         return run
@@ -262,7 +259,7 @@ def _recorded(run: BootRun, name: str) -> Iterator[dict[str, Any]]:
         with log.step(name) as fields:
             yield fields
     except GpunodeError as exc:
-        entry.update(outcome="failed", error=str(exc), hint=exc.hint or None)
+        entry.update(outcome="failed", error=str(exc), code=exc.code, hint=exc.hint or None)
         raise
     finally:
         entry["duration_ms"] = round((time.perf_counter() - start) * 1000, 2)

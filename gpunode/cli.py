@@ -17,24 +17,11 @@ from typing import NoReturn
 
 from gpunode import __version__, log
 from gpunode.config import AgentConfig, load_config
-from gpunode.errors import ConfigError, GpunodeError, UsageError
+from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
 from gpunode.host import Host
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_POOL, DEFAULT_INSTANCE_TYPE = "gpu", "Standard_NC4as_T4_v3"
-
-CONFIG_HINT = ("correct the agent config (README, 'Agent config', lists every key and its "
-               "valid values), or name another file with --config")
-
-
-class ArgumentsError(UsageError):
-    """argparse refused the command line; main() reports it like any usage error."""
-
-    def __init__(self, message: str, usage: str, prog: str) -> None:
-        self.usage = usage
-        self.prog = prog
-        super().__init__(message, hint=f"see '{prog} --help'")
-
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a refused command line is raised (main() logs it in the chosen format)
@@ -313,7 +300,7 @@ def _undecided_exit(undecided: str | None) -> int:
     `driver load` give, after the honest labels were printed or set."""
     if undecided is None:
         return EXIT_OK
-    from gpunode.detect import UndecidedError
+    from gpunode.errors import UndecidedError
 
     raise UndecidedError(f"labelled GPUReady=False: {undecided}")
 
@@ -604,16 +591,15 @@ def _refused(exc: UsageError | ConfigError, command: str | None, console: bool) 
     (argparse's usage first, as it prints it) and a hint line, else one JSON event."""
     if log.LOGGED in getattr(exc, "__notes__", ()):
         return EXIT_USAGE  # its step already logged it (in the chosen format)
-    if not exc.hint:
-        exc.hint = CONFIG_HINT if isinstance(exc, ConfigError) else "see 'gpunode --help'"
+    hint = exc.hint or "see 'gpunode --help'"
     if console:
         if isinstance(exc, ArgumentsError):
             print(f"{exc.usage}{exc.prog}: error: {exc}", file=sys.stderr)
         else:
             print(f"gpunode: {exc}", file=sys.stderr)
-        print(f"gpunode: hint: {exc.hint}", file=sys.stderr)
+        print(f"gpunode: hint: {hint}", file=sys.stderr)
         return EXIT_USAGE
-    fields: dict[str, object] = {"command": command, "exit_code": EXIT_USAGE}
+    fields: dict[str, object] = {"command": command, "exit_code": EXIT_USAGE, "hint": hint}
     if isinstance(exc, ConfigError):
         fields.update(file=exc.file, key=exc.key, line=exc.line)
     if isinstance(exc, ArgumentsError):

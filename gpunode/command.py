@@ -6,22 +6,7 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from gpunode.errors import GpunodeError
-
-
-class CommandFailed(GpunodeError):
-    """'<argv>' <what happened>: <last stderr lines>. `returncode` is None when the program
-    never exited on its own: it could not be started, ran too long, or was not run at all."""
-
-    def __init__(self, argv: Sequence[str], returncode: int | None, stderr: str,
-                 how: str | None = None) -> None:
-        self.argv = list(argv)
-        self.returncode = returncode
-        self.stderr = stderr
-        status = how or ("was not run" if returncode is None else f"exited {returncode}")
-        tail = stderr.strip().splitlines()[-3:]
-        super().__init__(f"'{' '.join(self.argv)}' {status}" + (f": {' / '.join(tail)}"
-                                                                  if tail else ""))
+from gpunode.errors import CommandFailed
 
 
 def run(argv: Sequence[str], timeout: float = 30.0) -> str:

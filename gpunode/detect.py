@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpunode.errors import GpunodeError, HostError
+from gpunode.errors import HostError, UndecidedError
 from gpunode.host import Host
 from gpunode.integers import parse_int, parse_uint
 from gpunode.pciids import NVIDIA_VENDOR_ID, nvidia_names
@@ -208,11 +208,6 @@ def _link_name(target: str | None) -> str | None:
 
 def _int_or_none(text: str | None) -> int | None:
     return parse_uint(text)
-
-
-class UndecidedError(GpunodeError):
-    hint = ("check the device with 'lspci -nn -vvv -s ADDRESS' and the kernel log; gpunode "
-            "decides nothing while a function may be an unreadable GPU")
 
 
 def require_decided(detection: Detection) -> None:

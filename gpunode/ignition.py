@@ -18,7 +18,7 @@ from typing import Any
 
 from gpunode import __version__
 from gpunode.config import MAX_CONFIG_BYTES
-from gpunode.errors import HostError, UsageError
+from gpunode.errors import HostError, InputRefused, UsageError
 from gpunode.host import Host
 
 CLC_LIMIT = 32768
@@ -70,15 +70,6 @@ def units_dir() -> Path:
 # A snippet file may be as large as the agent config may be on the node (config.py): a config
 # the node accepts is never refused here.
 MAX_INPUT = MAX_CONFIG_BYTES
-
-
-class InputRefused(UsageError):
-    """A file named on the command line that cannot go into a snippet (exit 2)."""
-
-    def __init__(self, path: str, reason: str, hint: str = "") -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{path}: {reason}", hint)
 
 
 def read_input(host: Host, path: str) -> str:

@@ -37,14 +37,16 @@ def add_level(_logger: Any, method: str, event: EventDict) -> EventDict:
 
 
 def render_errors(_logger: Any, _method: str, event: EventDict) -> EventDict:
-    """An exception becomes its message and type: the step, not the traceback, is the story."""
+    """An exception becomes its message, type and stable code: the step, not the traceback, is
+    the story."""
     error = event.pop("exc", None)
     if isinstance(error, BaseException):
         event["error"] = str(error)
         event["error_type"] = type(error).__name__
-        hint = getattr(error, "hint", "")
-        if hint:
-            event["hint"] = hint
+        if isinstance(error, GpunodeError):
+            event["error_code"] = error.code
+            if error.hint:
+                event.setdefault("hint", error.hint)
     return event
 
 

@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator
 
 from gpunode import log, safeio
-from gpunode.errors import GpunodeError, HostError
+from gpunode.errors import GpunodeError, HostError, LockBusy
 from gpunode.host import Host
 from gpunode.integers import parse_uint
 
@@ -42,10 +42,6 @@ LOCK_PATH = "/run/gpunode/lock"
 BOOT_WAIT_SECONDS = 300.0
 WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
-
-
-class LockBusy(GpunodeError):
-    """Another gpunode command holds the node lock past the wait."""
 
 
 @contextlib.contextmanager

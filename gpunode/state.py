@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpunode import records
-from gpunode.errors import GpunodeError
+from gpunode.errors import RecordError
 from gpunode.host import Host
 
 STATE_PATH = "/run/gpunode/state.json"
@@ -27,12 +27,6 @@ class BootRecord:
     @property
     def failed_steps(self) -> tuple[dict[str, Any], ...]:
         return tuple(s for s in self.steps if s.get("outcome") == "failed")
-
-
-class RecordError(GpunodeError, ValueError):
-    """The record exists but cannot be understood; the message says what is wrong."""
-
-    hint = "run 'gpunode boot' again to rewrite it"
 
 
 def read_record(host: Host) -> BootRecord | None:

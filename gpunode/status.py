@@ -25,11 +25,11 @@ from gpunode.detect import (
     module_loaded,
     undecided_reason,
 )
-from gpunode.errors import GpunodeError
+from gpunode.errors import GpunodeError, RecordError
 from gpunode.host import Host
 from gpunode.processes import ProcessFacts
 from gpunode.processes import observe as observe_processes
-from gpunode.state import BootRecord, RecordError, read_record
+from gpunode.state import BootRecord, read_record
 
 if TYPE_CHECKING:
     from gpunode.kube.labels import LabelFacts
@@ -198,7 +198,8 @@ def _read(host: Host, path: str) -> tuple[str | None, str | None]:
 
 
 def _observe_node(host: Host, config: AgentConfig) -> NodeFacts:
-    from gpunode.kube.client import ApiError, NodeApi, read_kubeconfig
+    from gpunode.errors import ApiError
+    from gpunode.kube.client import NodeApi, read_kubeconfig
     from gpunode.kube.step import node_name
 
     try:

@@ -16,18 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from gpunode.errors import GpunodeError
-
-
-class SystemdError(GpunodeError):
-    """A request to systemd failed: which unit, what was asked, and what systemd said."""
-
-    def __init__(self, unit: str, action: str, reason: str, hint: str = "") -> None:
-        self.unit = unit
-        self.action = action
-        self.reason = reason
-        self.hint = hint or f"see 'systemctl status {unit}' and 'journalctl -u {unit}'"
-        super().__init__(f"Failed to {action} '{unit}': {reason}")
+from gpunode.errors import SystemdError, Unavailable
 
 
 @dataclass(frozen=True)
@@ -94,10 +83,6 @@ class NoSystemd:
 
     def restart(self, unit: str, timeout: float) -> None:
         raise SystemdError(unit, "restart", "no systemd manages this root")
-
-
-class Unavailable(SystemdError):
-    """No service manager answers on the system bus (the cause is in the message)."""
 
 
 class DbusSystemd:

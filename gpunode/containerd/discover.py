@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpunode.containerd import schema
-from gpunode.errors import FileError, HostError
+from gpunode.errors import ContainerdConfigError, HostError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
 from gpunode.systemd_unit import expand_words, read_unit
@@ -18,10 +18,6 @@ from gpunode.tomlread import loads_toml
 
 CONTAINERD_UNIT = "containerd.service"
 CONTAINERD_DEFAULT_CONFIG = "/etc/containerd/config.toml"
-
-
-class ContainerdConfigError(FileError):
-    """containerd's config cannot be read or understood; carries file, line and reason."""
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode.containerd import schema
-from gpunode.errors import FileError
+from gpunode.errors import EditError, FileError
 from gpunode.tomlread import loads_toml
 
 FALLBACK_RUNTIME: dict[str, Any] = {"runtime_type": "io.containerd.runc.v2"}
 BLOCK_COMMENT = "# Added by gpunode: {name} runtime, a copy of '{source}' running {binary}."
 DEFAULT_COMMENT = ("# Added by gpunode: containerd's built-in default runtime '{name}', written "
                    "out because containerd 1.x drops its built-in runtimes once a file sets any.")
-
-
-class EditError(FileError):
-    """The config cannot be edited; file and line when known, and why."""
 
 
 @dataclass(frozen=True)

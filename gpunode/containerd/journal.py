@@ -46,8 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpunode import records
-from gpunode.containerd import ContainerdStepError
-from gpunode.errors import GpunodeError
+from gpunode.errors import ContainerdStepError, GpunodeError, JournalError
 from gpunode.host import Host
 
 JOURNAL = "/var/lib/gpunode.containerd-journal"
@@ -55,10 +54,6 @@ SCHEMA = 1
 TEMP_SUFFIX = ".gpunode-tmp"
 
 Attrs = tuple[int, int, int]  # mode, uid, gid
-
-
-class JournalError(ContainerdStepError):
-    """An interrupted change cannot be rolled back safely; the message says which file."""
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpunode import records
-from gpunode.containerd import ContainerdStepError
 from gpunode.containerd.edit import Hunk
+from gpunode.errors import LedgerError
 from gpunode.host import Host
 from gpunode.records import kind as _kind
 
@@ -26,10 +26,6 @@ IMPORT_FILE = "/etc/containerd/conf.d/99-gpunode-nvidia.toml"  # drop-in mode's 
 BACKUP_SUFFIX = ".gpunode-orig"
 READ_ONLY_PREFIXES = ("/usr/",)  # Flatcar's /usr is a read-only, verified partition
 SCHEMA = 1
-
-
-class LedgerError(ContainerdStepError):
-    """The ledger cannot be used; names the file and key."""
 
 
 @dataclass(frozen=True)

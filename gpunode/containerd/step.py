@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from gpunode import command, log, safeio
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import ContainerdStepError, discover, edit, journal, ledger, schema
+from gpunode.containerd import discover, edit, journal, ledger, schema
 from gpunode.containerd.discover import (
     CONTAINERD_UNIT,
     ActiveConfig,
@@ -41,9 +41,9 @@ from gpunode.containerd.ledger import (
     WRITABLE_CONFIG,
     Ledger,
 )
-from gpunode.errors import FileError, GpunodeError
+from gpunode.errors import ContainerdStepError, FileError, GpunodeError, SystemdError
 from gpunode.host import Host
-from gpunode.systemd import Systemd, SystemdError
+from gpunode.systemd import Systemd
 from gpunode.tomlread import loads_toml
 
 DEFAULT_SOCKET = "/run/containerd/containerd.sock"

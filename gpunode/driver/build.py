@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from gpunode import command, log, records
-from gpunode.errors import GpunodeError, HostError
+from gpunode.errors import DriverBuildError, GpunodeError, HostError
 from gpunode.host import Host
 
 if TYPE_CHECKING:
@@ -74,17 +74,6 @@ RUNNING_KERNEL = "/proc/sys/kernel/osrelease"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # a kernel release or driver version
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_]+)\}")
 _CHUNK = 1 << 20
-
-
-class DriverBuildError(GpunodeError):
-    """'Failed to <verb> '<object>': <cause>', and what to do about it."""
-
-    def __init__(self, verb: str, obj: str, cause: str, hint: str = "") -> None:
-        self.verb = verb
-        self.obj = obj
-        self.cause = cause
-        self.hint = hint
-        super().__init__(f"Failed to {verb} '{obj}': {cause}")
 
 
 # -- records -------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpunode.detect import PciFunction
-from gpunode.errors import GpunodeError
+from gpunode.errors import FlavourError
 
 # (first device id, last device id, architecture), most specific ranges first.
 _ARCH_RANGES: tuple[tuple[int, int, str], ...] = (
@@ -38,10 +38,6 @@ GRID_ON_AZURE = {"2236": "A10 (Azure NVadsA10 v5 vGPU partition)"}
 AZURE_VENDOR = "Microsoft Corporation"
 
 FLAVOURS = ("open", "proprietary", "grid")
-
-
-class FlavourError(GpunodeError):
-    """No driver flavour fits the GPUs as configured."""
 
 
 @dataclass(frozen=True)

@@ -17,21 +17,11 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpunode import command
-from gpunode.errors import GpunodeError
+from gpunode.errors import LoadError
 from gpunode.host import Host
 
 BASE_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
 ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
-
-
-class LoadError(GpunodeError):
-    def __init__(self, module: str, cause: str, kernel_says: list[str]) -> None:
-        self.module = module
-        self.kernel_says = kernel_says
-        said = f"; kernel: {' | '.join(kernel_says)}" if kernel_says else ""
-        self.hint = ("check that the modules match the running kernel and that Secure Boot "
-                     "accepts them ('dmesg | grep -i nvrm')")
-        super().__init__(f"Failed to load '{module}': {cause}{said}")
 
 
 @dataclass(frozen=True)

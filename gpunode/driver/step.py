@@ -15,7 +15,7 @@ from gpunode.config import DriverConfig
 from gpunode.detect import Detection
 from gpunode.detect import loaded_modules as detect_loaded_modules
 from gpunode.driver import devices, flavour, modules, strategy
-from gpunode.errors import GpunodeError
+from gpunode.errors import DriverError
 from gpunode.host import Host
 
 ENABLED_SYSEXT = "/etc/flatcar/enabled-sysext.conf"
@@ -24,10 +24,6 @@ SYSEXT_PREFIX = "extension-release.flatcar-nvidia-drivers-"
 NVIDIA_SMI = ("/opt/bin/nvidia-smi", "/usr/bin/nvidia-smi")
 NOUVEAU_HINT = ("blacklist it: write 'blacklist nouveau' and 'options nouveau modeset=0' to "
                 "/etc/modprobe.d/blacklist-nouveau.conf, then reboot")
-
-
-class DriverError(GpunodeError):
-    """The driver step cannot go on; the message says why."""
 
 
 @dataclass(frozen=True)

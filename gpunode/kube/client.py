@@ -20,58 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode import log, records
-from gpunode.errors import GpunodeError, HostError
+from gpunode.errors import ApiError, HostError, KubeconfigError, ReplyError
 from gpunode.host import Host
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"  # merges conditions by type
-
-
-class ApiError(GpunodeError):
-    """The API answered with an error (or could not be reached)."""
-
-    def __init__(self, what: str, status: int | None, message: str, hint: str = "") -> None:
-        self.status = status
-        self.message = message
-        self.hint = hint
-        code = "no answer" if status is None else f"HTTP {status}"
-        super().__init__(f"Failed to {what}: {code}: {message}")
-
-    @property
-    def retryable(self) -> bool:
-        """Worth trying again: unreachable, overloaded, or the Node not registered yet."""
-        return self.status is None or self.status in (404, 409, 429) or self.status >= 500
-
-
-class KubeconfigError(GpunodeError):
-    """The kubeconfig (or a file it names) cannot be used: the file's fault, so waiting for the
-    API server cannot help; the default hint says to fix or regenerate it."""
-
-    def __init__(self, path: str, reason: str, hint: str = "") -> None:
-        self.path = path
-        self.reason = reason
-        # kubeadm: 'kubeadm join' (its kubelet-start phase) has the kubelet TLS-bootstrap and
-        # write /etc/kubernetes/kubelet.conf; 'kubeadm init phase kubeconfig kubelet' writes it
-        # on a control-plane node (kubernetes.io/docs/reference/setup-tools/kubeadm/generated/).
-        self.hint = hint or (f"fix {path} or regenerate it (kubeadm writes the kubelet's "
-                             "kubeconfig when the node joins: 'kubeadm join'), or point "
-                             "kubernetes.kubeconfig at the kubelet's kubeconfig; retrying "
-                             "does not help while the file is wrong")
-        super().__init__(f"{path}: {reason}")
-
-
-class ReplyError(ApiError):
-    """The API server answered, but not with the object asked for (a proxy's HTML page, a list
-    where a Node belongs, labels that are not a map): never retried, never guessed at."""
-
-    def __init__(self, what: str, url: str, problem: str) -> None:
-        super().__init__(what, 200, f"the reply from {url} {problem}",
-                         "is kubernetes.kubeconfig's server the API server itself (not a proxy "
-                         "or another service)?")
-
-    @property
-    def retryable(self) -> bool:
-        return False
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,10 @@ from typing import Any
 from gpunode import status
 from gpunode.config import AgentConfig
 from gpunode.detect import undecided_reason
-from gpunode.errors import FileError, GpunodeError
+from gpunode.errors import ApiError, FileError, NodeNameError
 from gpunode.host import Host
 from gpunode.kube import labels
-from gpunode.kube.client import ApiError, NodeApi, read_kubeconfig, with_retries
+from gpunode.kube.client import NodeApi, read_kubeconfig, with_retries
 
 KUBELET_FLAG_FILES = ("/var/lib/kubelet/kubeadm-flags.env", "/etc/default/kubelet",
                       "/etc/sysconfig/kubelet")
@@ -98,14 +98,6 @@ def _kubelet_node_name(host: Host) -> tuple[str, str]:
     if not hostname:
         raise NodeNameError()
     return hostname, "the hostname"
-
-
-class NodeNameError(GpunodeError):
-    hint = "set kubernetes.node_name in the agent config"
-
-    def __init__(self, message: str = "cannot tell this node's name: no --hostname-override "
-                 "for the kubelet and no hostname") -> None:
-        super().__init__(message)
 
 
 def desired(host: Host, config: AgentConfig) -> Desired:
