@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from gpunode.containerd import schema
-from gpunode.containerd.edit import Change, EditError, RuntimeSpec, configure, revert
+from gpunode.containerd.edit import Change, EditError, RuntimeSpec, configure
+from gpunode.containerd.undo import revert
 
 VECTORS = Path(__file__).parent / "data" / "containerd" / "vectors"
 NAMES = sorted(p.name for p in VECTORS.iterdir())

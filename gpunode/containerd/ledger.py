@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpunode import records
-from gpunode.containerd.edit import Hunk
+from gpunode.containerd.tomltext import Hunk
 from gpunode.errors import LedgerError
 from gpunode.host import Host
 from gpunode.records import kind as _kind
@@ -52,7 +52,7 @@ class Ledger:
     others_edited: bool = False
     written: dict[str, str] = field(default_factory=dict)  # whole files gpunode wrote → sha256
     created_dirs: tuple[str, ...] = ()  # directories gpunode created, parents first
-    # Each configure's line changes to the target (edit.text_hunks), for a byte-exact revert.
+    # Each configure's line changes to the target (tomltext.text_hunks), for a byte-exact revert.
     hunks: tuple[tuple[Hunk, ...], ...] = ()
 
     def to_json(self) -> bytes:

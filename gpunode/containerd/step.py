@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from gpunode import command, log, safeio
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import discover, edit, journal, ledger, schema
+from gpunode.containerd import discover, edit, journal, ledger, schema, tomltext, undo
 from gpunode.containerd.discover import (
     CONTAINERD_UNIT,
     ActiveConfig,
@@ -484,7 +484,8 @@ def _configure_writes(host: Host, the_plan: Plan) -> list[Write]:
     record = replace(record, changes=_merged(record.changes, the_plan.edit),
                      added_runtime=the_plan.edit.added_runtime or record.added_runtime,
                      written_sha256=journal.sha256(text), written=written,
-                     hunks=(*record.hunks, tuple(edit.text_hunks(previous, the_plan.edit.text))))
+                     hunks=(*record.hunks,
+                            tuple(tomltext.text_hunks(previous, the_plan.edit.text))))
     record = record.with_dirs(journal.missing_dirs(host, [*(w.path for w in writes), LEDGER]))
     writes.append(Write(LEDGER, record.to_json(), mode=0o600))
     _refuse_hard_links(host, [w.path for w in writes])
@@ -615,7 +616,7 @@ def _revert_writes(host: Host, recorded: Ledger) -> tuple[list[Write], list[str]
     target = recorded.target
     writes: list[Write] = []
     notes: list[str] = []
-    changes = tuple(edit.Change(c.path, c.before, c.after) for c in recorded.changes)
+    changes = tuple(tomltext.Change(c.path, c.before, c.after) for c in recorded.changes)
     if recorded.import_file is not None:
         if _still_ours(host, recorded, IMPORT_FILE):
             writes.append(Write(IMPORT_FILE, None))
@@ -644,14 +645,14 @@ def _revert_writes(host: Host, recorded: Ledger) -> tuple[list[Write], list[str]
 
 
 def _reverted_target(host: Host, recorded: Ledger, current: bytes,
-                     changes: tuple[edit.Change, ...], notes: list[str]) -> bytes:
+                     changes: tuple[tomltext.Change, ...], notes: list[str]) -> bytes:
     target = recorded.target
     try:
         text = safeio.decode(current)
     except safeio.Refused as exc:
         raise ContainerdStepError(f"{host.display(target)}: {exc}",
                                   "fix the file by hand, then run the revert again") from None
-    reverted = edit.revert(text, recorded.added_runtime, changes, host.display(target),
+    reverted = undo.revert(text, recorded.added_runtime, changes, host.display(target),
                            recorded.hunks)
     notes += [f"{target}: {line}" for line in reverted.describe()]
     result = reverted.text.encode()
@@ -667,8 +668,8 @@ def _reverted_target(host: Host, recorded: Ledger, current: bytes,
 
 def _same_document(data: bytes, text: str) -> bool:
     try:
-        return bool(edit.pruned(loads_toml(safeio.decode(data), "<backup>"))
-                    == edit.pruned(loads_toml(text, "<reverted>")))
+        return bool(tomltext.pruned(loads_toml(safeio.decode(data), "<backup>"))
+                    == tomltext.pruned(loads_toml(text, "<reverted>")))
     except (safeio.Refused, FileError):
         return False
 

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import HostFactory
 from gpunode import fixtures, records
-from gpunode.containerd import edit, journal
+from gpunode.containerd import edit, journal, undo
 from gpunode.errors import FileError
 from gpunode.tomlread import loads_toml
 from hostile.support import Cli, check_refusal
@@ -151,7 +151,7 @@ BOM_V1_CONFIG = ('\ufeff[plugins.cri.containerd.runtimes.runc]\n'
 
 def test_edit_reverts_a_config_that_starts_with_a_byte_order_mark() -> None:
     configured_text = edit.configure(BOM_CONFIG, edit.RuntimeSpec(), "f", daemon=(1, 7)).text
-    assert edit.revert(configured_text, "nvidia", (), "f", ()).text == BOM_CONFIG
+    assert undo.revert(configured_text, "nvidia", (), "f", ()).text == BOM_CONFIG
 
 
 def test_configure_then_revert_gives_back_a_config_with_a_byte_order_mark(
