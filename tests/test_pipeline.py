@@ -206,3 +206,18 @@ def test_a_failed_detection_is_a_refusal_for_plan_and_the_failed_step_for_boot(
         boot.plan(host, AgentConfig(), adapters)
     run = boot.boot(host, AgentConfig(), adapters)
     assert [(s["name"], s["code"]) for s in run.steps] == [("detect", refused.value.code)]
+
+
+def test_plans_json_problems_carry_the_code_boots_record_then_carries(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpunode.cli import main
+
+    host = make_host(T4, "bare")
+    assert main(["--log-format", "json", "--root", str(host.root), "plan", "--json"]) == 0
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert main(["--log-format", "json", "--root", str(host.root), "boot"]) == 1
+    record = json.loads((host.root / "run/gpunode/state.json").read_text())
+    assert [(p["step"], p["code"]) for p in problems] == [
+        (s["name"], s["code"]) for s in record["steps"] if s["outcome"] == "failed"]
+    assert all(p["code"] for p in problems)
