@@ -221,3 +221,15 @@ def test_plans_json_problems_carry_the_code_boots_record_then_carries(
     assert [(p["step"], p["code"]) for p in problems] == [
         (s["name"], s["code"]) for s in record["steps"] if s["outcome"] == "failed"]
     assert all(p["code"] for p in problems)
+
+
+def test_the_record_read_back_gives_each_step_boot_ran_by_name(make_host: HostFactory) -> None:
+    from gpunode.state import read_record
+
+    host, _, _ = walk(CASES["t4-bare-sysext-with-runtime"], make_host)
+    record = read_record(host)
+    assert record is not None
+    driver = record.step("driver")
+    assert driver is not None
+    assert (driver["strategy"], driver["changed"]) == ("flatcar-sysext", True)
+    assert record.step("registration") is None  # not asked for: boot did not run it
