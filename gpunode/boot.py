@@ -217,16 +217,19 @@ def _containerd_plan(ctx: Context) -> list[str]:
 
 
 def _containerd_apply(ctx: Context, fields: dict[str, Any]) -> bool:
+    from gpunode.containerd import journal
     from gpunode.containerd import step as containerd
 
-    # An interrupted earlier run is rolled back first, then planned and applied.
+    # An interrupted earlier run is rolled back first (a change, even when the plan from the
+    # rolled-back files then changes nothing), then planned and applied.
     # The step fills config, planned_change and changed as they happen (step.apply).
     c = ctx.config.containerd
+    rolls_back = journal.pending(ctx.host)
     the_plan, outcome = containerd.configure(ctx.host, c, ctx.adapters.systemd,
                                              c.restart_timeout, report=fields)
     fields.update(restarted=outcome.restarted)
     ctx.found["containerd"] = the_plan
-    return outcome.changed
+    return outcome.changed or rolls_back
 
 
 def _containerd_inputs(ctx: Context) -> list[str]:

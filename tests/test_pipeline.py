@@ -22,6 +22,7 @@ from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd
+from hostile.support import Cli
 
 T4 = "nc4as-t4-v3"
 SYSEXT_RELEASE = "/usr/lib/extension-release.d/extension-release.flatcar-nvidia-drivers-570"
@@ -233,3 +234,33 @@ def test_the_record_read_back_gives_each_step_boot_ran_by_name(make_host: HostFa
     assert driver is not None
     assert (driver["strategy"], driver["changed"]) == ("flatcar-sysext", True)
     assert record.step("registration") is None  # not asked for: boot did not run it
+
+
+def test_plan_names_the_rollback_of_an_interrupted_change_that_boot_then_does(
+    make_host: HostFactory, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`containerd configure --enable-cdi` killed before its ledger write leaves a journal:
+    plan says boot rolls it back, and boot's record says containerd changed the node."""
+    from gpunode.containerd import journal, ledger
+
+    case = CASES["t4-driver-with-runtime"]
+    host = case.host(make_host)
+    assert cli("--root", str(host.root), "containerd", "configure").code == 0
+    real = Host.write_atomic
+
+    def killed(self: Host, path: str, *args: Any, **kwargs: Any) -> None:
+        if path == ledger.LEDGER:
+            raise SystemExit(137)  # nothing after this runs, as after a SIGKILL
+        real(self, path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Host, "write_atomic", killed)
+        cli("--root", str(host.root), "containerd", "configure", "--enable-cdi")
+    assert journal.pending(host)
+    config, adapters = case.config(), case.adapters(host)
+    the_plan = boot.plan(host, config, adapters)
+    run = boot.boot(host, config, adapters)
+    assert [a.step for a in the_plan.actions] == ["containerd"]
+    assert "roll back the interrupted change" in the_plan.actions[0].description
+    assert {s["name"] for s in run.steps if s.get("changed")} == {"containerd"}
+    assert not journal.pending(host)
