@@ -98,6 +98,9 @@ def _has_gpus(ctx: Context) -> bool:
 
 @dataclass(frozen=True)
 class Step:
+    """One step of the pipeline: plan and apply wrap the step module's own API (driver/step.py,
+    containerd/step.py, kube/registration.py), so plan and boot decide with the same code."""
+
     name: str
     plan: Callable[[Context], list[str]]  # what apply would do; a GpunodeError: a Problem
     apply: Callable[[Context, dict[str, Any]], bool]  # fills the record fields; True: changed
