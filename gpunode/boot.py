@@ -1,7 +1,11 @@
-"""`gpunode plan` and `gpunode boot`: the pipeline's steps in order, and the boot record.
+"""`gpunode plan` and `gpunode boot`: one list of steps, walked to plan, to boot and to sign.
 
-plan: observe and decide, touch nothing. boot: the same decisions, applied, each step timed
-and recorded in /run/gpunode/state.json for `gpunode status`.
+Each step (STEPS) says when it applies, what it would do as the node is now (`plan`: action
+lines, nothing touched), how it does it (`apply`: fills the step's record fields and says
+whether it changed the node) and which files it depends on (`inputs`, signed in the no-op stamp,
+gpunode/fastpath.py). `plan`, `boot`, the boot record (/run/gpunode/state.json, for
+`gpunode status`) and the stamp all walk this one list, so they cannot disagree about which
+steps run, in which order, or what a step depends on.
 """
 
 from __future__ import annotations
@@ -9,13 +13,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode import log
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
-from gpunode.detect import Detection, detect, require_decided
+from gpunode.detect import SYSFS_PCI_DEVICES, Detection, detect, require_decided
 from gpunode.driver.modules import Kmod
 from gpunode.errors import ConflictError, GpunodeError
 from gpunode.host import Host
@@ -34,13 +38,12 @@ class BootRun:
     started_at: str
     steps: list[dict[str, Any]] = field(default_factory=list)
     outcome: str = "ok"
-    watched: list[str] = field(default_factory=list)  # what a no-op boot must find unchanged
+    inputs: dict[str, list[str]] = field(default_factory=dict)  # step → the files it read
 
-
-# Inputs every boot depends on, whatever the node: the agent config, the PCI functions, the
-# kernel and this boot.
-BASE_INPUTS = ("/etc/gpunode/config.toml", "/sys/bus/pci/devices",
-               "/proc/sys/kernel/osrelease", "/proc/sys/kernel/random/boot_id")
+    @property
+    def watched(self) -> list[str]:
+        """What a no-op boot must find unchanged: every input the steps that ran declared."""
+        return sorted({path for paths in self.inputs.values() for path in paths})
 
 
 @dataclass(frozen=True)
@@ -68,55 +71,47 @@ class Problem:
     step: str
     error: str
     hint: str | None
+    code: str  # the error's stable code (gpunode.errors), as the boot record would carry it
 
 
 @dataclass(frozen=True)
 class Plan:
-    detection: Detection
+    detection: Detection | None  # None when boot would stop before detecting (preflight)
     actions: list[Action]
     problems: list[Problem]
 
 
-def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
-    """What boot would do, step by step. A step that could not be done (no driver source, a
-    refused containerd config) is part of the answer, not a failure to answer: boot attempts
-    each step anyway, and so the plan names every problem at once."""
-    from gpunode.containerd import step as containerd
-    from gpunode.driver import step as driver
+@dataclass
+class Context:
+    """What the steps of one plan or boot share: the node, and what earlier steps found."""
 
-    detection = detect(host, use_udev=config.detect.use_udev)
-    require_decided(detection)
-    result = Plan(detection, [], [])
-    if not detection.gpus:
-        return result
+    host: Host
+    config: AgentConfig
+    adapters: Adapters
+    detection: Detection | None = None
+    found: dict[str, Any] = field(default_factory=dict)  # a step's apply → its inputs
 
-    def driver_actions() -> list[str]:
-        the_plan = driver.plan(host, config.driver, detection, adapters.kmod)
-        return the_plan.describe() if the_plan.changed else []
 
-    def containerd_actions() -> list[str]:
-        # While an interrupted change is pending, boot rolls it back first: say so.
-        the_plan = containerd.preview(host, config.containerd, adapters.systemd)
-        return the_plan.describe() if the_plan.changed else []
+def _has_gpus(ctx: Context) -> bool:
+    return ctx.detection is not None and bool(ctx.detection.gpus)
 
-    def registration_actions() -> list[str]:
-        from gpunode.kube import registration
 
-        k = config.kubernetes
-        text, why = registration.plan_kubelet_dropin(host, k.taints, dict(k.labels))
-        return [f"{why}: the kubelet registers with the GPU taint and labels"] \
-            if text is not None else []
+@dataclass(frozen=True)
+class Step:
+    """One step of the pipeline: plan and apply wrap the step module's own API (driver/step.py,
+    containerd/step.py, kube/registration.py), so plan and boot decide with the same code."""
 
-    steps = [("driver", driver_actions), ("containerd", containerd_actions)]
-    if config.kubernetes.register_with == "kubelet":
-        steps.append(("registration", registration_actions))
-    for name, describe in steps:
-        try:
-            result.actions.extend(Action(name, line) for line in describe())
-        except GpunodeError as exc:
-            result.problems.append(Problem(name, str(exc), exc.hint or None))
-    return result
+    name: str
+    plan: Callable[[Context], list[str]]  # what apply would do; a GpunodeError: a Problem
+    apply: Callable[[Context, dict[str, Any]], bool]  # fills the record fields; True: changed
+    inputs: Callable[[Context], list[str]]  # the files its outcome depends on (after apply)
+    applies: Callable[[Context], bool] = lambda ctx: True
+    gate: bool = False  # when it fails, boot stops there (the later steps need it)
+    observes: bool = False  # plan is computed from it: when it fails there is no plan
+    quiet: bool = False  # a check: logged and recorded only when it fails
 
+
+# -- preflight: this boot, this config, and nobody else installing a driver ---------------------
 
 FLATCAR_NVIDIA_UNIT = "nvidia.service"
 
@@ -142,38 +137,216 @@ def _refuse_flatcar_nvidia(host: Host, systemd: Systemd) -> None:
                             "Ignition snippet does this), then reboot")
 
 
+def _preflight_plan(ctx: Context) -> list[str]:
+    _refuse_flatcar_nvidia(ctx.host, ctx.adapters.systemd)
+    return []
+
+
+def _preflight_apply(ctx: Context, fields: dict[str, Any]) -> bool:
+    _refuse_flatcar_nvidia(ctx.host, ctx.adapters.systemd)
+    return False
+
+
+def _preflight_inputs(ctx: Context) -> list[str]:
+    """Every boot depends on the agent config, the kernel and this boot; and on nvidia.service
+    staying masked or disabled (its unit file and enablement link, wherever systemd looks)."""
+    from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
+
+    return [DEFAULT_CONFIG_PATH, "/proc/sys/kernel/osrelease", "/proc/sys/kernel/random/boot_id",
+            *(f"{d}/{FLATCAR_NVIDIA_UNIT}" for d in SYSTEM_UNIT_PATHS),
+            *(f"{d}/multi-user.target.wants/{FLATCAR_NVIDIA_UNIT}" for d in SYSTEM_UNIT_PATHS)]
+
+
+# -- detect ---------------------------------------------------------------------------------------
+
+
+def _detect_plan(ctx: Context) -> list[str]:
+    ctx.detection = detect(ctx.host, use_udev=ctx.config.detect.use_udev)
+    require_decided(ctx.detection)  # a possible GPU nobody can identify is not "no-gpu"
+    return []
+
+
+def _detect_apply(ctx: Context, fields: dict[str, Any]) -> bool:
+    ctx.detection = detection = detect(ctx.host, use_udev=ctx.config.detect.use_udev)
+    fields.update(gpus=len(detection.gpus), functions=len(detection.functions))
+    require_decided(detection)
+    return False
+
+
+# -- driver ---------------------------------------------------------------------------------------
+
+
+def _driver_plan(ctx: Context) -> list[str]:
+    from gpunode.driver import step as driver
+
+    assert ctx.detection is not None  # detect ran: the GPU steps apply only after it
+    the_plan = driver.plan(ctx.host, ctx.config.driver, ctx.detection, ctx.adapters.kmod)
+    return the_plan.describe() if the_plan.changed else []
+
+
+def _driver_apply(ctx: Context, fields: dict[str, Any]) -> bool:
+    from gpunode.driver import step as driver
+
+    assert ctx.detection is not None
+    the_plan = driver.plan(ctx.host, ctx.config.driver, ctx.detection, ctx.adapters.kmod)
+    fields.update(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
+                  action=the_plan.choice.action, reason=the_plan.choice.reason)
+    outcome = driver.apply(ctx.host, the_plan, ctx.config.driver, ctx.adapters.kmod,
+                           ctx.adapters.build)
+    fields.update(outcome.fields())
+    return (bool(outcome.loaded or outcome.nodes) or the_plan.sysext_line is not None
+            or the_plan.choice.action == "build")
+
+
+def _driver_inputs(ctx: Context) -> list[str]:
+    from gpunode.driver import step as driver
+
+    return ["/proc/driver/nvidia/version", "/proc/driver/nvidia/gpus",
+            *(node.path for node in driver.wanted_nodes(ctx.host))]
+
+
+# -- containerd -----------------------------------------------------------------------------------
+
+
+def _containerd_plan(ctx: Context) -> list[str]:
+    from gpunode.containerd import step as containerd
+
+    # While an interrupted change is pending, boot rolls it back first: say so.
+    the_plan = containerd.preview(ctx.host, ctx.config.containerd, ctx.adapters.systemd)
+    return the_plan.describe() if the_plan.changed else []
+
+
+def _containerd_apply(ctx: Context, fields: dict[str, Any]) -> bool:
+    from gpunode.containerd import journal
+    from gpunode.containerd import step as containerd
+
+    # An interrupted earlier run is rolled back first (a change, even when the plan from the
+    # rolled-back files then changes nothing), then planned and applied.
+    # The step fills config, planned_change and changed as they happen (step.apply).
+    c = ctx.config.containerd
+    rolls_back = journal.pending(ctx.host)
+    the_plan, outcome = containerd.configure(ctx.host, c, ctx.adapters.systemd,
+                                             c.restart_timeout, report=fields)
+    fields.update(restarted=outcome.restarted)
+    ctx.found["containerd"] = the_plan
+    return outcome.changed or rolls_back
+
+
+def _containerd_inputs(ctx: Context) -> list[str]:
+    from gpunode.containerd import step as containerd
+    from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
+
+    the_plan = ctx.found["containerd"]
+    return [the_plan.active.path, the_plan.target, containerd.DROPIN, containerd.LEDGER,
+            containerd.JOURNAL, containerd.IMPORT_FILE, "/etc/systemd/system/containerd.service.d",
+            "/etc/containerd/conf.d", ctx.config.containerd.runtime_path,
+            *(f"{d}/containerd.service" for d in SYSTEM_UNIT_PATHS)]
+
+
+# -- registration: the kubelet registers with the GPU taint and label ----------------------------
+
+
+def _registration_applies(ctx: Context) -> bool:
+    return _has_gpus(ctx) and ctx.config.kubernetes.register_with == "kubelet"
+
+
+def _dropin(ctx: Context) -> tuple[str | None, str]:
+    from gpunode.kube import registration
+
+    k = ctx.config.kubernetes
+    return registration.plan_kubelet_dropin(ctx.host, k.taints, dict(k.labels))
+
+
+def _registration_plan(ctx: Context) -> list[str]:
+    text, why = _dropin(ctx)
+    return [f"{why}: the kubelet registers with the GPU taint and labels"] \
+        if text is not None else []
+
+
+def _registration_apply(ctx: Context, fields: dict[str, Any]) -> bool:
+    """The drop-in is written before the kubelet first starts (registration.py says why)."""
+    from gpunode.kube import registration
+
+    text, why = _dropin(ctx)
+    fields.update(reason=why)
+    if text is None:
+        return False
+    ctx.host.make_dirs(registration.KUBELET_DROPIN.rpartition("/")[0])
+    ctx.host.write_atomic(registration.KUBELET_DROPIN, text.encode())
+    systemd = ctx.adapters.systemd
+    if systemd.available:
+        systemd.daemon_reload()
+    else:
+        fields.update(daemon_reload=f"skipped: {systemd.unavailable_reason}; the kubelet's "
+                      "service manager reads the drop-in when it next loads units")
+    return True
+
+
+def _registration_inputs(ctx: Context) -> list[str]:
+    from gpunode.kube import registration
+
+    return [registration.KUBELET_DROPIN, registration.KUBELET_CLIENT_CERT]
+
+
+# Boot walks them in this order. Each step after detect is attempted even when an earlier one
+# failed: the runtime config does not need the driver, and the record names every problem at
+# once. A failed gate (preflight, detect) stops the boot there.
+STEPS: tuple[Step, ...] = (
+    Step("preflight", _preflight_plan, _preflight_apply, _preflight_inputs, gate=True,
+         quiet=True),
+    Step("detect", _detect_plan, _detect_apply, lambda ctx: [SYSFS_PCI_DEVICES], gate=True,
+         observes=True),
+    Step("driver", _driver_plan, _driver_apply, _driver_inputs, applies=_has_gpus),
+    Step("containerd", _containerd_plan, _containerd_apply, _containerd_inputs,
+         applies=_has_gpus),
+    Step("registration", _registration_plan, _registration_apply, _registration_inputs,
+         applies=_registration_applies),
+)
+
+
+# -- the walks ------------------------------------------------------------------------------------
+
+
+def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
+    """What boot would do, step by step. A step that could not be done (no driver source, a
+    refused containerd config, Flatcar's nvidia.service running) is part of the answer, not a
+    failure to answer: the plan names every problem boot would record. Only a failed detection
+    is a failure to answer (nobody can say which steps apply)."""
+    ctx = Context(host, config, adapters)
+    actions: list[Action] = []
+    problems: list[Problem] = []
+    for step in STEPS:
+        if not step.applies(ctx):
+            continue
+        try:
+            actions.extend(Action(step.name, line) for line in step.plan(ctx))
+        except GpunodeError as exc:
+            if step.observes:
+                raise
+            problems.append(Problem(step.name, str(exc), exc.hint or None, exc.code))
+            if step.gate:
+                break
+    return Plan(ctx.detection, actions, problems)
+
+
 def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
     run = BootRun(started_at=_now())
-    try:
-        _refuse_flatcar_nvidia(host, adapters.systemd)
-    except ConflictError as exc:
-        log.get().error("step.failed", step="preflight", exc=exc)
-        run.steps.append({"name": "preflight", "outcome": "failed", "duration_ms": 0.0,
-                          "error": str(exc), "code": exc.code, "hint": exc.hint})
-        run.outcome = "failed"
-        write_record(host, run)
-        return run
-    try:
-        with _recorded(run, "detect") as fields:
-            detection = detect(host, use_udev=config.detect.use_udev)
-            fields.update(gpus=len(detection.gpus), functions=len(detection.functions))
-            require_decided(detection)  # a possible GPU nobody can identify is not "no-gpu"
-    except GpunodeError:
-        run.outcome = "failed"  # recorded and logged by _recorded
-        write_record(host, run)
-        return run
-    if not detection.gpus:
+    ctx = Context(host, config, adapters)
+    for step in STEPS:
+        if not step.applies(ctx):
+            continue
+        try:
+            with _recorded(run, step) as fields:
+                changed = step.apply(ctx, fields)
+                if not step.quiet:
+                    fields.update(changed=changed)
+                run.inputs[step.name] = step.inputs(ctx)
+        except GpunodeError:
+            run.outcome = "failed"  # recorded and logged by _recorded
+            if step.gate:
+                break
+    if run.outcome != "failed" and not _has_gpus(ctx):
         run.outcome = "no-gpu"
-    else:
-        # Each step is attempted even when an earlier one failed: the runtime config does not
-        # need the driver, and the record then names every problem at once.
-        _step(run, "driver", lambda fields: _driver(host, config, detection, adapters, fields,
-                                                    run.watched))
-        _step(run, "containerd", lambda fields: _containerd(host, config, adapters, fields,
-                                                            run.watched))
-        if config.kubernetes.register_with == "kubelet":
-            _step(run, "registration", lambda fields: _registration(host, config, adapters,
-                                                                    fields, run.watched))
     write_record(host, run)
     if run.outcome != "failed":
         _write_stamp(host, run, config)
@@ -186,84 +359,31 @@ def _write_stamp(host: Host, run: BootRun, config: AgentConfig) -> None:
 
     if config.source not in ("defaults", host.display(DEFAULT_CONFIG_PATH)):
         return  # --config elsewhere: the fast path does not apply
-    stamp = fastpath.compute(str(host.root), [*BASE_INPUTS, *run.watched], __version__, None)
+    stamp = fastpath.compute(str(host.root), run.watched, __version__, None)
     host.make_dirs(fastpath.STAMP.rpartition("/")[0])
     host.write_atomic(fastpath.STAMP, (json.dumps(stamp) + "\n").encode())
 
 
-def _step(run: BootRun, name: str, action: Callable[[dict[str, Any]], None]) -> None:
-    try:
-        with _recorded(run, name) as fields:
-            action(fields)
-    except GpunodeError:
-        run.outcome = "failed"  # recorded and logged by _recorded; boot goes on to the record
-
-
-def _driver(host: Host, config: AgentConfig, detection: Detection, adapters: Adapters,
-            fields: dict[str, Any], watched: list[str]) -> None:
-    from gpunode.driver import step as driver
-
-    the_plan = driver.plan(host, config.driver, detection, adapters.kmod)
-    fields.update(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
-                  action=the_plan.choice.action, reason=the_plan.choice.reason)
-    outcome = driver.apply(host, the_plan, config.driver, adapters.kmod, adapters.build)
-    fields.update(outcome.fields())
-    watched += ["/proc/driver/nvidia/version", "/proc/driver/nvidia/gpus",
-                *(node.path for node in driver.wanted_nodes(host))]
-
-
-def _registration(host: Host, config: AgentConfig, adapters: Adapters,
-                  fields: dict[str, Any], watched: list[str]) -> None:
-    """The kubelet registers with the GPU taint and label (written before it first starts)."""
-    from gpunode.kube import registration
-
-    k = config.kubernetes
-    text, why = registration.plan_kubelet_dropin(host, k.taints, dict(k.labels))
-    fields.update(changed=text is not None, reason=why)
-    if text is not None:
-        host.make_dirs(registration.KUBELET_DROPIN.rpartition("/")[0])
-        host.write_atomic(registration.KUBELET_DROPIN, text.encode())
-        if adapters.systemd.available:
-            adapters.systemd.daemon_reload()
-        else:
-            fields.update(daemon_reload=f"skipped: {adapters.systemd.unavailable_reason}; the "
-                          "kubelet's service manager reads the drop-in when it next loads units")
-    watched += [registration.KUBELET_DROPIN, registration.KUBELET_CLIENT_CERT]
-
-
-def _containerd(host: Host, config: AgentConfig, adapters: Adapters,
-                fields: dict[str, Any], watched: list[str]) -> None:
-    from gpunode.containerd import step as containerd
-    from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
-
-    # An interrupted earlier run is rolled back first, then planned and applied.
-    # The step fills config, planned_change and changed as they happen (step.apply).
-    the_plan, outcome = containerd.configure(host, config.containerd, adapters.systemd,
-                                             config.containerd.restart_timeout, report=fields)
-    fields.update(restarted=outcome.restarted)
-    watched += [the_plan.active.path, the_plan.target, containerd.DROPIN, containerd.LEDGER,
-                containerd.JOURNAL, containerd.IMPORT_FILE,
-                "/etc/systemd/system/containerd.service.d",
-                "/etc/containerd/conf.d", config.containerd.runtime_path,
-                *(f"{d}/containerd.service" for d in SYSTEM_UNIT_PATHS)]
-
-
 @contextmanager
-def _recorded(run: BootRun, name: str) -> Iterator[dict[str, Any]]:
-    """A log.step whose outcome, duration and fields also go into the boot record."""
+def _recorded(run: BootRun, step: Step) -> Iterator[dict[str, Any]]:
+    """A log.step whose outcome, duration and fields also go into the boot record (a quiet
+    step: only when it fails)."""
     start = time.perf_counter()
-    entry: dict[str, Any] = {"name": name, "outcome": "ok", "duration_ms": 0.0, "error": None,
-                             "hint": None}
+    entry: dict[str, Any] = {"name": step.name, "outcome": "ok", "duration_ms": 0.0,
+                             "error": None, "hint": None, "code": None}
     fields: dict[str, Any] = {}
     try:
-        with log.step(name) as fields:
+        with (nullcontext(fields) if step.quiet else log.step(step.name)) as fields:
             yield fields
     except GpunodeError as exc:
-        entry.update(outcome="failed", error=str(exc), code=exc.code, hint=exc.hint or None)
+        if step.quiet:
+            log.get().error("step.failed", step=step.name, exc=exc)
+        entry.update(outcome="failed", error=str(exc), hint=exc.hint or None, code=exc.code)
         raise
     finally:
         entry["duration_ms"] = round((time.perf_counter() - start) * 1000, 2)
-        run.steps.append({**entry, **fields})
+        if not step.quiet or entry["outcome"] == "failed":
+            run.steps.append({**entry, **fields})
 
 
 def write_record(host: Host, run: BootRun) -> None:

@@ -210,16 +210,17 @@ def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
     with log.step("plan") as fields:
         the_plan = boot.plan(host, config, boot.adapters_for(host, config))
-        actions, problems = the_plan.actions, the_plan.problems
+        actions, problems, detection = the_plan.actions, the_plan.problems, the_plan.detection
         fields.update(actions=len(actions), problems=[p.step for p in problems])
     if args.json:
         _print_json({"schema_version": 1, "root": str(host.root),
-                     "gpu_count": len(the_plan.detection.gpus), "changes": bool(actions),
+                     "gpu_count": len(detection.gpus) if detection else None,
+                     "changes": bool(actions),
                      "actions": [{"step": a.step, "description": a.description}
                                  for a in actions],
                      "would_fail": bool(problems),
                      "problems": [dataclasses.asdict(p) for p in problems]})
-    elif not the_plan.detection.gpus:
+    elif not problems and detection is not None and not detection.gpus:
         print("no NVIDIA GPU: nothing to do")
     elif not actions and not problems:
         print("nothing to change: the node is already configured")

@@ -24,6 +24,10 @@ class BootRecord:
     steps: tuple[dict[str, Any], ...]
     raw: dict[str, Any]
 
+    def step(self, name: str) -> dict[str, Any] | None:
+        """The step called `name` in the last boot, None when that boot did not run it."""
+        return next((s for s in self.steps if s.get("name") == name), None)
+
     @property
     def failed_steps(self) -> tuple[dict[str, Any], ...]:
         return tuple(s for s in self.steps if s.get("outcome") == "failed")
@@ -49,6 +53,7 @@ _STEP_FIELDS: dict[str, tuple[type, ...]] = {
     "duration_ms": (int, float),
     "error": (str, type(None)),
     "hint": (str, type(None)),
+    "code": (str, type(None)),  # a failed step's error code (gpunode.errors)
     "strategy": (str, type(None)),
     "source": (str, type(None)),
     "flavour": (str, type(None)),

@@ -524,7 +524,7 @@ def _driver(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Chec
 
 def _how_loaded(record: BootRecord | None) -> str:
     """How the last boot got the driver, from its record: strategy, source, modules, time."""
-    step = next((s for s in record.steps if s.get("name") == "driver"), None) if record else None
+    step = record.step("driver") if record else None
     if step is None or step.get("outcome") != "ok" or not step.get("strategy"):
         return ""
     how = f"; last boot: {step['strategy']}"
@@ -754,8 +754,7 @@ def label_facts(facts: StatusFacts, detection: Detection, ready: bool) -> LabelF
     from gpunode.kube import labels
 
     version = driverinfo.parse_version(facts.driver_version_text or "")
-    step = next((s for s in facts.last_boot.steps if s.get("name") == "driver"), {}) \
-        if facts.last_boot else {}
+    step = (facts.last_boot.step("driver") if facts.last_boot else None) or {}
     return labels.LabelFacts(
         detection=detection, models={a: i.model for a, i in facts.gpu_infos.items() if i.model},
         driver_version=version.version if version else None,
