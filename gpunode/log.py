@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from gpunode import records
 from gpunode.errors import GpunodeError
 
 EventDict = MutableMapping[str, Any]
@@ -27,7 +28,7 @@ LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 def add_timestamp(_logger: Any, _method: str, event: EventDict) -> EventDict:
-    event["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+    event["timestamp"] = records.utc_timestamp()
     return event
 
 

@@ -269,7 +269,7 @@ def make_manifest(plan: BuildPlan, facts: FlatcarFacts, modules: Mapping[str, st
         "inputs": {d.role: {"url": d.url, d.algorithm: digests[d.role],
                             "verified": d.expected is not None}
                    for d in (plan.dev_container, plan.installer)},
-        "built_at": built_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "built_at": records.utc_timestamp(built_at.timestamp()),
         "build_seconds": round(seconds, 3),
     }
 

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpunode import status
+from gpunode import records, status
 from gpunode.config import AgentConfig
 from gpunode.detect import undecided_reason
 from gpunode.errors import FileError, GpunodeError
@@ -142,7 +142,7 @@ def apply(host: Host, config: AgentConfig, want: Desired, api: NodeApi | None = 
     if patch is not None:
         api.patch_node(want.node, patch)
     conditions = (node.get("status") or {}).get("conditions") or []
-    stamp = now or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    stamp = now or records.utc_timestamp()
     status_patch = labels.condition_patch(conditions, want.condition, stamp)
     if status_patch is not None:
         api.patch_status(want.node, status_patch)
