@@ -39,7 +39,7 @@ class BootRun:
 
 # Inputs every boot depends on, whatever the node: the agent config, the PCI functions, the
 # kernel and this boot.
-BASE_INPUTS = ("/etc/gpunode/config.toml", "/sys/bus/pci/devices",
+BASE_INPUTS = (DEFAULT_CONFIG_PATH, "/sys/bus/pci/devices",
                "/proc/sys/kernel/osrelease", "/proc/sys/kernel/random/boot_id")
 
 

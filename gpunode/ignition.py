@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from gpunode import __version__
-from gpunode.config import MAX_CONFIG_BYTES
+from gpunode.config import DEFAULT_CONFIG_PATH, MAX_CONFIG_BYTES
+from gpunode.driver import nouveau
 from gpunode.errors import HostError, UsageError
 from gpunode.host import Host
 
@@ -25,9 +26,6 @@ CLC_LIMIT = 32768
 FORMATS = ("butane", "ignition", "clc")
 EXTENSIONS_DIR = "/opt/extensions/gpunode"
 EXTENSION_LINK = "/etc/extensions/gpunode.raw"
-AGENT_CONFIG = "/etc/gpunode/config.toml"
-NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
-NOUVEAU_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
 UNIT_NAMES = ("gpunode.service", "gpunode-label.service")
 
 
@@ -130,9 +128,9 @@ def snippet(sysext_url: str, sysext_sha512: str, agent_config: str | None,
     check_url(sysext_url)
     image = f"{EXTENSIONS_DIR}/gpunode-{version}-x86-64.raw"
     files = [File(image, 0o644, url=sysext_url, sha512=sysext_sha512),
-             File(NOUVEAU_BLACKLIST, 0o644, inline=NOUVEAU_TEXT)]
+             File(nouveau.BLACKLIST_FILE, 0o644, inline=nouveau.BLACKLIST_TEXT)]
     if agent_config is not None:
-        files.append(File(AGENT_CONFIG, 0o644, inline=agent_config))
+        files.append(File(DEFAULT_CONFIG_PATH, 0o644, inline=agent_config))
     directory = (units or units_dir()).absolute()
     reader = host or Host()
     embedded = []

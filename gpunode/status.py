@@ -25,6 +25,7 @@ from gpunode.detect import (
     module_loaded,
     undecided_reason,
 )
+from gpunode.driver import nouveau
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
 from gpunode.processes import ProcessFacts
@@ -36,8 +37,7 @@ if TYPE_CHECKING:
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
-BLACKLIST_HINT = ("blacklist it: write 'blacklist nouveau' and 'options nouveau modeset=0' to "
-                  "/etc/modprobe.d/blacklist-nouveau.conf, then reboot")
+BLACKLIST_HINT = nouveau.BLACKLIST_HINT
 
 
 @dataclass(frozen=True)
