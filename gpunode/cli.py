@@ -256,13 +256,13 @@ def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
 
 def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.kube import step
+    from gpunode.kube import label
 
     if args.registration:
         return _registration(config, args)
     _pool_settings(args)  # refused without --registration cluster-azure
     with log.step("label", dry_run=args.dry_run) as fields:
-        want = step.desired(host, config)
+        want = label.for_host(host, config)
         fields.update(node=want.node, labels=len(want.labels),
                       condition=want.condition.status)
         # A node whose GPUs nobody can identify is labelled anyway: GPUReady=False with the
@@ -274,12 +274,12 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
             if args.json:  # the same document, saying there is nothing to do
                 _print_json({"schema_version": 1, "node": want.node, "gpu": False,
                              "labels": {}, "condition": None, "undecided": None,
-                             "message": NOTHING_TO_LABEL,
+                             "message": label.NOTHING_TO_LABEL,
                              **({} if args.dry_run else {"labels_changed": False,
                                                          "condition_changed": False,
                                                          "calls": []})})
             else:
-                print(NOTHING_TO_LABEL)
+                print(label.NOTHING_TO_LABEL)
             return EXIT_OK
         if args.dry_run:
             if args.json:
@@ -290,7 +290,7 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
                                   f"condition GPUReady={want.condition.status} "
                                   f"({want.condition.reason}): {want.condition.message}"]))
             return _undecided_exit(want.undecided)
-        outcome = step.apply(host, config, want)
+        outcome = label.apply(host, config, want)
         fields.update(labels_changed=outcome.labels_changed,
                       condition_changed=outcome.condition_changed, calls=list(outcome.calls))
     if args.json:
@@ -303,9 +303,6 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
               f", GPUReady={want.condition.status} "
               f"{'updated' if outcome.condition_changed else 'current'}")
     return _undecided_exit(want.undecided)
-
-
-NOTHING_TO_LABEL = "no NVIDIA GPU: nothing to label"
 
 
 def _undecided_exit(undecided: str | None) -> int:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode import safeio
+from gpunode.driver.flavour import FLAVOURS
+from gpunode.driver.strategy import STRATEGIES
 from gpunode.errors import ConfigError, HostError
 from gpunode.host import Host
 from gpunode.tomlread import key_line, loads_toml
@@ -21,6 +23,9 @@ from gpunode.tomlread import key_line, loads_toml
 DEFAULT_CONFIG_PATH = "/etc/gpunode/config.toml"
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DETECT_SOURCES = ("auto", "udev", "sysfs")
+CONTAINERD_MODES = ("in-place", "drop-in")
+REGISTER_WITH = ("chart", "kubelet")
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ def _node_labels(value: dict[str, str]) -> str | None:
 
 
 def _node_name(value: str) -> str | None:
-    from gpunode.kube.step import node_name_problem
+    from gpunode.kube.nodename import node_name_problem
 
     return node_name_problem(value)
 
@@ -167,16 +172,16 @@ def _runtime_name(value: Any) -> str | None:
 # (section, key) → check returning the problem, or None when the value is fine.
 _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("log", "level"): _one_of(*LOG_LEVELS),
-    ("detect", "source"): _one_of("auto", "udev", "sysfs"),
+    ("detect", "source"): _one_of(*DETECT_SOURCES),
     ("containerd", "runtime_name"): _runtime_name,
     ("containerd", "config_path"): _absolute_path,
     ("containerd", "runtime_path"): _absolute_path,
     ("containerd", "cdi_spec_dirs"): lambda v: next(filter(None, map(_absolute_path, v)), None),
-    ("containerd", "mode"): _one_of("in-place", "drop-in"),
+    ("containerd", "mode"): _one_of(*CONTAINERD_MODES),
     ("containerd", "restart_timeout"): lambda v: None if 1 <= v <= 600 else "must be 1 to 600",
     ("kubelet", "device_plugin_socket"): _absolute_path,
-    ("driver", "strategy"): _one_of("auto", "flatcar-sysext", "prebuilt", "build", "external"),
-    ("driver", "flavour"): _one_of("auto", "open", "proprietary", "grid"),
+    ("driver", "strategy"): _one_of(*STRATEGIES),
+    ("driver", "flavour"): _one_of("auto", *FLAVOURS),
     ("driver", "version"): lambda v: None if re.fullmatch(r"\d+\.\d+(\.\d+)?", v)
     else "must be an NVIDIA driver version like 570.195.03",
     ("driver", "sysext"): lambda v: None if re.fullmatch(r"nvidia-drivers-\d+(-open)?", v)
@@ -191,7 +196,7 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("kubernetes", "node_name"): lambda v: _node_name(v),
     ("kubernetes", "labels"): _node_labels,
     ("kubernetes", "taints"): lambda v: next(filter(None, map(_taint, v)), None),
-    ("kubernetes", "register_with"): _one_of("chart", "kubelet"),
+    ("kubernetes", "register_with"): _one_of(*REGISTER_WITH),
     ("kubernetes", "wait_seconds"): lambda v: None if 0 <= v <= 3600 else "must be 0 to 3600",
     ("kubernetes", "request_timeout"): lambda v: None if 1 <= v <= 120 else "must be 1 to 120",
     ("driver.build", "driver_sha256"): lambda v: _hex_digest(v, 64),

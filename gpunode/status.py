@@ -11,7 +11,7 @@ import os
 import re
 import stat
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpunode import driverinfo, systemd
 from gpunode.config import AgentConfig
@@ -28,12 +28,10 @@ from gpunode.detect import (
 from gpunode.driver import nouveau
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
+from gpunode.kube import labels, nodename
 from gpunode.processes import ProcessFacts
 from gpunode.processes import observe as observe_processes
 from gpunode.state import BootRecord, RecordError, read_record
-
-if TYPE_CHECKING:
-    from gpunode.kube.labels import LabelFacts
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -86,6 +84,9 @@ class DaemonStart:
     unknown: str | None = None  # why `started` is None
 
 
+_NAME_NOT_OBSERVED = nodename.NodeName(None, "not observed")
+
+
 @dataclass(frozen=True)
 class StatusFacts:
     root: str
@@ -113,6 +114,9 @@ class StatusFacts:
     # text: it is not interrupted but running now, held by this gpunode command ("pid 12, ...")
     containerd_interrupted: bool | str = False
     driver_flavour: str = "auto"  # driver.flavour: "auto" needs every GPU's device id
+    # the Node's name as the kubelet decides it (or why it cannot be told): status's node
+    # check and `gpunode label` name the same Node
+    node_name: nodename.NodeName = _NAME_NOT_OBSERVED
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         modeset, version_error = False, version_error or str(exc)
     paths = expected_dev_nodes(gpu_infos, modeset)
     last_boot, last_boot_error = _last_boot(host)
+    name = nodename.observe(host, config.kubernetes.node_name)
     return StatusFacts(
         root=str(host.root),
         detection=detection,
@@ -177,7 +182,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         last_boot_error=last_boot_error,
         config_source=config.source,
         runtime_name=config.containerd.runtime_name,
-        node=_observe_node(host, config) if contact_api and detection and detection.gpus
+        node=_observe_node(host, config, name) if contact_api and detection and detection.gpus
         else None,
         machine=(_read(host, "/sys/class/dmi/id/product_name")[0] or "").strip() or None,
         user_labels=dict(config.kubernetes.labels),
@@ -185,6 +190,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         containerd_start=_containerd_start(host),
         containerd_interrupted=_containerd_interrupted(host),
         driver_flavour=config.driver.flavour,
+        node_name=name,
     )
 
 
@@ -197,14 +203,13 @@ def _read(host: Host, path: str) -> tuple[str | None, str | None]:
         return None, str(exc)
 
 
-def _observe_node(host: Host, config: AgentConfig) -> NodeFacts:
+def _observe_node(host: Host, config: AgentConfig, node_name: nodename.NodeName) -> NodeFacts:
     from gpunode.kube.client import ApiError, NodeApi, read_kubeconfig
-    from gpunode.kube.step import node_name
 
-    try:
-        name = node_name(host, config)[0]
-    except GpunodeError as exc:
+    if node_name.error is not None:
+        exc = node_name.error
         return NodeFacts("?", None, error=str(exc), hint=exc.hint or None)
+    name = node_name.require()
     path = config.kubernetes.kubeconfig
     if not host.exists(path):
         return NodeFacts(name, None)
@@ -319,7 +324,7 @@ def _containerd_views(host: Host, active: discover.ActiveConfig, doc: dict[str, 
     if host.is_live:
         from gpunode.containerd.step import CommandProbe
 
-        binary = active.raw_exec[0].lstrip("-@+!:") if active.raw_exec else "/usr/bin/containerd"
+        binary = active.binary
         probe = CommandProbe()
         daemon = probe.version(binary)
         dumped = probe.dump(binary, active.path) if daemon is not None else None
@@ -534,20 +539,16 @@ def _how_loaded(record: BootRecord | None) -> str:
     return how + f" in {step.get('duration_ms', 0):.0f} ms"
 
 
-def _usable_gpus(d: Detection) -> list[PciFunction]:
-    return [g for g in d.gpus if g.driver != "vfio-pci"]
-
-
 def _driver_gpus(facts: StatusFacts, d: Detection,
                  driver: driverinfo.DriverVersion | None) -> Check:
     if driver is None:
         return Check("driver_gpus", SKIP, "driver not loaded")
-    missing = [g.address for g in _usable_gpus(d) if g.address not in facts.gpu_infos]
+    missing = [g.address for g in d.usable_gpus if g.address not in facts.gpu_infos]
     if missing:
         return Check("driver_gpus", FAIL, f"the driver does not see {', '.join(missing)}",
                      "look for NVRM errors about these addresses in 'dmesg'; the GPU may need a "
                      "different driver flavour (open/proprietary) or be in a bad state")
-    return Check("driver_gpus", OK, f"driver sees {_count(len(_usable_gpus(d)), 'GPU')}, all "
+    return Check("driver_gpus", OK, f"driver sees {_count(len(d.usable_gpus), 'GPU')}, all "
                  "it should")
 
 
@@ -718,8 +719,6 @@ def _device_plugin(facts: StatusFacts) -> Check:
 
 def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
     """The Node as the scheduler sees it: gpunode's labels, GPUReady, nvidia.com/gpu."""
-    from gpunode.kube import labels
-
     node = facts.node
     if node is None:
         return Check("node", SKIP, "the API server was not asked")
@@ -729,7 +728,7 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
     if node.error is not None or node.obj is None:
         return Check("node", WARN, f"node {node.name}: {node.error}",
                      node.hint or "gpunode-label.service retries until the API server answers")
-    wanted = labels.compute(label_facts(facts, detection, ready), facts.user_labels)
+    wanted = wanted_labels(facts, ready)
     current = node.obj.get("metadata", {}).get("labels") or {}
     stale = sorted(k for k, v in wanted.items() if current.get(k) != v)
     conditions = (node.obj.get("status") or {}).get("conditions") or []
@@ -747,11 +746,18 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
     return Check("node", OK, detail)
 
 
-def label_facts(facts: StatusFacts, detection: Detection, ready: bool) -> LabelFacts:
-    """The label inputs, from what `observe` read (safely) and nothing read again: the one
-    source for the `node` check and `gpunode label`, so they cannot disagree."""
-    from gpunode.kube import labels
+def wanted_labels(facts: StatusFacts, ready: bool) -> dict[str, str]:
+    """Every label the Node should carry, from what `observe` read: the one answer for the
+    `node` check and `gpunode label`, so they cannot disagree. A node whose GPUs nobody can
+    identify gets the user's labels and gpunode.io/ready=false, and no nvidia.com/gpu.*."""
+    if facts.detection is None or undecided_reason(facts.detection,
+                                                   facts.detection_error) is not None:
+        return {f"{labels.PREFIX}ready": "false", **facts.user_labels}
+    return labels.compute(label_facts(facts, facts.detection, ready), facts.user_labels)
 
+
+def label_facts(facts: StatusFacts, detection: Detection, ready: bool) -> labels.LabelFacts:
+    """The label inputs, from what `observe` read (safely) and nothing read again."""
     version = driverinfo.parse_version(facts.driver_version_text or "")
     step = next((s for s in facts.last_boot.steps if s.get("name") == "driver"), {}) \
         if facts.last_boot else {}
