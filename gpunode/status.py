@@ -25,7 +25,7 @@ from gpunode.detect import (
     module_loaded,
     undecided_reason,
 )
-from gpunode.driver import nouveau
+from gpunode.driver import devices, nouveau
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
 from gpunode.kube import labels, nodename
@@ -49,9 +49,19 @@ class Check:
 @dataclass(frozen=True)
 class DevNode:
     path: str
-    kind: str  # "char", "missing" or "other" (exists but is not a character device)
+    kind: str  # "char", "socket", "missing" or "other"
     major: int | None = None
     minor: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceNodes:
+    """The /dev nodes the loaded driver calls for (driver/devices.py: numbers, MIG capability
+    nodes, mode), each judged as `gpunode driver load` judges it before fixing it."""
+
+    problems: dict[str, str | None]  # each wanted node's path → what is wrong, None when right
+    unknown_minors: tuple[str, ...] = ()  # GPUs whose /dev/nvidiaN the driver does not name
+    error: str | None = None  # why no list of wanted nodes could be made (a missing major)
 
 
 @dataclass(frozen=True)
@@ -94,9 +104,7 @@ class StatusFacts:
     detection_error: str | None
     driver_version_text: str | None
     gpu_infos: dict[str, driverinfo.GpuInfo]
-    char_majors: dict[str, int]
-    modeset_loaded: bool
-    dev_nodes: dict[str, DevNode]
+    device_nodes: DeviceNodes
     containerd: ContainerdFacts
     device_plugin_socket: DevNode
     processes: ProcessFacts
@@ -158,12 +166,10 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         except GpunodeError as exc:
             version_error = str(exc)
     devices_text, devices_error = _read(host, "/proc/devices")
-    majors = driverinfo.parse_char_majors(devices_text or "")
     try:
         modeset = module_loaded(host, "nvidia_modeset")
     except GpunodeError as exc:
         modeset, version_error = False, version_error or str(exc)
-    paths = expected_dev_nodes(gpu_infos, modeset)
     last_boot, last_boot_error = _last_boot(host)
     name = nodename.observe(host, config.kubernetes.node_name)
     return StatusFacts(
@@ -172,9 +178,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         detection_error=detection_error,
         driver_version_text=version_text,
         gpu_infos=gpu_infos,
-        char_majors=majors,
-        modeset_loaded=modeset,
-        dev_nodes={p: _dev_node(host, p) for p in paths},
+        device_nodes=_device_nodes_now(host, gpu_infos, devices_text or "", modeset),
         containerd=_containerd(host, config),
         device_plugin_socket=_dev_node(host, config.kubelet.device_plugin_socket),
         processes=observe_processes(host, ("containerd", "kubelet")),
@@ -223,13 +227,24 @@ def _observe_node(host: Host, config: AgentConfig, node_name: nodename.NodeName)
         return NodeFacts(name, path, error=str(exc), hint=None if waits else exc.hint or None)
 
 
-def expected_dev_nodes(gpu_infos: dict[str, driverinfo.GpuInfo], modeset: bool) -> list[str]:
-    """The nodes containers need: control, one per GPU minor, UVM (+ modeset when loaded)."""
-    paths = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
-    if modeset:
-        paths.append("/dev/nvidia-modeset")
-    minors = sorted(i.minor for i in gpu_infos.values() if i.minor is not None)
-    return paths + [f"/dev/nvidia{m}" for m in minors]
+def _device_nodes_now(host: Host, gpu_infos: dict[str, driverinfo.GpuInfo], proc_devices: str,
+                      modeset: bool) -> DeviceNodes:
+    """The nodes `driver load` would make (devices.wanted), each judged by devices.judge."""
+    unknown = tuple(i.minor_problem for i in gpu_infos.values() if i.minor_problem)
+    problems: list[str] = []
+    majors = driverinfo.parse_char_majors(proc_devices, problems)
+    minors = [i.minor for i in gpu_infos.values() if i.minor is not None]
+    try:
+        wanted = devices.wanted(majors, minors, modeset, devices.cap_minors(host), problems)
+    except (devices.MissingMajor, GpunodeError) as exc:  # GpunodeError: a caps file unreadable
+        return DeviceNodes({}, unknown, str(exc))
+    judged: dict[str, str | None] = {}
+    for node in wanted:
+        try:
+            judged[node.path] = devices.problem(host, node)
+        except GpunodeError as exc:  # e.g. a directory on its path it may not search
+            judged[node.path] = f"cannot be checked ({exc})"
+    return DeviceNodes(judged, unknown)
 
 
 def _dev_node(host: Host, path: str) -> DevNode:
@@ -555,20 +570,11 @@ def _driver_gpus(facts: StatusFacts, d: Detection,
 def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
     if driver is None:
         return Check("device_nodes", SKIP, "driver not loaded")
-    wanted = _wanted_numbers(facts)
-    unknown = [i.minor_problem for i in facts.gpu_infos.values() if i.minor_problem]
-    problems = list(unknown)
-    for path, node in facts.dev_nodes.items():
-        major, minor = wanted.get(path, (None, None))
-        if node.kind == "missing":
-            problems.append(f"{path} missing")
-        elif node.kind != "char":
-            problems.append(f"{path} is not a character device")
-        elif major is None:
-            problems.append(f"{path}: no major for it in /proc/devices")
-        elif (node.major, node.minor) != (major, minor):
-            problems.append(f"{path} is {node.major}:{node.minor}, expected {major}:{minor}")
-    if unknown:  # 'driver load' refuses it the same way (devices.for_host)
+    nodes = facts.device_nodes
+    problems = [*nodes.unknown_minors, *([nodes.error] if nodes.error else [])]
+    problems += [f"{path} {'is ' if why == devices.NOT_CHAR else ''}{why}"
+                 for path, why in nodes.problems.items() if why is not None]
+    if nodes.unknown_minors:  # 'driver load' refuses it the same way (devices.for_host)
         return Check("device_nodes", FAIL, "; ".join(problems),
                      "the driver does not say which /dev/nvidiaN is the GPU's: look for NVRM "
                      "errors in 'dmesg'; reload the NVIDIA modules or reboot the node")
@@ -576,22 +582,7 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
         return Check("device_nodes", FAIL, "; ".join(problems),
                      "run 'gpunode driver load', which makes them (majors from /proc/devices; "
                      "gpunode boot does this at boot)")
-    return Check("device_nodes", OK, f"{_count(len(facts.dev_nodes), 'device node')} present")
-
-
-def _wanted_numbers(facts: StatusFacts) -> dict[str, tuple[int | None, int | None]]:
-    nvidia = driverinfo.nvidia_major(facts.char_majors)
-    uvm = facts.char_majors.get("nvidia-uvm")
-    wanted: dict[str, tuple[int | None, int | None]] = {
-        "/dev/nvidiactl": (nvidia, 255),
-        "/dev/nvidia-modeset": (nvidia, 254),
-        "/dev/nvidia-uvm": (uvm, 0),
-        "/dev/nvidia-uvm-tools": (uvm, 1),
-    }
-    for info in facts.gpu_infos.values():
-        if info.minor is not None:
-            wanted[f"/dev/nvidia{info.minor}"] = (nvidia, info.minor)
-    return wanted
+    return Check("device_nodes", OK, f"{_count(len(nodes.problems), 'device node')} present")
 
 
 def _containerd_interrupted(host: Host) -> bool | str:
