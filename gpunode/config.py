@@ -16,7 +16,7 @@ from typing import Any
 from gpunode import safeio
 from gpunode.driver.flavour import FLAVOURS
 from gpunode.driver.strategy import STRATEGIES
-from gpunode.errors import ConfigError, HostError
+from gpunode.errors import ConfigError, HostError, UsageError
 from gpunode.host import Host
 from gpunode.tomlread import key_line, loads_toml
 
@@ -203,6 +203,27 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
 }
 
 
+def check_flag(flag: str, section: str, key: str, value: Any) -> None:
+    """A command-line value for `[section] key`, checked by that key's own rule: a value the
+    agent config would refuse is refused (UsageError, exit 2) naming the flag; None was not
+    given."""
+    check = _VALUE_CHECKS.get((section, key))
+    problem = check(value) if check is not None and value is not None else None
+    if problem is not None:
+        raise UsageError(f"{flag} {value!r}: {problem}")
+
+
+def with_flags(config: AgentConfig, section: str,
+               flags: dict[str, tuple[str, Any]]) -> AgentConfig:
+    """`config` with command-line overrides for keys of one section (key → (flag, value); a
+    value None was not given), each checked first (check_flag)."""
+    given = {key: value for key, (_, value) in flags.items() if value is not None}
+    for key, (flag, value) in flags.items():
+        check_flag(flag, section, key, value)
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section),
+                                                                       **given)})
+
+
 # The most an agent config may hold: `ignition` refuses exactly what the node would.
 MAX_CONFIG_BYTES = safeio.DEFAULT_LIMIT
 
@@ -223,6 +244,11 @@ def load_config(host: Host, path: str | None = None) -> AgentConfig:
         if explicit:
             raise ConfigError(shown, None, "does not exist (omit --config to use defaults)")
         return AgentConfig()
+    return parse_text(text, shown)
+
+
+def parse_text(text: str, shown: str) -> AgentConfig:
+    """An agent config's text, validated as the node validates its file (`shown` names it)."""
     doc = loads_toml(text, shown, lambda file, reason, line: ConfigError(file, None, reason,
                                                                              line))
     return parse_config(doc, text, shown)

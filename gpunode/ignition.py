@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpunode import __version__
-from gpunode.config import DEFAULT_CONFIG_PATH, MAX_CONFIG_BYTES
+from gpunode import __version__, log
+from gpunode.config import DEFAULT_CONFIG_PATH, MAX_CONFIG_BYTES, parse_text
 from gpunode.driver import nouveau
-from gpunode.errors import HostError, UsageError
+from gpunode.errors import ConfigError, GpunodeError, HostError, UsageError
 from gpunode.host import Host
 
 CLC_LIMIT = 32768
@@ -90,6 +90,34 @@ def read_input(host: Host, path: str) -> str:
                            f"{MAX_INPUT >> 20} MiB") from None
     if text is None:
         raise InputRefused(path, "does not exist")
+    return text
+
+
+def agent_config(path: str) -> str:
+    """The agent config to install (path on this machine): a UTF-8 regular file read once
+    through the Host, and refused now, exactly as the node would refuse it, if it is not
+    valid (ConfigError, exit 2)."""
+    try:
+        text = read_input(Host(), path)
+    except InputRefused as exc:
+        raise ConfigError(path, None, exc.reason) from exc
+    except GpunodeError as exc:  # the Host could not read it
+        raise ConfigError(path, None, f"cannot be read: {exc}") from exc
+    parse_text(text, path)
+    return text
+
+
+def checked_text(s: Snippet, fmt: str) -> str:
+    """The snippet rendered, refused (exit 2) when a Container Linux Config would not fit
+    Cluster API's additionalConfig."""
+    text = render(s, fmt)
+    if fmt == "clc":
+        if len(text) > CLC_LIMIT:
+            raise UsageError(f"the Container Linux Config is {len(text)} characters, over "
+                             f"Cluster API's additionalConfig limit of {CLC_LIMIT}",
+                             "shorten the agent config (comments, defaults), or deliver it "
+                             "another way (format ignition or butane)")
+        log.get().info("ignition.clc_size", characters=len(text), limit=CLC_LIMIT)
     return text
 
 

@@ -107,6 +107,9 @@ def _console_emitter(stream: TextIO, colors: bool) -> Callable[[str, EventDict],
 _logger = Logger(_json_emitter(None), LEVELS["info"])
 
 
+FORMATS = ("console", "json")
+
+
 def configure(log_format: str | None, level: str = "info", stream: TextIO | None = None) -> None:
     """`log_format` None picks console on a TTY, JSON otherwise (so journald gets JSON lines)."""
     global _logger

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpunode import records, status
 from gpunode.config import AgentConfig
-from gpunode.detect import undecided_reason
+from gpunode.detect import UndecidedError, undecided_reason
 from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.kube.client import ApiError, NodeApi, read_kubeconfig, with_retries
@@ -91,4 +91,26 @@ def apply(host: Host, config: AgentConfig, want: Desired, api: NodeApi | None = 
     return Outcome(want.node, patch is not None, status_patch is not None, tuple(api.calls))
 
 
-__all__ = ["ApiError", "Desired", "Outcome", "apply", "desired", "for_host"]
+def require_decided(want: Desired) -> None:
+    """The refusal boot and `driver load` give when the node's GPUs cannot be identified
+    (exit 1), raised after the honest labels were printed or set."""
+    if want.undecided is not None:
+        raise UndecidedError(f"labelled GPUReady=False: {want.undecided}")
+
+
+def document(want: Desired, outcome: Outcome | None, dry_run: bool) -> dict[str, Any]:
+    """`label --json`: what is wanted and (unless --dry-run) what changed. A node without a GPU
+    gets the same document, saying there is nothing to do."""
+    if want.gpu is False:
+        done = {} if dry_run else {"labels_changed": False, "condition_changed": False,
+                                   "calls": []}
+        return {"schema_version": 1, "node": want.node, "gpu": False, "labels": {},
+                "condition": None, "undecided": None, "message": NOTHING_TO_LABEL, **done}
+    changed = {} if outcome is None else {"labels_changed": outcome.labels_changed,
+                                          "condition_changed": outcome.condition_changed,
+                                          "calls": list(outcome.calls)}
+    return {"schema_version": 1, **want.to_json(), **changed}
+
+
+__all__ = ["ApiError", "Desired", "Outcome", "apply", "desired", "document", "for_host",
+           "require_decided"]
