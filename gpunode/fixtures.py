@@ -285,6 +285,11 @@ def _write_nodes(root: Path, machine: Machine, options: Options) -> None:
     real = options.dev_nodes == "char" or (options.dev_nodes == "auto" and os.geteuid() == 0)
     for path, (major, minor) in nodes.items():
         make_char_device(root, path, major, minor, real)
+        # and its /dev/char link, as gpunode's driver step leaves it (runc looks devices up there)
+        link = root / f"dev/char/{major}:{minor}"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(f"..{path.removeprefix('/dev')}")
 
 
 def make_char_device(root: Path, path: str, major: int, minor: int, real: bool) -> None:

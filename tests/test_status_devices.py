@@ -66,3 +66,15 @@ def test_a_ready_node_has_nothing_for_driver_load_to_fix(make_host: HostFactory)
     step.make_nodes(host)
     assert device_nodes(host) == Check("device_nodes", "ok", "7 device nodes present")
     assert step.make_nodes(host) == []
+
+
+def test_a_missing_dev_char_link_is_not_ok_and_driver_load_makes_it(
+        make_host: HostFactory) -> None:
+    """runc and systemd look devices up by /dev/char/MAJOR:MINOR; driver load makes the link."""
+    host = make_host("nc4as-t4-v3", "ready")
+    (host.root / "dev/char/195:0").unlink()
+    check = device_nodes(host)
+    assert (check.state, check.detail) == ("fail", "/dev/nvidia0: no /dev/char/195:0 link")
+    assert check.hint is not None and "gpunode driver load" in check.hint
+    assert step.make_nodes(host) == ["/dev/nvidia0 (195:0): no /dev/char/195:0 link"]
+    assert device_nodes(host).state == "ok"

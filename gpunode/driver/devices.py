@@ -107,17 +107,32 @@ def judge(node: Node, st: os.stat_result | None) -> str | None:
     return None
 
 
+def link_problem(host: Host, node: Node) -> str | None:
+    """Why the node's /dev/char link (what runc and systemd look devices up by) is not right,
+    or None when it is."""
+    target = host.read_link(node.char_link)
+    if target == _link_target(node):
+        return None
+    return f"no {node.char_link} link" if target is None else \
+        f"{node.char_link} links to {target!r}, not {_link_target(node)!r}"
+
+
+def _link_target(node: Node) -> str:
+    return os.path.relpath(node.path, "/dev/char")
+
+
 def ensure(host: Host, nodes: list[Node]) -> list[str]:
     """Create or fix each node and its /dev/char link; what was done, for the log and record."""
     done: list[str] = []
     for node in nodes:
         reason = problem(host, node)
         if reason is not None:
-            if reason != MISSING:
+            if reason != "missing":
                 log.get().info("devices.replace", path=node.path, reason=reason)
             host.make_char_device(node.path, node.major, node.minor, MODE)
-            done.append(f"{node.path} ({node.major}:{node.minor}): {reason}")
-        link_target = os.path.relpath(node.path, "/dev/char")
-        if host.read_link(node.char_link) != link_target:
-            host.symlink(node.char_link, link_target)
+        link = link_problem(host, node)
+        if link is not None:
+            host.symlink(node.char_link, _link_target(node))
+        if reason or link:
+            done.append(f"{node.path} ({node.major}:{node.minor}): {reason or link}")
     return done

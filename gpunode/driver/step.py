@@ -172,7 +172,7 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
     node_fixes: tuple[str, ...] = ()
     if choice.action == "verify" and not load.steps:  # all loaded: its nodes can be checked
         node_fixes = tuple(f"{n.path} ({n.major}:{n.minor}): {why}" for n in wanted_nodes(host)
-                           if (why := devices.problem(host, n)) is not None)
+                           if (why := devices.problem(host, n) or devices.link_problem(host, n)))
     return Plan(kernel=kernel, flavour=chosen, choice=choice, modules=wanted, load=load,
                 sysext_line=sysext_line, node_fixes=node_fixes,
                 gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"))

@@ -193,8 +193,8 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
         return Check("device_nodes", SKIP, "driver not loaded")
     nodes = facts.device_nodes
     problems = [*nodes.unknown_minors, *([nodes.error] if nodes.error else [])]
-    problems += [f"{path} {'is ' if why == devices.NOT_CHAR else ''}{why}"
-                 for path, why in nodes.problems.items() if why is not None]
+    problems += [_node_problem(path, why) for path, why in nodes.problems.items()
+                 if why is not None]
     if nodes.unknown_minors:  # 'driver load' refuses it the same way (devices.for_host)
         return Check("device_nodes", FAIL, "; ".join(problems),
                      "the driver does not say which /dev/nvidiaN is the GPU's: look for NVRM "
@@ -204,6 +204,14 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
                      "run 'gpunode driver load', which makes them (majors from /proc/devices; "
                      "gpunode boot does this at boot)")
     return Check("device_nodes", OK, f"{_count(len(nodes.problems), 'device node')} present")
+
+
+def _node_problem(path: str, why: str) -> str:
+    """'/dev/nvidia0 missing', '/dev/nvidiactl is not a character device', '/dev/nvidia0 has
+    mode 600, expected 666'; a /dev/char link's problem names the link itself."""
+    if why.startswith(("no /dev/char/", "/dev/char/")):
+        return f"{path}: {why}"
+    return f"{path} {'is ' if why == devices.NOT_CHAR else ''}{why}"
 
 
 def _device_plugin(facts: StatusFacts) -> Check:

@@ -96,7 +96,8 @@ def _observe_node(host: Host, config: AgentConfig, node_name: nodename.NodeName)
 
 def _device_nodes_now(host: Host, gpu_infos: dict[str, driverinfo.GpuInfo], proc_devices: str,
                       modeset: bool) -> DeviceNodes:
-    """The nodes `driver load` would make (devices.wanted), each judged by devices.judge."""
+    """The nodes `driver load` would make (devices.wanted), each judged as it judges them: the
+    node itself (devices.problem), then its /dev/char link (devices.link_problem)."""
     unknown = tuple(i.minor_problem for i in gpu_infos.values() if i.minor_problem)
     problems: list[str] = []
     majors = driverinfo.parse_char_majors(proc_devices, problems)
@@ -108,7 +109,7 @@ def _device_nodes_now(host: Host, gpu_infos: dict[str, driverinfo.GpuInfo], proc
     judged: dict[str, str | None] = {}
     for node in wanted:
         try:
-            judged[node.path] = devices.problem(host, node)
+            judged[node.path] = devices.problem(host, node) or devices.link_problem(host, node)
         except GpunodeError as exc:  # e.g. a directory on its path it may not search
             judged[node.path] = f"cannot be checked ({exc})"
     return DeviceNodes(judged, unknown)
