@@ -17,7 +17,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpunode import log
+from gpunode import log, records
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
 from gpunode.detect import SYSFS_PCI_DEVICES, Detection, detect, require_decided
 from gpunode.driver.modules import Kmod
@@ -394,4 +394,4 @@ def write_record(host: Host, run: BootRun) -> None:
 
 
 def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return records.utc_timestamp()

@@ -15,13 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from gpunode import __version__, log
-from gpunode.config import AgentConfig, load_config
+from gpunode import cliargs, log
+from gpunode.config import AgentConfig, check_flag, load_config, with_flags
 from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
 from gpunode.host import Host
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-DEFAULT_POOL, DEFAULT_INSTANCE_TYPE = "gpu", "Standard_NC4as_T4_v3"
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a refused command line is raised (main() logs it in the chosen format)
@@ -41,96 +40,6 @@ class _Parser(argparse.ArgumentParser):
             raise ArgumentsError(f"unrecognized arguments: {' '.join(extras)}",
                                  self.format_usage(), prog)
         return parsed
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gpunode", description="Make an NVIDIA GPU node ready "
-                     "for Kubernetes at boot, and explain its state.")
-    parser.add_argument("--version", action="version", version=f"gpunode {__version__}")
-    parser.add_argument("--root", default="/", metavar="DIR",
-                        help="host root to observe and change (default: /)")
-    parser.add_argument("--config", metavar="FILE",
-                        help="agent config (default: <root>/etc/gpunode/config.toml; missing "
-                        "means defaults)")
-    parser.add_argument("--log-format", choices=("console", "json"),
-                        help="log format (default: console on a TTY, json otherwise)")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    detect = commands.add_parser("detect", help="list NVIDIA PCI functions")
-    detect.add_argument("--json", action="store_true", help="print a JSON document")
-    detect.set_defaults(run=_detect)
-
-    status = commands.add_parser("status", help="live checks and the last boot record")
-    status.add_argument("--json", action="store_true", help="print a JSON document")
-    status.set_defaults(run=_status)
-
-    plan = commands.add_parser("plan", help="what 'boot' would change; touches nothing")
-    plan.add_argument("--json", action="store_true", help="print a JSON document")
-    plan.set_defaults(run=_plan)
-
-    boot = commands.add_parser("boot", help="the whole pipeline (what gpunode.service runs)")
-    boot.set_defaults(run=_boot)
-
-    label = commands.add_parser("label", help="label the own Node and set its GPUReady "
-                                "condition, with the kubelet's credentials")
-    label.add_argument("--dry-run", action="store_true",
-                       help="print the labels and condition; do not contact the API")
-    label.add_argument("--json", action="store_true", help="print a JSON document")
-    label.add_argument("--registration", choices=("cluster-azure", "kubeadm", "kubelet-flags"),
-                       help="print the taints and labels to set at registration in that form "
-                       "(a kubelet may not change its taints later)")
-    label.add_argument("--pool", help="node pool name (--registration cluster-azure; "
-                       f"default {DEFAULT_POOL})")
-    label.add_argument("--instance-type", help="instance type (--registration cluster-azure; "
-                       f"default {DEFAULT_INSTANCE_TYPE})")
-    label.set_defaults(run=_label)
-
-    ignition = commands.add_parser("ignition", help="render the node snippet that installs "
-                                   "gpunode (sysext, units, config)")
-    ignition.add_argument("--format", choices=("butane", "ignition", "clc"), default="butane")
-    ignition.add_argument("--sysext-url", required=True, metavar="URL",
-                          help="where nodes download gpunode-<version>-x86-64.raw")
-    ignition.add_argument("--sysext-sha512", required=True, metavar="HEX",
-                          help="the image's sha512 (make sysext writes it beside the image)")
-    ignition.add_argument("--agent-config", metavar="FILE",
-                          help="agent config to install as /etc/gpunode/config.toml (checked "
-                          "first)")
-    ignition.add_argument("--units", metavar="DIR", help="directory holding the units "
-                          "(default: units/ of this checkout, else /usr/lib/systemd/system)")
-    ignition.set_defaults(run=_ignition)
-
-    driver = commands.add_parser("driver", help="the driver step alone")
-    driver_actions = driver.add_subparsers(dest="action", required=True, metavar="ACTION")
-    driver_actions.add_parser("load", help="make the NVIDIA modules loaded (and device nodes)"
-                              ).set_defaults(run=_driver_load)
-    driver_actions.add_parser("build", help="build the modules for the running kernel into "
-                              "the cache (once per kernel, driver and flavour)"
-                              ).set_defaults(run=_driver_build)
-    driver_status = driver_actions.add_parser("status", help="what the driver step would do, "
-                                              "and the driver checks")
-    driver_status.add_argument("--json", action="store_true", help="print a JSON document")
-    driver_status.set_defaults(run=_driver_status)
-
-    containerd = commands.add_parser("containerd", help="the container runtime step alone")
-    actions = containerd.add_subparsers(dest="action", required=True, metavar="ACTION")
-    configure = actions.add_parser("configure", help="add or reconcile the nvidia runtime")
-    configure.add_argument("--config", dest="containerd_config", metavar="PATH",
-                           help="containerd config file to edit in place (default: the one "
-                           "containerd.service uses)")
-    configure.add_argument("--runtime-name", metavar="NAME")
-    configure.add_argument("--runtime-path", metavar="PATH")
-    configure.add_argument("--set-as-default", action="store_true", default=None)
-    configure.add_argument("--enable-cdi", action="store_true", default=None)
-    configure.add_argument("--force", action="store_true",
-                           help="configure even if the runtime binary does not exist")
-    configure.add_argument("--dry-run", action="store_true",
-                           help="print a unified diff and write nothing")
-    configure.set_defaults(run=_containerd_configure)
-    revert = actions.add_parser("revert", help="remove what gpunode added")
-    revert.add_argument("--config", dest="containerd_config", metavar="PATH",
-                        help="the file gpunode changed (default: the one its ledger names)")
-    revert.set_defaults(run=_containerd_revert)
-    return parser
 
 
 Command = Callable[[Host, AgentConfig, argparse.Namespace], int]
@@ -244,13 +153,14 @@ def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
 
 def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.kube import step
+    from gpunode import render
+    from gpunode.kube import label, registration
 
     if args.registration:
         return _registration(config, args)
-    _pool_settings(args)  # refused without --registration cluster-azure
+    registration.pool_settings(None, args.pool, args.instance_type)  # refused: no form given
     with log.step("label", dry_run=args.dry_run) as fields:
-        want = step.desired(host, config)
+        want = label.for_host(host, config)
         fields.update(node=want.node, labels=len(want.labels),
                       condition=want.condition.status)
         # A node whose GPUs nobody can identify is labelled anyway: GPUReady=False with the
@@ -258,52 +168,18 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         # last boot labelled it (perhaps GPUReady=True), so the cluster would keep sending GPU
         # pods to a node gpunode cannot vouch for; "no GPU, nothing to label" would hide the
         # problem. The command still exits 1 (after labelling), naming the problem.
-        if want.gpu is False:
-            if args.json:  # the same document, saying there is nothing to do
-                _print_json({"schema_version": 1, "node": want.node, "gpu": False,
-                             "labels": {}, "condition": None, "undecided": None,
-                             "message": NOTHING_TO_LABEL,
-                             **({} if args.dry_run else {"labels_changed": False,
-                                                         "condition_changed": False,
-                                                         "calls": []})})
-            else:
-                print(NOTHING_TO_LABEL)
-            return EXIT_OK
-        if args.dry_run:
-            if args.json:
-                _print_json({"schema_version": 1, **want.to_json()})
-            else:
-                print("\n".join([f"node {want.node}", *(f"{k}={v}" for k, v in
-                                                         sorted(want.labels.items())),
-                                  f"condition GPUReady={want.condition.status} "
-                                  f"({want.condition.reason}): {want.condition.message}"]))
-            return _undecided_exit(want.undecided)
-        outcome = step.apply(host, config, want)
-        fields.update(labels_changed=outcome.labels_changed,
-                      condition_changed=outcome.condition_changed, calls=list(outcome.calls))
-    if args.json:
-        _print_json({"schema_version": 1, **want.to_json(),
-                     "labels_changed": outcome.labels_changed,
-                     "condition_changed": outcome.condition_changed,
-                     "calls": list(outcome.calls)})
-    else:
-        print(f"node {outcome.node}: labels {'updated' if outcome.labels_changed else 'current'}"
-              f", GPUReady={want.condition.status} "
-              f"{'updated' if outcome.condition_changed else 'current'}")
-    return _undecided_exit(want.undecided)
-
-
-NOTHING_TO_LABEL = "no NVIDIA GPU: nothing to label"
-
-
-def _undecided_exit(undecided: str | None) -> int:
-    """Exit 0, or — the node's GPUs cannot be identified — raise the refusal boot and
-    `driver load` give, after the honest labels were printed or set."""
-    if undecided is None:
-        return EXIT_OK
-    from gpunode.errors import UndecidedError
-
-    raise UndecidedError(f"labelled GPUReady=False: {undecided}")
+        outcome = None
+        if want.gpu is not False and not args.dry_run:
+            outcome = label.apply(host, config, want)
+            fields.update(labels_changed=outcome.labels_changed,
+                          condition_changed=outcome.condition_changed,
+                          calls=list(outcome.calls))
+        if args.json:
+            _print_json(label.document(want, outcome, args.dry_run))
+        else:
+            print(render.label(want, outcome))
+    label.require_decided(want)  # exit 1 after the honest labels were printed or set
+    return EXIT_OK
 
 
 def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
@@ -311,51 +187,19 @@ def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
     with --json the very same document as JSON (kubelet-flags: a JSON array of the flags)."""
     from gpunode.kube import registration
 
-    k = config.kubernetes
-    pool, instance_type = _pool_settings(args)
-    if args.registration == "kubelet-flags":
-        flags = registration.kubelet_flags(k.taints, dict(k.labels))
-        if args.json:
-            _print_json(flags)
-        else:
-            print(" ".join(flags))
-        return EXIT_OK
-    document = (registration.cluster_azure(pool, instance_type, k.taints, dict(k.labels))
-                if args.registration == "cluster-azure"
-                else registration.kubeadm(k.taints, dict(k.labels)))
+    pool, instance_type = registration.pool_settings(args.registration, args.pool,
+                                                     args.instance_type)
+    document = registration.form(args.registration, pool, instance_type,
+                                 config.kubernetes.taints, dict(config.kubernetes.labels))
     if args.json:
         _print_json(document)
-        return EXIT_OK
-    import yaml
+    elif isinstance(document, list):
+        print(" ".join(document))
+    else:
+        import yaml
 
-    print(yaml.safe_dump(document, sort_keys=False), end="")
+        print(yaml.safe_dump(document, sort_keys=False), end="")
     return EXIT_OK
-
-
-def _pool_settings(args: argparse.Namespace) -> tuple[str, str]:
-    """--pool and --instance-type, checked (exit 2): they name a cluster-azure node pool, and
-    mean nothing to the other forms, so they are refused there rather than ignored."""
-    from gpunode.kube import registration
-
-    given = [flag for flag, value in (("--pool", args.pool),
-                                      ("--instance-type", args.instance_type))
-             if value is not None]
-    if args.registration != "cluster-azure":
-        if given:
-            form = (f"--registration {args.registration}" if args.registration
-                    else "label without --registration")
-            raise UsageError(f"{' and '.join(given)}: only --registration cluster-azure takes "
-                             f"{'it' if len(given) == 1 else 'them'}, not {form}")
-        return DEFAULT_POOL, DEFAULT_INSTANCE_TYPE
-    pool = DEFAULT_POOL if args.pool is None else args.pool
-    instance_type = DEFAULT_INSTANCE_TYPE if args.instance_type is None else args.instance_type
-    for flag, value, check in (("--pool", pool, registration.pool_problem),
-                               ("--instance-type", instance_type,
-                                registration.instance_type_problem)):
-        problem = check(value)
-        if problem is not None:
-            raise UsageError(f"{flag} {registration.shown(value)}: {problem}")
-    return pool, instance_type
 
 
 def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
@@ -365,34 +209,11 @@ def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
     agent_config = None
     if args.agent_config:
-        agent_config = _snippet_agent_config(str(Path(args.agent_config).absolute()))
+        agent_config = ignition.agent_config(str(Path(args.agent_config).absolute()))
     snippet = ignition.snippet(args.sysext_url, args.sysext_sha512, agent_config,
                                Path(args.units) if args.units else None)
-    text = ignition.render(snippet, args.format)
-    if args.format == "clc":
-        if len(text) > ignition.CLC_LIMIT:
-            raise UsageError(f"the Container Linux Config is {len(text)} characters, over "
-                             f"Cluster API's additionalConfig limit of {ignition.CLC_LIMIT}",
-                             "shorten the agent config (comments, defaults), or deliver it "
-                             "another way (format ignition or butane)")
-        log.get().info("ignition.clc_size", characters=len(text), limit=ignition.CLC_LIMIT)
-    sys.stdout.write(text)
+    sys.stdout.write(ignition.checked_text(snippet, args.format))
     return EXIT_OK
-
-
-def _snippet_agent_config(path: str) -> str:
-    """The agent config to install: a UTF-8 regular file read through the Host, and refused
-    now, exactly as the node would refuse it, if it is not valid."""
-    from gpunode import ignition
-
-    try:
-        text = ignition.read_input(Host(), path)
-    except ignition.InputRefused as exc:
-        raise ConfigError(path, None, exc.reason) from exc
-    except GpunodeError as exc:  # the Host could not read it
-        raise ConfigError(path, None, f"cannot be read: {exc}") from exc
-    load_config(Host(), path)
-    return text
 
 
 @_changes_node("driver load")
@@ -443,10 +264,7 @@ def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) ->
     from gpunode.driver import step
 
     facts = status.observe(host, config, contact_api=False)
-    report = status.evaluate(facts)
-    names = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus",
-             "device_nodes")
-    checks = [c for c in report.checks if c.name in names]
+    report = status.driver_report(status.evaluate(facts))
     plan_lines: list[str] = []
     # The detection status made, refused as `driver load` refuses it (detect.detect_decided).
     plan_error = undecided_reason(facts.detection, facts.detection_error)
@@ -457,52 +275,34 @@ def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) ->
             plan_lines = the_plan.describe()
         except GpunodeError as exc:
             plan_error = str(exc)
-    ready = not any(c.state == status.FAIL for c in checks)
     if args.json:
-        _print_json({"schema_version": 1, "root": str(host.root), "ready": ready,
+        _print_json({"schema_version": 1, "root": str(host.root), "ready": report.ready,
                      "plan": plan_lines, "plan_error": plan_error,
-                     "checks": [dataclasses.asdict(c) for c in checks]})
+                     "checks": [dataclasses.asdict(c) for c in report.checks]})
     else:
         from gpunode import render
 
-        sub = status.Report(tuple(checks), "ready" if ready else "not-ready")
-        print(render.status(sub, str(host.root), colour=sys.stdout.isatty()))
+        print(render.status(report, str(host.root), colour=sys.stdout.isatty()))
         print("plan: " + ("; ".join(plan_lines) if plan_lines else f"cannot plan: {plan_error}"))
-    return EXIT_OK if ready else EXIT_FAILED
+    return EXIT_OK if report.ready else EXIT_FAILED
 
 
 def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:
     """The agent config with this command line's overrides applied, checked by the same rules
     as the agent config's own keys (a name containerd rejects, a relative path: exit 2)."""
-    from gpunode.config import _absolute_path, _runtime_name
-
-    _check_config_flag(args)
-    for flag, value, check in (("--runtime-name", args.runtime_name, _runtime_name),
-                               ("--runtime-path", args.runtime_path, _absolute_path)):
-        problem = check(value) if value is not None else None
-        if problem is not None:
-            raise UsageError(f"{flag} {value!r}: {problem}")
-    overrides = {key: value for key, value in (
-        ("runtime_name", args.runtime_name), ("runtime_path", args.runtime_path),
-        ("set_as_default", args.set_as_default), ("enable_cdi", args.enable_cdi))
-        if value is not None}
-    return dataclasses.replace(config, containerd=dataclasses.replace(config.containerd,
-                                                                       **overrides))
-
-
-def _check_config_flag(args: argparse.Namespace) -> None:
-    """containerd's --config names a host path (under --root): an empty or relative one names
-    no file gpunode could edit or revert, and must not quietly mean the default."""
-    from gpunode.config import _absolute_path
-
-    value = args.containerd_config
-    problem = _absolute_path(value) if value is not None else None
-    if problem is not None:
-        raise UsageError(f"containerd --config {value!r}: {problem}")
+    _revert_settings(config, args)
+    return with_flags(config, "containerd", {
+        "runtime_name": ("--runtime-name", args.runtime_name),
+        "runtime_path": ("--runtime-path", args.runtime_path),
+        "set_as_default": ("--set-as-default", args.set_as_default),
+        "enable_cdi": ("--enable-cdi", args.enable_cdi)})
 
 
 def _revert_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:
-    _check_config_flag(args)
+    """containerd's --config names a host path (under --root), checked as
+    containerd.config_path is: an empty or relative one names no file gpunode could edit or
+    revert, and must not quietly mean the default."""
+    check_flag("containerd --config", "containerd", "config_path", args.containerd_config)
     return config
 
 
@@ -567,13 +367,13 @@ def _host(root: str) -> Host:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = cliargs.build_parser(_Parser).parse_args(argv)
     except ArgumentsError as exc:
-        chosen = _log_format(argv)
+        chosen = cliargs.log_format(argv)
         log.configure(chosen)
         return _refused(exc, None, _console(chosen))
     log.configure(args.log_format)
-    run: Callable[[Host, AgentConfig, argparse.Namespace], int] = args.run
+    run = COMMANDS[cliargs.command_name(args)]
     try:
         host = _host(args.root)
         config = _load_config(host, args.config)
@@ -609,20 +409,6 @@ def _refused(exc: UsageError | ConfigError, command: str | None, console: bool) 
     return EXIT_USAGE
 
 
-def _log_format(argv: Sequence[str]) -> str | None:
-    """--log-format as given, read without argparse (which just refused the command line);
-    None (console on a TTY, JSON otherwise) when absent or not a valid choice."""
-    for i, word in enumerate(argv):
-        if word == "--":
-            break
-        name, eq, value = word.partition("=")
-        if len(name) >= 3 and "--log-format".startswith(name):
-            if not eq:
-                value = argv[i + 1] if i + 1 < len(argv) else ""
-            return value if value in ("console", "json") else None
-    return None
-
-
 def _console(log_format: str | None) -> bool:
     """As log.configure decides: console when asked, or by default on a terminal."""
     return log_format == "console" or (log_format is None and sys.stderr.isatty())
@@ -633,6 +419,14 @@ def _load_config(host: Host, config: str | None) -> AgentConfig:
     if config is None:
         return load_config(host)
     return load_config(Host(), str(Path(config).absolute()))
+
+
+COMMANDS: dict[str, Command] = {
+    "detect": _detect, "status": _status, "plan": _plan, "boot": _boot, "label": _label,
+    "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
+    "driver status": _driver_status, "containerd configure": _containerd_configure,
+    "containerd revert": _containerd_revert,
+}
 
 
 if __name__ == "__main__":

@@ -14,13 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode import safeio
-from gpunode.errors import ConfigError, HostError
+from gpunode.driver.flavour import FLAVOURS
+from gpunode.driver.strategy import STRATEGIES
+from gpunode.errors import ConfigError, HostError, UsageError
 from gpunode.host import Host
 from gpunode.tomlread import key_line, loads_toml
 
 DEFAULT_CONFIG_PATH = "/etc/gpunode/config.toml"
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
+DETECT_SOURCES = ("auto", "udev", "sysfs")
+CONTAINERD_MODES = ("in-place", "drop-in")
+REGISTER_WITH = ("chart", "kubelet")
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ def _node_labels(value: dict[str, str]) -> str | None:
 
 
 def _node_name(value: str) -> str | None:
-    from gpunode.kube.step import node_name_problem
+    from gpunode.kube.nodename import node_name_problem
 
     return node_name_problem(value)
 
@@ -167,16 +172,16 @@ def _runtime_name(value: Any) -> str | None:
 # (section, key) → check returning the problem, or None when the value is fine.
 _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("log", "level"): _one_of(*LOG_LEVELS),
-    ("detect", "source"): _one_of("auto", "udev", "sysfs"),
+    ("detect", "source"): _one_of(*DETECT_SOURCES),
     ("containerd", "runtime_name"): _runtime_name,
     ("containerd", "config_path"): _absolute_path,
     ("containerd", "runtime_path"): _absolute_path,
     ("containerd", "cdi_spec_dirs"): lambda v: next(filter(None, map(_absolute_path, v)), None),
-    ("containerd", "mode"): _one_of("in-place", "drop-in"),
+    ("containerd", "mode"): _one_of(*CONTAINERD_MODES),
     ("containerd", "restart_timeout"): lambda v: None if 1 <= v <= 600 else "must be 1 to 600",
     ("kubelet", "device_plugin_socket"): _absolute_path,
-    ("driver", "strategy"): _one_of("auto", "flatcar-sysext", "prebuilt", "build", "external"),
-    ("driver", "flavour"): _one_of("auto", "open", "proprietary", "grid"),
+    ("driver", "strategy"): _one_of(*STRATEGIES),
+    ("driver", "flavour"): _one_of("auto", *FLAVOURS),
     ("driver", "version"): lambda v: None if re.fullmatch(r"\d+\.\d+(\.\d+)?", v)
     else "must be an NVIDIA driver version like 570.195.03",
     ("driver", "sysext"): lambda v: None if re.fullmatch(r"nvidia-drivers-\d+(-open)?", v)
@@ -191,11 +196,32 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("kubernetes", "node_name"): lambda v: _node_name(v),
     ("kubernetes", "labels"): _node_labels,
     ("kubernetes", "taints"): lambda v: next(filter(None, map(_taint, v)), None),
-    ("kubernetes", "register_with"): _one_of("chart", "kubelet"),
+    ("kubernetes", "register_with"): _one_of(*REGISTER_WITH),
     ("kubernetes", "wait_seconds"): lambda v: None if 0 <= v <= 3600 else "must be 0 to 3600",
     ("kubernetes", "request_timeout"): lambda v: None if 1 <= v <= 120 else "must be 1 to 120",
     ("driver.build", "driver_sha256"): lambda v: _hex_digest(v, 64),
 }
+
+
+def check_flag(flag: str, section: str, key: str, value: Any) -> None:
+    """A command-line value for `[section] key`, checked by that key's own rule: a value the
+    agent config would refuse is refused (UsageError, exit 2) naming the flag; None was not
+    given."""
+    check = _VALUE_CHECKS.get((section, key))
+    problem = check(value) if check is not None and value is not None else None
+    if problem is not None:
+        raise UsageError(f"{flag} {value!r}: {problem}")
+
+
+def with_flags(config: AgentConfig, section: str,
+               flags: dict[str, tuple[str, Any]]) -> AgentConfig:
+    """`config` with command-line overrides for keys of one section (key → (flag, value); a
+    value None was not given), each checked first (check_flag)."""
+    given = {key: value for key, (_, value) in flags.items() if value is not None}
+    for key, (flag, value) in flags.items():
+        check_flag(flag, section, key, value)
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section),
+                                                                       **given)})
 
 
 # The most an agent config may hold: `ignition` refuses exactly what the node would.
@@ -218,6 +244,11 @@ def load_config(host: Host, path: str | None = None) -> AgentConfig:
         if explicit:
             raise ConfigError(shown, None, "does not exist (omit --config to use defaults)")
         return AgentConfig()
+    return parse_text(text, shown)
+
+
+def parse_text(text: str, shown: str) -> AgentConfig:
+    """An agent config's text, validated as the node validates its file (`shown` names it)."""
     doc = loads_toml(text, shown, lambda file, reason, line: ConfigError(file, None, reason,
                                                                              line))
     return parse_config(doc, text, shown)

@@ -81,6 +81,11 @@ class Detection:
     def vfio_gpus(self) -> tuple[PciFunction, ...]:
         return tuple(f for f in self.gpus if f.driver == "vfio-pci")
 
+    @property
+    def usable_gpus(self) -> tuple[PciFunction, ...]:
+        """The GPUs containers can use: every one not reserved for VM passthrough (vfio-pci)."""
+        return tuple(f for f in self.gpus if f.driver != "vfio-pci")
+
     def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source,

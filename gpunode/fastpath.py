@@ -8,7 +8,8 @@ recomputes them; when all are equal it logs one event and exits, without importi
 pipeline (which costs several times Python's own start). /run is empty after a reboot, so the
 first boot of every kernel always runs in full.
 
-This module must stay cheap to import: os, json and gpunode.safeio (itself os and stat) only.
+This module must stay cheap to import: os, json, gpunode.safeio (itself os and stat) and
+gpunode.records (json, math, time) only.
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ import json
 import os
 import stat
 import sys
-import time
 from typing import Any
 
-from gpunode import safeio
+from gpunode import records, safeio
 
 STAMP = "/run/gpunode/inputs.json"
 STAMP_VERSION = 1
@@ -129,7 +129,7 @@ def boot_args(argv: list[str]) -> tuple[str, str | None, str | None] | None:
 
 def report_unchanged(log_format: str | None) -> None:
     """The one event a no-op boot logs (the console format stays readable by hand)."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    stamp = records.utc_timestamp()
     if log_format == "console" or (log_format is None and sys.stderr.isatty()):
         sys.stderr.write(f"{stamp} [info     ] boot.unchanged  nothing changed since the last "
                          "successful boot\n")

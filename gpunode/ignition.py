@@ -16,18 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpunode import __version__
-from gpunode.config import MAX_CONFIG_BYTES
-from gpunode.errors import HostError, InputRefused, UsageError
+from gpunode import __version__, log
+from gpunode.config import DEFAULT_CONFIG_PATH, MAX_CONFIG_BYTES, parse_text
+from gpunode.driver import nouveau
+from gpunode.errors import ConfigError, GpunodeError, HostError, InputRefused, UsageError
 from gpunode.host import Host
 
 CLC_LIMIT = 32768
 FORMATS = ("butane", "ignition", "clc")
 EXTENSIONS_DIR = "/opt/extensions/gpunode"
 EXTENSION_LINK = "/etc/extensions/gpunode.raw"
-AGENT_CONFIG = "/etc/gpunode/config.toml"
-NOUVEAU_BLACKLIST = "/etc/modprobe.d/blacklist-nouveau.conf"
-NOUVEAU_TEXT = "blacklist nouveau\noptions nouveau modeset=0\n"
 UNIT_NAMES = ("gpunode.service", "gpunode-label.service")
 
 
@@ -86,6 +84,34 @@ def read_input(host: Host, path: str) -> str:
     return text
 
 
+def agent_config(path: str) -> str:
+    """The agent config to install (path on this machine): a UTF-8 regular file read once
+    through the Host, and refused now, exactly as the node would refuse it, if it is not
+    valid (ConfigError, exit 2)."""
+    try:
+        text = read_input(Host(), path)
+    except InputRefused as exc:
+        raise ConfigError(path, None, exc.reason) from exc
+    except GpunodeError as exc:  # the Host could not read it
+        raise ConfigError(path, None, f"cannot be read: {exc}") from exc
+    parse_text(text, path)
+    return text
+
+
+def checked_text(s: Snippet, fmt: str) -> str:
+    """The snippet rendered, refused (exit 2) when a Container Linux Config would not fit
+    Cluster API's additionalConfig."""
+    text = render(s, fmt)
+    if fmt == "clc":
+        if len(text) > CLC_LIMIT:
+            raise UsageError(f"the Container Linux Config is {len(text)} characters, over "
+                             f"Cluster API's additionalConfig limit of {CLC_LIMIT}",
+                             "shorten the agent config (comments, defaults), or deliver it "
+                             "another way (format ignition or butane)")
+        log.get().info("ignition.clc_size", characters=len(text), limit=CLC_LIMIT)
+    return text
+
+
 def check_url(url: str) -> None:
     """A URL Ignition fetches as written: Ignition (Go's url.Parse) refuses control characters,
     bad ports and %-escapes; spaces and non-ASCII must be percent-encoded to reach a server."""
@@ -121,9 +147,9 @@ def snippet(sysext_url: str, sysext_sha512: str, agent_config: str | None,
     check_url(sysext_url)
     image = f"{EXTENSIONS_DIR}/gpunode-{version}-x86-64.raw"
     files = [File(image, 0o644, url=sysext_url, sha512=sysext_sha512),
-             File(NOUVEAU_BLACKLIST, 0o644, inline=NOUVEAU_TEXT)]
+             File(nouveau.BLACKLIST_FILE, 0o644, inline=nouveau.BLACKLIST_TEXT)]
     if agent_config is not None:
-        files.append(File(AGENT_CONFIG, 0o644, inline=agent_config))
+        files.append(File(DEFAULT_CONFIG_PATH, 0o644, inline=agent_config))
     directory = (units or units_dir()).absolute()
     reader = host or Host()
     embedded = []

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from gpunode import records
 from gpunode.errors import GpunodeError
 
 EventDict = MutableMapping[str, Any]
@@ -27,7 +28,7 @@ LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 def add_timestamp(_logger: Any, _method: str, event: EventDict) -> EventDict:
-    event["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+    event["timestamp"] = records.utc_timestamp()
     return event
 
 
@@ -106,6 +107,9 @@ def _console_emitter(stream: TextIO, colors: bool) -> Callable[[str, EventDict],
 
 
 _logger = Logger(_json_emitter(None), LEVELS["info"])
+
+
+FORMATS = ("console", "json")
 
 
 def configure(log_format: str | None, level: str = "info", stream: TextIO | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpunode.detect import Detection
+from gpunode.kube.label import NOTHING_TO_LABEL, Desired, Outcome
 from gpunode.status import Report
 
 _COLOURS = {"ok": "32", "warn": "33", "fail": "31", "skip": "2"}
@@ -54,3 +55,17 @@ def status(report: Report, root: str, colour: bool) -> str:
 
 def _opt(value: int | None) -> str:
     return "-" if value is None else str(value)
+
+
+def label(want: Desired, outcome: Outcome | None) -> str:
+    """`gpunode label`: what it set (or, with --dry-run, would set: outcome None)."""
+    if want.gpu is False:
+        return NOTHING_TO_LABEL
+    condition = want.condition
+    if outcome is None:
+        pairs = [f"{k}={v}" for k, v in sorted(want.labels.items())]
+        return "\n".join([f"node {want.node}", *pairs, f"condition GPUReady={condition.status} "
+                          f"({condition.reason}): {condition.message}"])
+    return (f"node {outcome.node}: labels {'updated' if outcome.labels_changed else 'current'}"
+            f", GPUReady={condition.status} "
+            f"{'updated' if outcome.condition_changed else 'current'}")

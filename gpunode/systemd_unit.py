@@ -10,6 +10,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
+from gpunode import envfile
 from gpunode.errors import HostError
 from gpunode.host import Host
 
@@ -107,11 +108,7 @@ def _apply_environment(env: dict[str, str], value: str) -> None:
 def _apply_environment_file(host: Host, env: dict[str, str], value: str) -> None:
     path = value.removeprefix("-")
     text = host.read_optional(path) if path.startswith("/") else None
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if line and not line.startswith(("#", ";")) and "=" in line:
-            key, _, val = line.partition("=")
-            env[key.strip()] = val.strip().strip("'\"")
+    env.update(envfile.values(text or ""))
 
 
 _VAR_RE = re.compile(r"\$\{(\w+)\}|\$(\w+)")
@@ -132,5 +129,11 @@ def expand_words(words: list[str] | tuple[str, ...], env: dict[str, str]) -> lis
         else:
             argv.append(_VAR_RE.sub(lambda m: env.get(m.group(1) or m.group(2), ""), word))
     if argv:
-        argv[0] = argv[0].lstrip("-@+!:")
+        argv[0] = strip_exec_prefix(argv[0])
     return argv
+
+
+def strip_exec_prefix(word: str) -> str:
+    """An Exec*= command's executable without systemd's special prefixes ("-", "@", "+", "!",
+    "!!", ":"; systemd.service(5), "Command lines")."""
+    return word.lstrip("-@+!:")

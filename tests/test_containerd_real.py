@@ -467,10 +467,10 @@ def test_live_status_reports_the_runtime_containerd_itself_dumps(
     binary stands in for the node's), not by reading the files."""
     import functools
 
-    from gpunode import status
     from gpunode.config import AgentConfig, ContainerdConfig
     from gpunode.containerd import step
     from gpunode.host import Host
+    from gpunode.status import containerd as status_containerd
 
     main, imports, expected = LIVE_STATUS[name]
     for relative, text in imports.items():
@@ -480,7 +480,7 @@ def test_live_status_reports_the_runtime_containerd_itself_dumps(
     config.write_text(main.replace("{tmp}", str(tmp_path)))
     monkeypatch.setattr(step, "CommandProbe",
                         functools.partial(step.CommandProbe, str(containerd.path)))
-    facts = status._containerd(Host(), AgentConfig(containerd=ContainerdConfig(
+    facts = status_containerd.config_facts(Host(), AgentConfig(containerd=ContainerdConfig(
         config_path=str(config))))
     assert facts.judge.endswith("own config dump"), facts
     assert facts.binary_name == expected[containerd.version], facts

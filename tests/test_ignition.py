@@ -124,6 +124,27 @@ def test_cli_refuses_an_invalid_agent_config_before_rendering(
     assert f"{bad}:2: key 'log.level'" in err
 
 
+def test_the_agent_config_to_install_is_read_once_and_installed_as_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What is checked is what is installed: one read, so a file changed in between cannot
+    slip an unchecked config into the snippet."""
+    from gpunode.host import Host
+
+    path = tmp_path / "config.toml"
+    path.write_text(AGENT)
+    reads: list[str] = []
+    real = Host.read_optional
+
+    def counted(self: Host, name: str, *args: Any, **kwargs: Any) -> str | None:
+        reads.append(name)
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(Host, "read_optional", counted)
+    assert ignition.agent_config(str(path)) == AGENT
+    assert reads == [str(path)]
+
+
 @pytest.mark.integration
 def test_ignition_validate_accepts_what_the_checks_let_through(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -12,7 +12,7 @@ from conftest import HostFactory
 from gpunode.cli import main
 from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.host import Host
-from gpunode.kube import step
+from gpunode.kube import label as step
 from gpunode.kube.client import ApiError
 from real.kube_api import (
     DROP,
@@ -44,7 +44,7 @@ def config(**kube: object) -> AgentConfig:
 
 def label(host: Host, cfg: AgentConfig | None = None) -> step.Outcome:
     cfg = cfg or config()
-    return step.apply(host, cfg, step.desired(host, cfg), now="2026-11-29T08:00:00Z")
+    return step.apply(host, cfg, step.for_host(host, cfg), now="2026-11-29T08:00:00Z")
 
 
 def test_first_run_gets_then_patches_labels_and_status(node: Host, api: FakeApiServer) -> None:
@@ -95,7 +95,7 @@ def test_condition_transition_time_is_kept_while_the_status_holds(
     label(node)
     first = {c["type"]: c for c in api.node(NODE)["status"]["conditions"]}  # type: ignore[index]
     (node.root / "dev/nvidia-uvm").unlink()  # now not ready: status flips
-    step.apply(node, config(), step.desired(node, config()), now="2026-11-29T09:00:00Z")
+    step.apply(node, config(), step.for_host(node, config()), now="2026-11-29T09:00:00Z")
     flipped = {c["type"]: c for c in api.node(NODE)["status"]["conditions"]}  # type: ignore[index]
     assert flipped["GPUReady"]["status"] == "False"
     assert flipped["GPUReady"]["reason"] == "DeviceNodesNotReady"

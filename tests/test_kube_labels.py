@@ -11,7 +11,8 @@ from conftest import HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.host import Host
 from gpunode.kube import labels, registration
-from gpunode.kube.step import desired, node_name
+from gpunode.kube.label import for_host as desired
+from gpunode.kube.nodename import node_name
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 DRIVER = {"nvidia.com/cuda.driver-version.full": "550.127.08",
@@ -73,10 +74,10 @@ def test_node_name_follows_the_kubelets_hostname_override(make_host: HostFactory
         "/var/lib/kubelet/kubeadm-flags.env":
             'KUBELET_KUBEADM_ARGS="--container-runtime-endpoint=unix:///run/containerd/'
             'containerd.sock --hostname-override=GPU-Node-7"\n'})
-    assert node_name(host, AgentConfig()) == ("gpu-node-7", "--hostname-override in "
-                                              "/var/lib/kubelet/kubeadm-flags.env")
+    assert node_name(host, None) == ("gpu-node-7", "--hostname-override in "
+                                     "/var/lib/kubelet/kubeadm-flags.env")
     config = AgentConfig(kubernetes=KubernetesConfig(node_name="explicit"))
-    assert node_name(host, config)[0] == "explicit"
+    assert node_name(host, config.kubernetes.node_name)[0] == "explicit"
 
 
 # -- patches ---------------------------------------------------------------------------------
@@ -229,3 +230,34 @@ def test_no_kubelet_dropin_once_the_kubelet_has_registered(make_host: HostFactor
                                                  {})
     assert text is None
     assert "registered already" in why
+
+
+def test_a_user_label_named_like_gfds_does_not_make_a_cpu_node_a_gpu_node(
+        make_host: HostFactory) -> None:
+    """Whether there is a GPU to label comes from detection, not from the labels' names."""
+    config = AgentConfig(kubernetes=KubernetesConfig(labels={"nvidia.com/gpu.present": "true"}))
+    want = desired(make_host("azure-d4s-v5", "bare"), config)
+    assert (want.gpu, want.usable_gpus) == (False, 0)
+
+
+def test_status_wants_on_an_undecided_node_exactly_the_labels_label_sets(
+        make_host: HostFactory) -> None:
+    """A GPU node with another NVIDIA function nobody can identify: status's node check calls
+    the labels `gpunode label` sets current, instead of asking for labels label never sets."""
+    from dataclasses import replace
+
+    from gpunode import status
+    from gpunode.kube import label
+
+    facts = status.observe(make_host("nc4as-t4-v3", "ready"), AgentConfig(), contact_api=False)
+    assert facts.detection is not None
+    facts = replace(facts, detection=replace(facts.detection, undecided=("0002:00:00.0",)))
+    want = label.desired(facts, status.evaluate(facts))
+    assert want.labels == {"gpunode.io/ready": "false"}
+    node = {"metadata": {"labels": want.labels},
+            "status": {"conditions": [{"type": "GPUReady", "status": "False"}],
+                       "allocatable": {"nvidia.com/gpu": "1"}}}
+    facts = replace(facts, node=status.NodeFacts(want.node, "/etc/kubernetes/kubelet.conf",
+                                                 obj=node))
+    check = next(c for c in status.evaluate(facts).checks if c.name == "node")
+    assert check.detail.startswith(f"node {want.node}: labels current"), check

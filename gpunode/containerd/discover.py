@@ -13,7 +13,7 @@ from gpunode.containerd import schema
 from gpunode.errors import ContainerdConfigError, HostError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
-from gpunode.systemd_unit import expand_words, read_unit
+from gpunode.systemd_unit import expand_words, read_unit, strip_exec_prefix
 from gpunode.tomlread import loads_toml
 
 CONTAINERD_UNIT = "containerd.service"
@@ -28,6 +28,11 @@ class ActiveConfig:
     # unexpanded ExecStart: what a drop-in must override to point containerd elsewhere.
     raw_flag: str | None = None
     raw_exec: tuple[str, ...] = ()
+
+    @property
+    def binary(self) -> str:
+        """The containerd executable ExecStart runs, or the usual one when none is known."""
+        return strip_exec_prefix(self.raw_exec[0]) if self.raw_exec else "/usr/bin/containerd"
 
 
 def active_config(host: Host, systemd: Systemd | None = None) -> ActiveConfig:

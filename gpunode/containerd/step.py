@@ -192,7 +192,7 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
         active = ActiveConfig(path, "--config" if explicit else "containerd.config_path")
     else:
         active = active_config(host, systemd)
-    binary = active.raw_exec[0].lstrip("-@+!:") if active.raw_exec else "/usr/bin/containerd"
+    binary = active.binary
     recorded = ledger.read(host)
     target, copied_from, dropin = _target(host, active, recorded)
     if recorded is not None and recorded.target != target:

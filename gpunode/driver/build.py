@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
-from gpunode import command, log, records
+from gpunode import command, envfile, log, records
 from gpunode.errors import DriverBuildError, GpunodeError, HostError
 from gpunode.host import Host
 
@@ -156,27 +156,14 @@ def entry_path(kernel: str, driver: str, flavour: str) -> str:
     return f"{CACHE_ROOT}/{kernel}/{driver}-{flavour}"
 
 
-def parse_env(text: str) -> dict[str, str]:
-    """KEY=VALUE lines (os-release, Flatcar's release and update.conf); quotes removed."""
-    values: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.strip().partition("=")
-        if sep and key and not key.startswith("#"):
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-                value = value[1:-1]
-            values[key.strip()] = value
-    return values
-
-
 def facts_from(release: str | None, os_release: str | None,
                update_confs: Sequence[str | None]) -> FlatcarFacts:
     """Flatcar's release file first, then os-release; the first update.conf naming GROUP."""
-    rel = parse_env(release or "")
-    osr = parse_env(os_release or "")
+    rel = envfile.values(release or "")
+    osr = envfile.values(os_release or "")
     version = rel.get("FLATCAR_RELEASE_VERSION") or osr.get("VERSION") or None
     board = rel.get("FLATCAR_RELEASE_BOARD") or osr.get("FLATCAR_BOARD") or DEFAULT_BOARD
-    groups = (parse_env(text or "").get("GROUP") for text in update_confs)
+    groups = (envfile.values(text or "").get("GROUP") for text in update_confs)
     group = next((g for g in groups if g), DEFAULT_GROUP)
     return FlatcarFacts(version=version, board=board, group=group)
 
@@ -258,7 +245,7 @@ def make_manifest(plan: BuildPlan, facts: FlatcarFacts, modules: Mapping[str, st
         "inputs": {d.role: {"url": d.url, d.algorithm: digests[d.role],
                             "verified": d.expected is not None}
                    for d in (plan.dev_container, plan.installer)},
-        "built_at": built_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "built_at": records.utc_timestamp(built_at.timestamp()),
         "build_seconds": round(seconds, 3),
     }
 

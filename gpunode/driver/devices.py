@@ -84,13 +84,21 @@ def cap_minors(host: Host) -> dict[str, int]:
     return minors
 
 
+MISSING, NOT_CHAR = "missing", "not a character device"
+
+
 def problem(host: Host, node: Node) -> str | None:
     """Why the existing node is not right, or None when it is."""
-    st = host.lstat(node.path)
+    return judge(node, host.lstat(node.path))
+
+
+def judge(node: Node, st: os.stat_result | None) -> str | None:
+    """Why the entry at the node's path (its lstat, None when absent) is not the node: the one
+    judgement `driver load` fixes by and `status` reports."""
     if st is None:
-        return "missing"
+        return MISSING
     if not stat.S_ISCHR(st.st_mode):
-        return "not a character device"
+        return NOT_CHAR
     actual = (os.major(st.st_rdev), os.minor(st.st_rdev))
     if actual != (node.major, node.minor):
         return f"is {actual[0]}:{actual[1]}, expected {node.major}:{node.minor}"

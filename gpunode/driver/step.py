@@ -14,7 +14,7 @@ from gpunode import command, driverinfo, log
 from gpunode.config import DriverConfig
 from gpunode.detect import Detection
 from gpunode.detect import loaded_modules as detect_loaded_modules
-from gpunode.driver import devices, flavour, modules, strategy
+from gpunode.driver import devices, flavour, modules, nouveau, strategy
 from gpunode.errors import DriverError
 from gpunode.host import Host
 
@@ -22,8 +22,7 @@ ENABLED_SYSEXT = "/etc/flatcar/enabled-sysext.conf"
 EXTENSION_RELEASE_DIR = "/usr/lib/extension-release.d"
 SYSEXT_PREFIX = "extension-release.flatcar-nvidia-drivers-"
 NVIDIA_SMI = ("/opt/bin/nvidia-smi", "/usr/bin/nvidia-smi")
-NOUVEAU_HINT = ("blacklist it: write 'blacklist nouveau' and 'options nouveau modeset=0' to "
-                "/etc/modprobe.d/blacklist-nouveau.conf, then reboot")
+NOUVEAU_HINT = nouveau.BLACKLIST_HINT
 
 
 @dataclass(frozen=True)

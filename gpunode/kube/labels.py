@@ -109,7 +109,7 @@ def _product(gpu: PciFunction, models: dict[str, str]) -> str:
 
 def compute(facts: LabelFacts, user: dict[str, str]) -> dict[str, str]:
     """Every label gpunode wants on the Node, user labels included."""
-    gpus = [g for g in facts.detection.gpus if g.driver != "vfio-pci"]
+    gpus = facts.detection.usable_gpus
     if not gpus:
         return dict(user)
     first = gpus[0]

@@ -12,11 +12,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from gpunode.errors import UsageError
 from gpunode.host import Host
 from gpunode.systemd_unit import read_unit
 
 REGISTRATION_LABELS = {"nvidia.com/gpu.present": "true"}
 FORMATS = ("cluster-azure", "kubeadm", "kubelet-flags")
+DEFAULT_POOL, DEFAULT_INSTANCE_TYPE = "gpu", "Standard_NC4as_T4_v3"
 
 
 def parse_taint(text: str) -> dict[str, str]:
@@ -61,6 +63,29 @@ def instance_type_problem(instance_type: str) -> str | None:
     return None
 
 
+def pool_settings(form: str | None, pool: str | None,
+                  instance_type: str | None) -> tuple[str, str]:
+    """--pool and --instance-type for the registration `form` (None: plain `label`), checked
+    (a UsageError, exit 2): they name a cluster-azure node pool, and mean nothing to the other
+    forms, so they are refused there rather than ignored."""
+    given = [flag for flag, value in (("--pool", pool), ("--instance-type", instance_type))
+             if value is not None]
+    if form != "cluster-azure":
+        if given:
+            named = f"--registration {form}" if form else "label without --registration"
+            raise UsageError(f"{' and '.join(given)}: only --registration cluster-azure takes "
+                             f"{'it' if len(given) == 1 else 'them'}, not {named}")
+        return DEFAULT_POOL, DEFAULT_INSTANCE_TYPE
+    pool = DEFAULT_POOL if pool is None else pool
+    instance_type = DEFAULT_INSTANCE_TYPE if instance_type is None else instance_type
+    for flag, value, check in (("--pool", pool, pool_problem),
+                               ("--instance-type", instance_type, instance_type_problem)):
+        problem = check(value)
+        if problem is not None:
+            raise UsageError(f"{flag} {shown(value)}: {problem}")
+    return pool, instance_type
+
+
 def cluster_azure(pool: str, instance_type: str, taints: tuple[str, ...],
                   labels: dict[str, str]) -> dict[str, Any]:
     """A cluster-azure node pool (`global.nodePools.<pool>`) that registers as a GPU node."""
@@ -84,6 +109,16 @@ def kubelet_flags(taints: tuple[str, ...], labels: dict[str, str]) -> list[str]:
     if taints:
         flags.insert(0, f"--register-with-taints={','.join(taints)}")
     return flags
+
+
+def form(name: str, pool: str, instance_type: str, taints: tuple[str, ...],
+         labels: dict[str, str]) -> dict[str, Any] | list[str]:
+    """The registration form `name` (one of FORMATS): a document, or kubelet-flags' flags."""
+    if name == "kubelet-flags":
+        return kubelet_flags(taints, labels)
+    if name == "cluster-azure":
+        return cluster_azure(pool, instance_type, taints, labels)
+    return kubeadm(taints, labels)
 
 
 KUBELET_UNIT = "kubelet.service"

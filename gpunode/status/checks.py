@@ -1,0 +1,291 @@
+"""`status.evaluate`: pure, facts in, checks out (each non-ok check with a hint), so every
+verdict can be tested from data alone. The containerd checks live in status/containerd.py."""
+
+from __future__ import annotations
+
+import re
+
+from gpunode import driverinfo
+from gpunode.detect import (
+    COSMETIC_ATTRIBUTES,
+    Detection,
+    PciFunction,
+    UndecidedError,
+    undecided_reason,
+)
+from gpunode.driver import devices, nouveau
+from gpunode.state import BootRecord
+from gpunode.status import containerd
+from gpunode.status.facts import FAIL, OK, SKIP, WARN, Check, Report, StatusFacts, wanted_labels
+
+
+def evaluate(facts: StatusFacts) -> Report:
+    detection = facts.detection
+    if detection is None:
+        checks = [Check("gpus", FAIL, f"PCI detection failed: {facts.detection_error}",
+                        "check that sysfs is mounted and readable")]
+        return Report(tuple(checks), "not-ready")
+    if not detection.gpus:
+        checks = [_gpus(detection, facts), _pci_scan(detection, facts.driver_flavour)]
+        skipped = ("GPU detection undecided (see gpus)" if detection.undecided
+                   else "no NVIDIA GPU on this host")
+        checks += [Check(name, SKIP, skipped) for name in _GPU_CHECKS]
+        checks.append(_last_boot_check(facts))
+        verdict = "not-ready" if any(c.state == FAIL for c in checks) else "no-gpu"
+        return Report(tuple(checks), verdict)
+    driver = driverinfo.parse_version(facts.driver_version_text or "")
+    checks = [
+        _gpus(detection, facts),
+        _pci_scan(detection, facts.driver_flavour),
+        _nouveau(detection),
+        _binding(detection),
+        _driver(facts, driver),
+        _driver_gpus(facts, detection, driver),
+        _device_nodes(facts, driver),
+        containerd.runtime_check(facts),
+        containerd.process_check(facts, "containerd"),
+        containerd.process_check(facts, "kubelet"),
+        _device_plugin(facts),
+        _last_boot_check(facts),
+    ]
+    verdict = "not-ready" if any(c.state == FAIL for c in checks) else "ready"
+    checks.insert(-1, _node(facts, detection, verdict == "ready"))
+    return Report(tuple(checks), verdict)
+
+
+_GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
+               "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin",
+               "node")
+
+
+def _describe(functions: tuple[PciFunction, ...], models: dict[str, str]) -> str:
+    products: dict[str, int] = {}
+    for f in functions:
+        name = f.product_name or models.get(f.address) or f"10de:{f.device_id or 'unknown'}"
+        products[name] = products.get(name, 0) + 1
+    return ", ".join(f"{n}x {p}" for p, n in products.items())
+
+
+def _gpus(d: Detection, facts: StatusFacts) -> Check:
+    undecided = undecided_reason(d)
+    if undecided is not None:
+        # Neither "no GPU" nor a GPU count to trust: the same refusal boot, plan and driver
+        # load give (detect.require_decided).
+        found = f"{_count(len(d.gpus), 'GPU')} identified, but " if d.gpus else ""
+        return Check("gpus", FAIL, f"GPU detection undecided: {found}{undecided}",
+                     UndecidedError.hint)
+    if not d.gpus:
+        return Check("gpus", SKIP, "no NVIDIA GPU on this host; gpunode has nothing to do")
+    models = {a: i.model for a, i in facts.gpu_infos.items() if i.model}
+    detail = f"{_count(len(d.gpus), 'GPU')}: {_describe(d.gpus, models)}"
+    if d.nvswitches:
+        detail += f"; {len(d.nvswitches)} NVSwitch"
+    return Check("gpus", OK, detail)
+
+
+def _pci_scan(d: Detection, flavour: str = "auto") -> Check:
+    if not d.problems:
+        return Check("pci_scan", OK, f"{_count(len(d.functions), 'NVIDIA PCI function')} read via "
+                     f"{d.source}; names from {d.names_source}")
+    # Serious: a problem with the PCI tree as a whole or a function that may be an unreadable
+    # GPU (both undecided), or an NVIDIA function attribute gpunode decides by (detect.
+    # COSMETIC_ATTRIBUTES are the others). A GPU's device id decides the driver flavour,
+    # unless driver.flavour is pinned: the driver step refuses exactly then (flavour.choose).
+    def decides(f: PciFunction, name: str) -> bool:
+        if name == "device":
+            return f.kind == "gpu" and flavour == "auto"
+        if name == "driver":  # whether the GPU is usable (vfio-pci) or not
+            return f.kind == "gpu"
+        return name not in COSMETIC_ATTRIBUTES
+
+    serious = {f.address for f in d.functions if any(decides(f, a) for a in f.unreadable)}
+    serious |= set(d.undecided)
+    where = [p.split(": ", 1)[0] for p in d.problems]
+    serious |= {w for w in where if not _PCI_ADDRESS.fullmatch(w)}
+    check = "check the device with 'lspci -nn -vvv -s ADDRESS' and the kernel log"
+    hint = f"a PCI function's sysfs attributes could not be read or parsed: {check}"
+    if any("device" in f.unreadable and f.address in serious for f in d.gpus):
+        hint = ("the driver flavour (open or proprietary modules) follows the GPU's device id, "
+                f"which cannot be read: set driver.flavour in the agent config, or {check}")
+    elif not serious:
+        hint += "; gpunode does not need these attributes to make the node ready"
+    return Check("pci_scan", FAIL if serious else WARN, "; ".join(d.problems), hint)
+
+
+_PCI_ADDRESS = re.compile(r"[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def _nouveau(d: Detection) -> Check:
+    if d.nouveau_loaded:
+        return Check("nouveau", FAIL, "the nouveau module is loaded and blocks the NVIDIA driver",
+                     nouveau.BLACKLIST_HINT)
+    return Check("nouveau", OK, "nouveau not loaded")
+
+
+def _binding(d: Detection) -> Check:
+    by_driver: dict[str, list[str]] = {}
+    for gpu in d.gpus:
+        by_driver.setdefault(gpu.driver or "none", []).append(gpu.address)
+    if set(by_driver) <= {"nvidia", "none"}:
+        return Check("gpu_binding", OK, _bindings(by_driver))
+    if "nouveau" in by_driver:
+        return Check("gpu_binding", FAIL, _bindings(by_driver), nouveau.BLACKLIST_HINT)
+    if set(by_driver) == {"vfio-pci"}:
+        return Check("gpu_binding", FAIL, _bindings(by_driver) + "; no GPU is left for containers",
+                     "these GPUs are reserved for VM passthrough; unbind them from vfio-pci "
+                     "(driver_override) if this node should run GPU pods")
+    return Check("gpu_binding", WARN, _bindings(by_driver),
+                 "GPUs bound to another driver are not usable by containers; bind them to nvidia "
+                 "if that is not intended")
+
+
+def _bindings(by_driver: dict[str, list[str]]) -> str:
+    return "; ".join(f"{drv}: {', '.join(addrs)}" for drv, addrs in sorted(by_driver.items()))
+
+
+def _driver(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
+    if facts.driver_error is not None:
+        return Check("driver", FAIL, f"cannot read what the driver reports: {facts.driver_error}",
+                     "/proc/driver/nvidia and /proc/devices are the kernel's; under --root, "
+                     "check the tree (is /proc the node's?)")
+    if facts.driver_version_text is None:
+        return Check("driver", FAIL, f"{driverinfo.PROC_NVIDIA}/version is missing: the NVIDIA "
+                     "driver is not loaded",
+                     "run 'gpunode driver load' (gpunode boot does this at boot); 'gpunode "
+                     "driver status' says which way it would load them")
+    if driver is None:
+        first = facts.driver_version_text.strip().splitlines()[:1] or ["(empty)"]
+        return Check("driver", FAIL, f"cannot parse {driverinfo.PROC_NVIDIA}/version: {first[0]!r}",
+                     "the loaded module is not an NVIDIA driver gpunode knows; check 'modinfo "
+                     "nvidia'")
+    return Check("driver", OK, f"NVIDIA {driver.version} ({driver.flavour} kernel modules)"
+                 + _how_loaded(facts.last_boot))
+
+
+def _how_loaded(record: BootRecord | None) -> str:
+    """How the last boot got the driver, from its record: strategy, source, modules, time."""
+    step = record.step("driver") if record else None
+    if step is None or step.get("outcome") != "ok" or not step.get("strategy"):
+        return ""
+    how = f"; last boot: {step['strategy']}"
+    if step.get("source"):
+        how += f" from {step['source']}"
+    if step.get("modules_loaded"):
+        how += f", loaded {', '.join(step['modules_loaded'])}"
+    return how + f" in {step.get('duration_ms', 0):.0f} ms"
+
+
+def _driver_gpus(facts: StatusFacts, d: Detection,
+                 driver: driverinfo.DriverVersion | None) -> Check:
+    if driver is None:
+        return Check("driver_gpus", SKIP, "driver not loaded")
+    missing = [g.address for g in d.usable_gpus if g.address not in facts.gpu_infos]
+    if missing:
+        return Check("driver_gpus", FAIL, f"the driver does not see {', '.join(missing)}",
+                     "look for NVRM errors about these addresses in 'dmesg'; the GPU may need a "
+                     "different driver flavour (open/proprietary) or be in a bad state")
+    return Check("driver_gpus", OK, f"driver sees {_count(len(d.usable_gpus), 'GPU')}, all "
+                 "it should")
+
+
+def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
+    if driver is None:
+        return Check("device_nodes", SKIP, "driver not loaded")
+    nodes = facts.device_nodes
+    problems = [*nodes.unknown_minors, *([nodes.error] if nodes.error else [])]
+    problems += [_node_problem(path, why) for path, why in nodes.problems.items()
+                 if why is not None]
+    if nodes.unknown_minors:  # 'driver load' refuses it the same way (devices.for_host)
+        return Check("device_nodes", FAIL, "; ".join(problems),
+                     "the driver does not say which /dev/nvidiaN is the GPU's: look for NVRM "
+                     "errors in 'dmesg'; reload the NVIDIA modules or reboot the node")
+    if problems:
+        return Check("device_nodes", FAIL, "; ".join(problems),
+                     "run 'gpunode driver load', which makes them (majors from /proc/devices; "
+                     "gpunode boot does this at boot)")
+    return Check("device_nodes", OK, f"{_count(len(nodes.problems), 'device node')} present")
+
+
+def _node_problem(path: str, why: str) -> str:
+    """'/dev/nvidia0 missing', '/dev/nvidiactl is not a character device', '/dev/nvidia0 has
+    mode 600, expected 666'; a /dev/char link's problem names the link itself."""
+    if why.startswith(("no /dev/char/", "/dev/char/")):
+        return f"{path}: {why}"
+    return f"{path} {'is ' if why == devices.NOT_CHAR else ''}{why}"
+
+
+def _device_plugin(facts: StatusFacts) -> Check:
+    node = facts.device_plugin_socket
+    if node.kind == "socket":
+        return Check("device_plugin", OK, f"{node.path} present: the device plugin registered")
+    if node.kind == "missing":
+        return Check("device_plugin", WARN, f"{node.path} missing: no NVIDIA device plugin "
+                     "registered with the kubelet",
+                     "deploy the NVIDIA device plugin DaemonSet selecting "
+                     "nvidia.com/gpu.present=true")
+    return Check("device_plugin", WARN, f"{node.path} exists but is not a socket",
+                 "restart the device plugin pod on this node")
+
+
+def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
+    """The Node as the scheduler sees it: gpunode's labels, GPUReady, nvidia.com/gpu."""
+    node = facts.node
+    if node is None:
+        return Check("node", SKIP, "the API server was not asked")
+    if node.kubeconfig is None and node.error is None:
+        return Check("node", SKIP, f"node {node.name}: the kubelet has not joined yet (no "
+                     "kubeconfig)")
+    if node.error is not None or node.obj is None:
+        return Check("node", WARN, f"node {node.name}: {node.error}",
+                     node.hint or "gpunode-label.service retries until the API server answers")
+    wanted = wanted_labels(facts, ready)
+    current = node.obj.get("metadata", {}).get("labels") or {}
+    stale = sorted(k for k, v in wanted.items() if current.get(k) != v)
+    conditions = (node.obj.get("status") or {}).get("conditions") or []
+    gpu_ready = next((c.get("status") for c in conditions if c.get("type") == "GPUReady"), None)
+    allocatable = ((node.obj.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu")
+    detail = (f"node {node.name}: labels {'current' if not stale else 'not current: '}"
+              f"{', '.join(stale)}; GPUReady={gpu_ready or 'unset'}; nvidia.com/gpu "
+              f"allocatable={allocatable or 0}")
+    if stale or gpu_ready is None:
+        return Check("node", WARN, detail, "run 'gpunode label' (gpunode-label.service does "
+                     "this after the kubelet starts)")
+    if not allocatable or allocatable == "0":
+        return Check("node", WARN, detail, "the device plugin has not advertised nvidia.com/gpu;"
+                     " is its DaemonSet scheduled here?")
+    return Check("node", OK, detail)
+
+
+def _last_boot_check(facts: StatusFacts) -> Check:
+    if facts.last_boot_error is not None:
+        return Check("last_boot", WARN, f"boot record unreadable: {facts.last_boot_error}",
+                     "run 'gpunode boot' again to rewrite it")
+    record = facts.last_boot
+    if record is None:
+        return Check("last_boot", SKIP, "no boot record: gpunode boot has not run since this "
+                     "host booted")
+    when = f" at {record.finished_at}" if record.finished_at else ""
+    if record.outcome == "failed":
+        failed = record.failed_steps
+        detail = "; ".join(f"{s.get('name')}: {s.get('error')}" for s in failed) or "no step named"
+        hints = [str(s["hint"]) for s in failed if s.get("hint")]
+        return Check("last_boot", WARN, f"last boot failed{when}: {detail}",
+                     hints[0] if hints else "see 'journalctl -u gpunode'")
+    return Check("last_boot", OK, f"last boot {record.outcome}{when}, "
+                 f"{_count(len(record.steps), 'step')}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+# The checks of the driver step alone (`gpunode driver status`), in status's order.
+DRIVER_CHECKS = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus",
+                 "device_nodes")
+
+
+def driver_report(report: Report) -> Report:
+    """The driver checks of a whole report: ready unless one of them failed."""
+    checks = tuple(c for c in report.checks if c.name in DRIVER_CHECKS)
+    failed = any(c.state == FAIL for c in checks)
+    return Report(checks, "not-ready" if failed else "ready")

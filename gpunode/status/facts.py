@@ -1,0 +1,164 @@
+"""What `gpunode status` knows: the facts `observe` reads, the checks `evaluate` makes of them,
+the report, its JSON document, and the labels the Node should carry (one answer for status's
+node check and `gpunode label`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gpunode import driverinfo
+from gpunode.detect import Detection, undecided_reason
+from gpunode.kube import labels, nodename
+from gpunode.processes import ProcessFacts
+from gpunode.state import BootRecord
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    state: str  # ok | warn | fail | skip
+    detail: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class DevNode:
+    path: str
+    kind: str  # "char", "socket", "missing" or "other"
+    major: int | None = None
+    minor: int | None = None
+
+
+@dataclass(frozen=True)
+class DeviceNodes:
+    """The /dev nodes the loaded driver calls for (driver/devices.py: numbers, MIG capability
+    nodes, mode), each judged as `gpunode driver load` judges it before fixing it."""
+
+    problems: dict[str, str | None]  # each wanted node's path → what is wrong, None when right
+    unknown_minors: tuple[str, ...] = ()  # GPUs whose /dev/nvidiaN the driver does not name
+    error: str | None = None  # why no list of wanted nodes could be made (a missing major)
+
+
+@dataclass(frozen=True)
+class ContainerdFacts:
+    config_path: str | None
+    config_reason: str
+    runtime_file: str | None = None  # the file that defines the runtime (main or an import)
+    binary_name: str | None = None
+    binary_ok: bool = False
+    error: str | None = None
+    runtime_names: tuple[str, ...] = ()
+    config_mtime: float | None = None  # of the file that defines the runtime, or the main file
+    judge: str = ""  # whose view this is: containerd's own dump, or gpunode's model of it
+    problem: str | None = None  # containerd would not use the CRI settings as written
+    uncertain: str | None = None  # the answer depends on a containerd version not known here
+    default_missing: str | None = None  # the default runtime containerd would not find
+    binary_key: str = "BinaryName"  # the option the runtime's shim runs
+
+
+@dataclass(frozen=True)
+class DaemonStart:
+    """When containerd.service's main process started, as systemd recorded it (microseconds,
+    the wall clock file mtimes use), or why that cannot be known. /proc's start time is not
+    used: it is whole-second btime plus clock ticks, and at boot gpunode writes the config less
+    than a second before containerd starts, so it would call every first boot a pending restart.
+    """
+
+    pid: int | None = None
+    started: float | None = None  # seconds since the epoch
+    unknown: str | None = None  # why `started` is None
+
+
+_NAME_NOT_OBSERVED = nodename.NodeName(None, "not observed")
+
+
+@dataclass(frozen=True)
+class StatusFacts:
+    root: str
+    detection: Detection | None
+    detection_error: str | None
+    driver_version_text: str | None
+    gpu_infos: dict[str, driverinfo.GpuInfo]
+    device_nodes: DeviceNodes
+    containerd: ContainerdFacts
+    device_plugin_socket: DevNode
+    processes: ProcessFacts
+    last_boot: BootRecord | None
+    last_boot_error: str | None
+    config_source: str
+    runtime_name: str = "nvidia"
+    node: NodeFacts | None = None  # None: the API was not asked (e.g. `label --dry-run`)
+    machine: str | None = None  # DMI product name
+    user_labels: dict[str, str] = field(default_factory=dict)
+    # the driver's /proc files are there but cannot be read (a directory, a FIFO): why
+    driver_error: str | None = None
+    containerd_start: DaemonStart = DaemonStart(unknown="not observed")
+    # a containerd configure/revert was killed mid-way; the next one (or boot) rolls it back;
+    # text: it is not interrupted but running now, held by this gpunode command ("pid 12, ...")
+    containerd_interrupted: bool | str = False
+    driver_flavour: str = "auto"  # driver.flavour: "auto" needs every GPU's device id
+    # the Node's name as the kubelet decides it (or why it cannot be told): status's node
+    # check and `gpunode label` name the same Node
+    node_name: nodename.NodeName = _NAME_NOT_OBSERVED
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """The own Node object as the API server has it (one GET, no retries)."""
+
+    name: str
+    kubeconfig: str | None  # None: not there, the kubelet has not joined
+    obj: dict[str, Any] | None = None
+    error: str | None = None
+    # what to do about `error`: None when waiting helps (the API server did not answer yet)
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    checks: tuple[Check, ...]
+    verdict: str  # "ready", "not-ready" or "no-gpu"
+
+    @property
+    def ready(self) -> bool:
+        return self.verdict != "not-ready"
+
+
+def wanted_labels(facts: StatusFacts, ready: bool) -> dict[str, str]:
+    """Every label the Node should carry, from what `observe` read: the one answer for the
+    `node` check and `gpunode label`, so they cannot disagree. A node whose GPUs nobody can
+    identify gets the user's labels and gpunode.io/ready=false, and no nvidia.com/gpu.*."""
+    if facts.detection is None or undecided_reason(facts.detection,
+                                                   facts.detection_error) is not None:
+        return {f"{labels.PREFIX}ready": "false", **facts.user_labels}
+    return labels.compute(label_facts(facts, facts.detection, ready), facts.user_labels)
+
+
+def label_facts(facts: StatusFacts, detection: Detection, ready: bool) -> labels.LabelFacts:
+    """The label inputs, from what `observe` read (safely) and nothing read again."""
+    version = driverinfo.parse_version(facts.driver_version_text or "")
+    step = (facts.last_boot.step("driver") if facts.last_boot else None) or {}
+    return labels.LabelFacts(
+        detection=detection, models={a: i.model for a, i in facts.gpu_infos.items() if i.model},
+        driver_version=version.version if version else None,
+        flavour=step.get("flavour") or (version.flavour if version else None),
+        strategy=step.get("strategy"), ready=ready, machine=facts.machine)
+
+
+def to_json(facts: StatusFacts, report: Report) -> dict[str, Any]:
+    driver = driverinfo.parse_version(facts.driver_version_text or "")
+    return {
+        "schema_version": 1,
+        "root": facts.root,
+        "verdict": report.verdict,
+        "ready": report.ready,
+        "config": facts.config_source,
+        "boot_time": facts.processes.boot_time,
+        "driver": asdict(driver) if driver else None,
+        "containerd_config": facts.containerd.config_path,
+        "checks": [asdict(c) for c in report.checks],
+        "last_boot": facts.last_boot.raw if facts.last_boot else None,
+    }
