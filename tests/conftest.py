@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gpunode import fixtures
 from gpunode.host import Host
+from gpunode_testing import fixtures
 from hostile.support import Cli, make_cli
 
 HostFactory = Callable[..., Host]
@@ -34,7 +34,7 @@ def _no_real_processes(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 
     def no_bus(*args: object, **kwargs: object) -> None:
         raise AssertionError("unit test asked systemd over D-Bus; use a fake Systemd or mark "
-                             "it integration (and start a systemd: tests/real/systemd_ns.py)")
+                             "it integration (and start a systemd: gpunode_testing.systemd_ns)")
 
     monkeypatch.setattr("gpunode.systemd.DbusSystemd._connect", no_bus)
 
@@ -59,21 +59,21 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
     return make_cli(capsys)
 
 
-# The local TLS API server (tests/real/kube_api.py) and the PKI it trusts, for a fixture node
+# The local TLS API server (gpunode_testing.kube_api) and the PKI it trusts, for a fixture node
 # whose hostname names its Node.
 KUBE_NODE = "nc4as-t4-v3-vmss000000"
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from real.kube_api import make_pki
+    from gpunode_testing.kube_api import make_pki
 
     return make_pki(tmp_path_factory.mktemp("pki"), node_name=KUBE_NODE)
 
 
 @pytest.fixture
 def api(pki: Any) -> Iterator[Any]:
-    from real.kube_api import FakeApiServer, make_node
+    from gpunode_testing.kube_api import FakeApiServer, make_node
 
     with FakeApiServer(pki, nodes=[make_node(KUBE_NODE, gpus=1)]) as server:
         yield server

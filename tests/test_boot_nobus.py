@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import fixtures
 from gpunode.boot import _refuse_flatcar_nvidia
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd
+from gpunode_testing import fixtures
 
 GPUNODE = Path(sys.executable).with_name("gpunode")
 OVERLAYS = ("etc", "usr", "var/lib", "dev")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import fixtures
-from real.systemd_ns import SystemdNamespace
+from gpunode_testing import fixtures
+from gpunode_testing.systemd_ns import SystemdNamespace
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The real-systemd harness (tests/real/systemd_ns.py) works, and is safe for the machine.
+"""The real-systemd harness (gpunode_testing.systemd_ns) works, and is safe for the machine.
 
 A real systemd 252 boots as PID 1 of private namespaces; a real containerd.service shaped like
 Flatcar's runs under it; pystemd, run inside, restarts it over that systemd's own D-Bus. Needs
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from real.systemd_ns import HarnessError, SystemdNamespace
+from gpunode_testing.systemd_ns import HarnessError, SystemdNamespace
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures
 from gpunode.containerd import journal
+from gpunode_testing import fixtures
 from hostile.support import Cli, check_refusal
 
 LEDGER = "var/lib/gpunode/containerd.json"
