@@ -21,9 +21,9 @@ from gpunode_testing.boot_harness import (
     WORK_PARENT,
     node_prepare,
 )
-from gpunode_testing.systemd_ns import SystemdNamespace
+from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.allow_paths(*MACHINE_PATHS)]
 
 @pytest.fixture
 def workdir() -> Iterator[Path]:

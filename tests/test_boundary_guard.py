@@ -56,6 +56,13 @@ def test_a_symlink_in_tmp_path_that_leads_out_is_followed_and_refused(tmp_path: 
         os.listdir(tmp_path / "escape")
 
 
+def test_removing_a_symlink_in_tmp_path_that_leads_out_acts_on_the_link(tmp_path: Path) -> None:
+    (tmp_path / "escape").symlink_to("/etc")
+    with guarded(unit_policy("t", tmp_path)) as policy:
+        os.remove(tmp_path / "escape")
+    assert policy.violations == []
+
+
 def test_an_integration_test_may_start_processes_but_not_read_etc(tmp_path: Path) -> None:
     with guarded(integration_policy("t", tmp_path)):
         subprocess.run(["true"], check=True)

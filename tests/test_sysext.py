@@ -26,9 +26,11 @@ import pytest
 
 import gpunode
 from gpunode_testing import fixtures
-from gpunode_testing.systemd_ns import SystemdNamespace
+from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
 
-pytestmark = pytest.mark.integration
+# The systemd harness's own reads, and the machine's systemd-sysext.service (flatcar_boot).
+pytestmark = [pytest.mark.integration, pytest.mark.allow_paths(
+    *MACHINE_PATHS, "/lib/systemd/system/systemd-sysext.service")]
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "units"

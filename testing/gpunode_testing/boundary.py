@@ -30,6 +30,7 @@ Used as a pytest plugin: `pytest_plugins = ["gpunode_testing.boundary"]` in a co
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
 import sys
 import tempfile
@@ -48,29 +49,31 @@ PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posi
                             "os.spawn", "os.fork", "os.forkpty"})
 HOST_EVENTS = frozenset({"socket.gethostname", "socket.getaddrinfo", "socket.gethostbyname",
                          "socket.gethostbyaddr", "socket.getnameinfo", "socket.sethostname"})
-# event → indices of its path arguments, each with the index of its dir_fd argument (or None)
-PATH_EVENTS: dict[str, tuple[tuple[int, int | None], ...]] = {
-    "open": ((0, None),),
-    "os.listdir": ((0, None),),
-    "os.scandir": ((0, None),),
-    "glob.glob": ((0, None),),
-    "os.remove": ((0, 1),),
-    "os.rmdir": ((0, 1),),
-    "os.mkdir": ((0, 2),),
-    "os.rename": ((0, 2), (1, 3)),
-    "os.link": ((0, 2), (1, 3)),
-    "os.symlink": ((1, 2),),  # the link; its target is only text
-    "os.chmod": ((0, 2),),
-    "os.chown": ((0, 3),),
-    "os.truncate": ((0, None),),
-    "os.utime": ((0, 3),),
-    "os.chdir": ((0, None),),
-    "shutil.rmtree": ((0, 1),),
-    "shutil.copyfile": ((0, None), (1, None)),
-    "shutil.copytree": ((0, None), (1, None)),
-    "shutil.move": ((0, None), (1, None)),
+# event → its path arguments: (index, index of its dir_fd or None, what it does to the path);
+# "open" reads or writes by its mode and flags. W acts on the name itself (a symlink is
+# removed, renamed, not followed); WF and R follow it.
+R, W, WF, OPEN = "read", "write", "write-through", "open"
+PATH_EVENTS: dict[str, tuple[tuple[int, int | None, str], ...]] = {
+    "open": ((0, None, OPEN),),
+    "os.listdir": ((0, None, R),),
+    "os.scandir": ((0, None, R),),
+    "glob.glob": ((0, None, R),),
+    "os.chdir": ((0, None, R),),
+    "os.remove": ((0, 1, W),),
+    "os.rmdir": ((0, 1, W),),
+    "os.mkdir": ((0, 2, W),),
+    "os.rename": ((0, 2, W), (1, 3, W)),
+    "os.link": ((0, 2, R), (1, 3, W)),
+    "os.symlink": ((1, 2, W),),  # the link; its target is only text
+    "os.chmod": ((0, 2, WF),),
+    "os.chown": ((0, 3, WF),),
+    "os.truncate": ((0, None, WF),),
+    "os.utime": ((0, 3, WF),),
+    "shutil.rmtree": ((0, 1, W),),
+    "shutil.copyfile": ((0, None, R), (1, None, WF)),
+    "shutil.copytree": ((0, None, R), (1, None, WF)),
+    "shutil.move": ((0, None, W), (1, None, W)),
 }
-READ_ONLY_EVENTS = frozenset({"os.listdir", "os.scandir", "glob.glob", "os.chdir"})
 WATCHED = PROCESS_EVENTS | HOST_EVENTS | PATH_EVENTS.keys() | {
     "socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "ctypes.dlopen"}
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
@@ -78,6 +81,11 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 class BoundaryViolation(BaseException):
     """A test reached the real machine without saying so (see this module's docstring)."""
+
+
+class FixtureBoundaryViolation(BoundaryViolation, Exception):
+    """The same, in a fixture's setup or teardown: an Exception there, so that pytest reports
+    it as the test's error and still tears down the rest (a BaseException would stop it)."""
 
 
 @dataclass
@@ -88,12 +96,13 @@ class Policy:
     writable: tuple[str, ...]  # real paths, read and write
     readable: tuple[str, ...]  # real paths, read only
     processes: bool = False  # processes, D-Bus, sockets, host name, resolver
+    calling: bool = True  # False while pytest sets up or tears down the test's fixtures
     violations: list[str] = field(default_factory=list)
 
     def refuse(self, what: str, hint: str) -> None:
         message = f"{self.test} {what}: {hint}"
         self.violations.append(message)
-        raise BoundaryViolation(message)
+        raise (BoundaryViolation if self.calling else FixtureBoundaryViolation)(message)
 
 
 def unit_policy(test: str, temp_root: Path, extra: Iterable[str] = ()) -> Policy:
@@ -160,12 +169,16 @@ def _check(policy: Policy, event: str, args: tuple[object, ...]) -> None:
         if "udev" in name:  # pyudev: libudev reads the real /sys itself
             _check_path(policy, f"loaded {name}, which reads the real /sys", "/sys", False)
     else:
-        write = _writes(event, args)
-        for index, dir_fd in PATH_EVENTS[event]:
+        for index, dir_fd, access in PATH_EVENTS[event]:
+            if access == OPEN and isinstance(args[0], int):
+                continue  # open(fd): the file was checked when it was opened
             path = _path(args, index, dir_fd)
-            if path is not None:
-                _check_path(policy, f"{'wrote' if write else 'read'} {path} ({event})", path,
-                            write)
+            if path is None:
+                continue
+            write = access in (W, WF) or (access == OPEN and _open_writes(args))
+            follow = access in (R, WF) or (access == OPEN and not _flags(args) & os.O_NOFOLLOW)
+            _check_path(policy, f"{'wrote' if write else 'read'} {path} ({event})", path,
+                        write, follow)
 
 
 def _check_socket(policy: Policy, event: str, args: tuple[object, ...]) -> None:
@@ -179,9 +192,11 @@ def _check_socket(policy: Policy, event: str, args: tuple[object, ...]) -> None:
                       "mark it integration")
 
 
-def _check_path(policy: Policy, what: str, path: str, write: bool) -> None:
-    """Refuse unless the real path (symlinks followed) is inside the policy's roots."""
-    real = os.path.realpath(path)
+def _check_path(policy: Policy, what: str, path: str, write: bool, follow: bool = True) -> None:
+    """Refuse unless the real path (symlinks followed, the last one only when the call follows
+    it: O_NOFOLLOW does not) is inside the policy's roots."""
+    head, tail = os.path.split(os.path.abspath(path))
+    real = os.path.realpath(path) if follow else os.path.join(os.path.realpath(head), tail)
     if _under(real, policy.writable) or (not write and _under(real, policy.readable)):
         return
     # Imports write byte code beside the sources they read (the checkout, the venv).
@@ -195,15 +210,16 @@ def _check_path(policy: Policy, what: str, path: str, write: bool) -> None:
                   "@pytest.mark.allow_paths(...)")
 
 
-def _writes(event: str, args: tuple[object, ...]) -> bool:
-    if event in READ_ONLY_EVENTS:
-        return False
-    if event != "open":
-        return True
-    mode, flags = args[1], args[2]
-    if isinstance(mode, str):
+def _open_writes(args: tuple[object, ...]) -> bool:
+    mode = args[1]
+    if isinstance(mode, str):  # open(): its mode; os.open(): mode None, its flags
         return any(c in mode for c in "wax+")
-    return isinstance(flags, int) and bool(flags & WRITE_FLAGS)
+    return bool(_flags(args) & WRITE_FLAGS)
+
+
+def _flags(args: tuple[object, ...]) -> int:
+    flags = args[2] if len(args) > 2 else 0
+    return flags if isinstance(flags, int) else 0
 
 
 def _path(args: tuple[object, ...], index: int, dir_fd: int | None) -> str | None:
@@ -233,7 +249,9 @@ def _real(*paths: str) -> tuple[str, ...]:
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+    """Inside one of the roots; a root with a `*` is a pattern (fnmatch) for names."""
+    return any(fnmatch.fnmatch(path, root) or fnmatch.fnmatch(path, root + "/*") if "*" in root
+               else path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def _show(args: tuple[object, ...]) -> str:
@@ -250,6 +268,17 @@ def _no_bus(*args: object, **kwargs: object) -> None:
 
 
 _CALL_FAILED = pytest.StashKey[bool]()
+_POLICY = pytest.StashKey[Policy]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    policy = item.stash.get(_POLICY, None)
+    if policy is not None:
+        policy.calling = True
+    yield
+    if policy is not None:
+        policy.calling = False
 
 
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
@@ -283,6 +312,8 @@ def _boundary(request: pytest.FixtureRequest,
     extra = [str(p) for m in request.node.iter_markers("allow_paths") for p in m.args]
     make = integration_policy if request.node.get_closest_marker("integration") else unit_policy
     policy = make(request.node.nodeid, tmp_path_factory.getbasetemp(), extra)
+    policy.calling = False
+    request.node.stash[_POLICY] = policy
     with pytest.MonkeyPatch.context() as patch:
         if not policy.processes:  # libsystemd's socket is C: no audit event to see
             patch.setattr("gpunode.systemd.DbusSystemd._connect", _no_bus)

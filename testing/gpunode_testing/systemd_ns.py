@@ -159,6 +159,11 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Directories the namespace gets private copies of: host paths below them are invisible inside.
 HIDDEN = (Path("/tmp"), Path("/var/tmp"), Path("/run"))
 BOOTED = ("running", "degraded")
+# What the harness itself reads and writes of the machine, for the test boundary guard
+# (gpunode_testing.boundary): the process table and cgroups, the services it masks, the
+# canaries it plants in the machine's /tmp and /var/tmp.
+MACHINE_PATHS = ("/proc", "/sys/fs/cgroup", "/etc/systemd/system", "/etc/init.d",
+                 "/tmp/gpunode-ns-canary-*", "/var/tmp/gpunode-ns-canary-*")
 
 
 class HarnessError(RuntimeError):
