@@ -1,6 +1,6 @@
 """The `gpunode` command line: parse, load the agent config, run one command, map errors to exits.
 
-Exit codes are a contract (README, "Command line"): 0 success, 1 a failed step or a node that is
+Exit codes are a contract (docs/cli.md, "Exit codes"): 0 success, 1 a failed step or a node that is
 not ready, 2 a usage error or an invalid agent config.
 """
 
@@ -23,7 +23,7 @@ from gpunode.host import Host
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_POOL, DEFAULT_INSTANCE_TYPE = "gpu", "Standard_NC4as_T4_v3"
 
-CONFIG_HINT = ("correct the agent config (README, 'Agent config', lists every key and its "
+CONFIG_HINT = ("correct the agent config (docs/config.md lists every key and its "
                "valid values), or name another file with --config")
 
 

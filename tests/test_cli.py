@@ -183,7 +183,7 @@ def test_invalid_agent_config_is_one_json_event_naming_file_key_and_line(
     assert code == 2
     assert (event["file"], event["key"], event["line"]) == (str(config), "log.level", 2)
     assert event["error"].startswith(f"{config}:2: key 'log.level': ")
-    assert "README, 'Agent config'" in event["hint"]
+    assert "docs/config.md lists every key" in event["hint"]
 
 
 def test_help_and_version_still_exit_0_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:

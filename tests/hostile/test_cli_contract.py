@@ -64,7 +64,7 @@ def test_an_invalid_agent_config_is_one_json_event_naming_file_and_key(
     result = check_refusal(cli, tmp_path, ["--config", str(path), "detect"], 2, pattern)
     [event] = result.errors
     assert event["file"] == str(path)
-    assert "README, 'Agent config'" in str(event["hint"])
+    assert "docs/config.md lists every key" in str(event["hint"])
 
 
 def test_an_agent_config_that_is_a_directory_is_refused(tmp_path: Path, cli: Cli) -> None:
