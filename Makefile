@@ -16,14 +16,16 @@ $(VENV)/.apt-done:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
 	@mkdir -p $(VENV) && touch $@
 
-$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml packaging/requirements.txt
+$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml testing/pyproject.toml packaging/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	@# compat mode: a plain path entry, not an import hook that every python start would pay for
 	$(BIN)/pip install -q --config-settings editable_mode=compat -e '.[test]'
+	@# the test and development support (fixture hosts, harnesses): never part of gpunode's wheel
+	$(BIN)/pip install -q --no-deps --config-settings editable_mode=compat -e testing
 	$(BIN)/pip install -q -r packaging/requirements.txt
 	@# The environment may forbid writing bytecode; compile once so timings match a real install.
-	$(BIN)/python -m compileall -q $(VENV)/lib gpunode >/dev/null
+	$(BIN)/python -m compileall -q $(VENV)/lib gpunode testing >/dev/null
 	@touch $@
 
 setup: $(VENV)/.installed
@@ -32,16 +34,16 @@ setup: $(VENV)/.installed
 # status shows what it says when something is missing (exit 1 there is the expected verdict).
 demo: setup
 	rm -rf $(DEMO) $(DEMO)-driver
-	$(BIN)/python -m gpunode.fixtures build nc4as-t4-v3 --state ready $(DEMO)
+	$(BIN)/python -m gpunode_testing.fixtures build nc4as-t4-v3 --state ready $(DEMO)
 	$(BIN)/gpunode --root $(DEMO) --log-format console detect
 	@echo
 	$(BIN)/gpunode --root $(DEMO) --log-format console status
 	@echo
-	$(BIN)/python -m gpunode.fixtures build nc4as-t4-v3 --state driver $(DEMO)-driver
+	$(BIN)/python -m gpunode_testing.fixtures build nc4as-t4-v3 --state driver $(DEMO)-driver
 	$(BIN)/gpunode --root $(DEMO)-driver --log-format console status; test $$? -eq 1
 
 lint: setup
-	$(BIN)/ruff check gpunode tests benchmarks packaging
+	$(BIN)/ruff check gpunode testing tests benchmarks packaging
 
 # Real containerd 1.6, 1.7 and 2.x for the config tests, from Debian's archive (cached in
 # /var/cache/gpunode-tests; GPUNODE_TEST_CACHE moves it), fetched before the tests run.

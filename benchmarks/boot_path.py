@@ -19,20 +19,16 @@ import secrets
 import shutil
 import statistics
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from test_boot_systemd import (
+from gpunode_testing import fixtures
+from gpunode_testing.boot_harness import (
     CONTAINERD_UNIT,
     KUBELET_UNIT,
     UNITS,
     WORK_PARENT,
     node_prepare,
 )
-
-from gpunode import fixtures
-from real.systemd_ns import SystemdNamespace
+from gpunode_testing.systemd_ns import SystemdNamespace
 
 BOOTS = 5
 PEER_UNIT = """[Unit]

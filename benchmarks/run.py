@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from gpunode.detect import detect
-from gpunode.fixtures import MACHINES, Options, build, with_extra_functions
 from gpunode.host import Host
+from gpunode_testing.fixtures import MACHINES, Options, build, with_extra_functions
 
 DETECT_BUDGET_MS = 20.0
 DETECT_WARMUP = 5
@@ -139,8 +139,7 @@ def warm_boot_fixture(parent: Path) -> Path:
 def bench_label(parent: Path, env: dict[str, str]) -> tuple[dict[str, list[float]], list[str]]:
     """`gpunode label` with nothing to change against the tests' local HTTPS API server;
     returns the samples and the requests the timed runs made (one GET each, no PATCH)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from real.kube_api import FakeApiServer, make_node, make_pki
+    from gpunode_testing.kube_api import FakeApiServer, make_node, make_pki
 
     node = "nc4as-t4-v3-vmss000000"
     pki = make_pki(parent / "pki", node_name=node)

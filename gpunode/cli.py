@@ -1,6 +1,6 @@
 """The `gpunode` command line: parse, load the agent config, run one command, map errors to exits.
 
-Exit codes are a contract (README, "Command line"): 0 success, 1 a failed step or a node that is
+Exit codes are a contract (docs/cli.md, "Exit codes"): 0 success, 1 a failed step or a node that is
 not ready, 2 a usage error or an invalid agent config.
 """
 

@@ -84,7 +84,7 @@ class BuildConfig:
                        "NVIDIA-Linux-x86_64-{driver}.run")
     driver_sha256: str | None = None
     allow_unverified: bool = False
-    command: tuple[str, ...] = ()  # builder argv template; empty: systemd-nspawn (see README)
+    command: tuple[str, ...] = ()  # builder argv template; empty: systemd-nspawn (docs/cli.md)
 
 
 @dataclass(frozen=True)
@@ -231,7 +231,7 @@ MAX_CONFIG_BYTES = safeio.DEFAULT_LIMIT
 def load_config(host: Host, path: str | None = None) -> AgentConfig:
     """Read and validate the agent config. `path` None: the default under the root, where a
     missing file means defaults; a path given (--config) must exist, even when it names the
-    default file (README, "Configuration")."""
+    default file (docs/config.md)."""
     explicit = path is not None
     path = path or DEFAULT_CONFIG_PATH
     shown = host.display(path)

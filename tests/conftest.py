@@ -1,42 +1,25 @@
-"""Shared test fixtures: fixture hosts, and a guard against touching the real machine.
+"""Shared test fixtures: fixture hosts, the in-process command line, the test API server.
 
-Unit tests run against fixture host trees only. A test that needs a real component (a
-subprocess, the machine's own /sys through udev) says so with @pytest.mark.integration;
-any other test that starts a process or asks systemd over D-Bus fails at once instead of
-quietly depending on the machine.
+Unit tests run against fixture host trees only. The boundary guard (gpunode_testing.boundary,
+loaded for every session by pyproject's addopts) fails a test that starts a process, asks
+D-Bus, opens a connection or touches a path outside its tmp_path unless its markers allow it:
+@pytest.mark.integration (processes, sockets, the test cache) and
+@pytest.mark.allow_paths(...) (named parts of the real machine).
 """
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpunode import fixtures
 from gpunode.host import Host
+from gpunode_testing import fixtures
 from hostile.support import Cli, make_cli
 
 HostFactory = Callable[..., Host]
-
-
-@pytest.fixture(autouse=True)
-def _no_real_processes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    if request.node.get_closest_marker("integration"):
-        return
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError(f"unit test started a process {args!r}; mark it integration")
-
-    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
-
-    def no_bus(*args: object, **kwargs: object) -> None:
-        raise AssertionError("unit test asked systemd over D-Bus; use a fake Systemd or mark "
-                             "it integration (and start a systemd: tests/real/systemd_ns.py)")
-
-    monkeypatch.setattr("gpunode.systemd.DbusSystemd._connect", no_bus)
 
 
 @pytest.fixture
@@ -59,21 +42,21 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
     return make_cli(capsys)
 
 
-# The local TLS API server (tests/real/kube_api.py) and the PKI it trusts, for a fixture node
+# The local TLS API server (gpunode_testing.kube_api) and the PKI it trusts, for a fixture node
 # whose hostname names its Node.
 KUBE_NODE = "nc4as-t4-v3-vmss000000"
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from real.kube_api import make_pki
+    from gpunode_testing.kube_api import make_pki
 
     return make_pki(tmp_path_factory.mktemp("pki"), node_name=KUBE_NODE)
 
 
 @pytest.fixture
 def api(pki: Any) -> Iterator[Any]:
-    from real.kube_api import FakeApiServer, make_node
+    from gpunode_testing.kube_api import FakeApiServer, make_node
 
     with FakeApiServer(pki, nodes=[make_node(KUBE_NODE, gpus=1)]) as server:
         yield server

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import fixtures
 from gpunode.boot import _refuse_flatcar_nvidia
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd
+from gpunode_testing import fixtures
 
 GPUNODE = Path(sys.executable).with_name("gpunode")
 OVERLAYS = ("etc", "usr", "var/lib", "dev")
@@ -109,6 +109,7 @@ def result(work: Path, name: str) -> tuple[int, str, list[dict[str, object]]]:
 
 
 @pytest.mark.integration
+@pytest.mark.allow_paths(*MACHINE_FILES)  # read before and after, to compare
 def test_containerd_configure_of_a_file_without_a_bus_writes_it_and_exits_0(
     tmp_path: Path,
 ) -> None:
@@ -150,6 +151,7 @@ def test_containerd_configure_of_a_file_without_a_bus_writes_it_and_exits_0(
 
 
 @pytest.mark.integration
+@pytest.mark.allow_paths(*MACHINE_FILES)  # read before and after, to compare
 def test_boot_on_the_live_root_without_a_bus_configures_and_notes_what_it_skipped(
     tmp_path: Path,
 ) -> None:

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures, nodelock
+from gpunode import nodelock
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import step
 from gpunode.containerd.edit import EditError
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd, SystemdError, UnitExec
+from gpunode_testing import fixtures
 
 CONFIG = ContainerdConfig()
 

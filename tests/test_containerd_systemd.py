@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import fixtures
-from real.systemd_ns import SystemdNamespace
+from gpunode_testing import fixtures
+from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.allow_paths(*MACHINE_PATHS)]
 
 UNIT = "containerd.service"
 WORK_PARENT = Path("/var/cache/gpunode-tests")  # outside /tmp, /run and the overlays

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures
 from gpunode.detect import PciFunction, classify, detect
 from gpunode.host import Host
 from gpunode.pciids import BUILTIN_NAMES, parse_vendor_block
+from gpunode_testing import fixtures
 
 EXPECTED_NAMES = {
     "1eb8": "TU104GL [Tesla T4]",

@@ -9,7 +9,9 @@ import pytest
 from gpunode.detect import detect
 from gpunode.host import Host
 
-pytestmark = pytest.mark.integration
+# The machine's PCI devices (libudev reads /sys itself) and the PCI names it has.
+pytestmark = [pytest.mark.integration, pytest.mark.allow_paths(
+    "/sys", "/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids")]
 
 
 @pytest.fixture(scope="module")

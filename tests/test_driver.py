@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures
 from gpunode.config import BuildConfig, DriverConfig
 from gpunode.detect import PciFunction, detect
 from gpunode.driver import devices, flavour, step, strategy
 from gpunode.driver.modules import LoadError
 from gpunode.host import Host
+from gpunode_testing import fixtures
 
 
 @dataclass

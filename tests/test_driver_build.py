@@ -14,6 +14,7 @@ import hashlib
 import http.server
 import io
 import json
+import mimetypes
 import multiprocessing
 import os
 import threading
@@ -559,6 +560,8 @@ def http_mirror(tmp_path: Path) -> Iterator[str]:
         server.server_close()
 
 
+@pytest.mark.integration  # a real HTTP server on loopback: sockets
+@pytest.mark.allow_paths(*mimetypes.knownfiles)  # read by http.server's handler
 def test_url_fetcher_streams_an_http_download_into_place(http_mirror: str,
                                                          tmp_path: Path) -> None:
     dest = tmp_path / "nvidia-installer.run"
@@ -567,6 +570,8 @@ def test_url_fetcher_streams_an_http_download_into_place(http_mirror: str,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nvidia-installer.run", "served"]
 
 
+@pytest.mark.integration  # a real HTTP server on loopback: sockets
+@pytest.mark.allow_paths(*mimetypes.knownfiles)  # read by http.server's handler
 def test_url_fetcher_reports_an_http_error_and_leaves_no_partial_file(http_mirror: str,
                                                                       tmp_path: Path) -> None:
     dest = tmp_path / "out" / "nvidia-installer.run"

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures
 from gpunode.config import DriverConfig
 from gpunode.detect import detect
 from gpunode.driver import modules, step
+from gpunode_testing import fixtures
 from real.kmod_tree import ModuleTree, ensure_module_tree, kmod_tool
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """`gpunode label` against a local HTTPS API server with a real CA and client-certificate TLS
-(tests/real/kube_api.py: no real API server can run here; it checks method, path, content type,
+(gpunode_testing.kube_api: no real API server can run here; it checks method, path, content type,
 body and identity, and applies NodeRestriction's rules)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.host import Host
 from gpunode.kube import label as step
 from gpunode.kube.client import ApiError
-from real.kube_api import (
+from gpunode_testing.kube_api import (
     DROP,
     KUBELET_CLIENT,
     KUBELET_KUBECONFIG,

@@ -1,4 +1,4 @@
-"""The fake Kubernetes API server (tests/real/kube_api.py) behaves as kube-apiserver does for a
+"""The fake Kubernetes API server (gpunode_testing.kube_api) behaves as kube-apiserver does for a
 kubelet's credentials. Only http.client + ssl talk to it here, so these tests check the harness,
 not gpunode. Integration: make_pki runs openssl."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from real.kube_api import (
+from gpunode_testing.kube_api import (
     DROP,
     MERGE_PATCH,
     STRATEGIC_PATCH,

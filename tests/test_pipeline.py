@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 from conftest import HostFactory
-from gpunode import boot, fixtures
+from gpunode import boot
 from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd
+from gpunode_testing import fixtures
 from hostile.support import Cli
 
 T4 = "nc4as-t4-v3"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures
 from gpunode.config import AgentConfig, ContainerdConfig
 from gpunode.host import Host
 from gpunode.status import Report, evaluate, observe
+from gpunode_testing import fixtures
 
 CHECKS = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
           "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin", "node",

@@ -4,6 +4,7 @@ Flatcar-style boot in a real systemd that merges the image and starts gpunode.se
 
 from __future__ import annotations
 
+import ast
 import configparser
 import contextlib
 import hashlib
@@ -24,10 +25,12 @@ from types import ModuleType
 import pytest
 
 import gpunode
-from gpunode import fixtures
-from real.systemd_ns import SystemdNamespace
+from gpunode_testing import fixtures
+from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
 
-pytestmark = pytest.mark.integration
+# The systemd harness's own reads, and the machine's systemd-sysext.service (flatcar_boot).
+pytestmark = [pytest.mark.integration, pytest.mark.allow_paths(
+    *MACHINE_PATHS, "/lib/systemd/system/systemd-sysext.service")]
 
 REPO = Path(__file__).resolve().parent.parent
 UNITS = REPO / "units"
@@ -175,6 +178,29 @@ def test_bundle_holds_every_gpunode_module_and_each_lazy_import(built: Built) ->
     ours = {"gpunode"} | {m.name for m in pkgutil.walk_packages(gpunode.__path__, "gpunode.")}
     assert ours - bundled == set()
     assert set(script.LAZY_IMPORTS) - bundled == set()
+
+
+def test_bundle_holds_no_test_support(built: Built) -> None:
+    """Fixture hosts and harnesses (gpunode_testing) and the test tools never reach a node."""
+    bundled = load_build_script().bundled_modules(built.tree / "usr/lib/gpunode")
+    test_support = {m for m in bundled if m == "gpunode.fixtures"
+                    or m.split(".")[0] in ("gpunode_testing", "pytest", "_pytest")}
+    assert test_support == set()
+    named = [p for p in built.tree.rglob("*") if "fixtures" in p.name or "gpunode_testing" in
+             p.name]
+    assert named == []
+
+
+def test_gpunode_never_imports_the_test_support_package() -> None:
+    """No module of gpunode imports gpunode_testing, so the bundle cannot need it."""
+    importers = []
+    for path in sorted(Path(gpunode.__path__[0]).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "gpunode_testing" for name in names):
+                importers.append(str(path.relative_to(REPO)))
+    assert importers == []
 
 
 def test_bundled_gpunode_prints_its_version_without_a_virtualenv(built: Built) -> None:

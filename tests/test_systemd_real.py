@@ -1,4 +1,4 @@
-"""The real-systemd harness (tests/real/systemd_ns.py) works, and is safe for the machine.
+"""The real-systemd harness (gpunode_testing.systemd_ns) works, and is safe for the machine.
 
 A real systemd 252 boots as PID 1 of private namespaces; a real containerd.service shaped like
 Flatcar's runs under it; pystemd, run inside, restarts it over that systemd's own D-Bus. Needs
@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from real.systemd_ns import HarnessError, SystemdNamespace
-
-pytestmark = pytest.mark.integration
+from gpunode_testing.systemd_ns import MACHINE_PATHS, HarnessError, SystemdNamespace
 
 WORK_BASE = Path("/var/lib/gpunode-tests")  # not /tmp: the namespace has its own /tmp
+pytestmark = [pytest.mark.integration, pytest.mark.allow_paths(*MACHINE_PATHS, str(WORK_BASE))]
 CONTAINERD = Path("/usr/bin/containerd")
 UNIT = "containerd.service"
 # journal MESSAGE_IDs systemd logs for a unit (sd-messages.h)
@@ -162,6 +161,8 @@ def _count(entries: list[dict[str, object]], message_id: str) -> int:
     return sum(1 for e in entries if e.get("MESSAGE_ID") == message_id)
 
 
+# It plants files in the machine's /tmp to prove that the namespace does not see them.
+@pytest.mark.allow_paths("/tmp/gpunode-ns-bind-*", "/tmp/gpunode-ns-test-canary-*")
 def test_boots_to_running_and_leaves_the_machine_alone(workdir: Path) -> None:
     host_tmp = Path(tempfile.mkdtemp(prefix="gpunode-ns-bind-", dir="/tmp"))
     canary = Path("/tmp") / f"gpunode-ns-test-canary-{os.getpid()}"

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import fixtures
 from gpunode.containerd.discover import active_config, config_flag
 from gpunode.errors import HostError
 from gpunode.host import Host
 from gpunode.systemd_unit import expand_command, read_unit
+from gpunode_testing import fixtures
 
 
 def write(root: Path, path: str, text: str) -> None:

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures, nodelock
+from gpunode import nodelock
 from gpunode.host import Host
+from gpunode_testing import fixtures
 from hostile.support import Cli, check_refusal
 
 LOCK = "run/gpunode/lock"

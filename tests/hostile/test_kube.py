@@ -14,14 +14,14 @@ import yaml
 
 from conftest import HostFactory
 from gpunode.host import Host
-from hostile.support import Cli, check_refusal
-from real.kube_api import (
+from gpunode_testing.kube_api import (
     KUBELET_CLIENT,
     KUBELET_KUBECONFIG,
     FakeApiServer,
     Pki,
     join,
 )
+from hostile.support import Cli, check_refusal
 
 NODE = "nc4as-t4-v3-vmss000000"  # the fixture's hostname
 KUBECONFIG, CLIENT = KUBELET_KUBECONFIG, KUBELET_CLIENT
@@ -152,7 +152,7 @@ def test_a_kubeadm_flags_file_with_broken_quoting_is_refused_with_its_line(
                   r"flags .* set kubernetes\.node_name")
 
 
-# -- replies of a real TLS API server (tests/real/kube_api.py) --------------------------------
+# -- replies of a real TLS API server (gpunode_testing.kube_api) --------------------------------
 
 REPLIES: dict[str, tuple[object, str]] = {
     "html-page": ("<html><body>Sign in</body></html>", r"is not JSON \(text/plain"),

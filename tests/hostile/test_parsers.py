@@ -17,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import fixtures, records
+from gpunode import records
 from gpunode.containerd import edit, journal, undo
 from gpunode.errors import FileError
 from gpunode.tomlread import loads_toml
+from gpunode_testing import fixtures
 from hostile.support import Cli, check_refusal
 
 USR_CONFIG = "usr/share/containerd/config.toml"  # what Flatcar's containerd.service names

@@ -119,6 +119,7 @@ def test_a_file_over_a_callers_own_cap_is_refused(tmp_path: Path) -> None:
         Host(tmp_path).read_bytes("/f", limit=64)
 
 
+@pytest.mark.allow_paths("/proc/self/status")  # a real kernel file, which stat calls empty
 def test_kernel_files_that_report_size_zero_are_read_to_the_end() -> None:
     assert Host().read_text("/proc/self/status").startswith("Name:")
 
@@ -175,7 +176,7 @@ def test_a_fifo_as_an_explicit_config_is_refused(tmp_path: Path, cli: Cli) -> No
 def test_a_missing_explicit_config_is_an_error_even_at_the_default_path(
     make_host: HostFactory, cli: Cli
 ) -> None:
-    """README: a --config FILE that does not exist is an error; only no --config means defaults."""
+    """A --config FILE that does not exist is an error; only no --config means defaults."""
     host = make_host("nc4as-t4-v3", "ready")
     result = cli("--config", "/etc/gpunode/config.toml", "--root", str(host.root), "status")
     assert result.code == 2

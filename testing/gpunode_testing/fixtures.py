@@ -5,8 +5,8 @@ A machine is a list of PCI functions plus a few facts; a state says how far the 
 `ready`: containerd configured, daemons running, device plugin registered). The attribute files
 use the kernel's exact formats, so the same readers run against a fixture and a real node.
 
-    python -m gpunode.fixtures build nc4as-t4-v3 --state ready DIR
-    python -m gpunode.fixtures list
+    python -m gpunode_testing.fixtures build nc4as-t4-v3 --state ready DIR
+    python -m gpunode_testing.fixtures list
 """
 
 from __future__ import annotations
@@ -431,7 +431,7 @@ SystemdCgroup = true
 
 # The NVIDIA lines of pci.ids for the devices above, in pci.ids' own format.
 PCI_IDS_EXCERPT = """\
-#	List of PCI ID's (excerpt written by gpunode.fixtures)
+#	List of PCI ID's (excerpt written by gpunode_testing.fixtures)
 10de  NVIDIA Corporation
 \t1af1  GA100 [A100 NVSwitch]
 \t1eb8  TU104GL [Tesla T4]
@@ -448,7 +448,7 @@ PCI_IDS_EXCERPT = """\
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpunode.fixtures",
+    parser = argparse.ArgumentParser(prog="python -m gpunode_testing.fixtures",
                                      description="Build fixture host trees for gpunode.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("list", help="list the machines and their states")
