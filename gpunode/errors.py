@@ -53,5 +53,33 @@ class HostError(GpunodeError):
         super().__init__(f"Failed to {op} '{path}': {reason}")
 
 
+class DriverBuildError(GpunodeError):
+    """Building the NVIDIA modules failed: 'Failed to <verb> '<object>': <cause>', and what to
+    do about it. (Defined here, not in driver/build.py, so that driver/cache.py, build.py and
+    builders.py, which all raise it, import no cycle.)"""
+
+    code = "driver-build-failed"
+
+    def __init__(self, verb: str, obj: str, cause: str, hint: str = "") -> None:
+        self.verb = verb
+        self.obj = obj
+        self.cause = cause
+        self.hint = hint
+        super().__init__(f"Failed to {verb} '{obj}': {cause}")
+
+
+class LockTimeout(HostError):
+    """Another process held a lock file (Host.lock) past the wait; `note` is what it wrote."""
+
+    code = "lock-timeout"
+
+    def __init__(self, path: str, note: str, waited: float) -> None:
+        self.note = note
+        self.waited = waited
+        holder = f" ({note.strip()})" if note.strip() else ""
+        super().__init__("lock", path, f"another process{holder} holds it; gave up after "
+                         f"waiting {waited:g} s")
+
+
 class UsageError(GpunodeError):
     """The command line asks for something that cannot be done as asked (exit 2)."""
