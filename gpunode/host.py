@@ -180,7 +180,7 @@ class Host:
             hasher.update(chunk)
         return hasher.hexdigest()
 
-    def read_records(self, path: str, limit: int = safeio.MIB) -> list[str]:
+    def read_records(self, path: str, limit: int = safeio.DEFAULT_LIMIT) -> list[str]:
         """The text records of a kernel record device (/dev/kmsg: one record per read, up to
         the end of its buffer, never blocking) or the lines of a regular file in its place (a
         fixture); at most `limit` bytes. Anything else (a FIFO, a directory) is refused."""
@@ -576,9 +576,10 @@ class Host:
         import socket  # only waiting for containerd's socket needs it
 
         shown = self.display(path)
-        directory, _, name = path.rstrip("/").rpartition("/")
+        # Resolved whole, inside the root: the kernel would follow a final symlink out of it.
+        directory, _, name = self._real(path).rpartition("/")
         try:
-            fd = os.open(self.path(directory or "/"), os.O_PATH | os.O_CLOEXEC)
+            fd = os.open(directory or "/", os.O_PATH | os.O_CLOEXEC)
         except OSError as exc:
             raise HostError("connect to", shown, _reason(exc)) from exc
         try:

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,19 @@ def test_bundle_holds_every_gpunode_module_and_each_lazy_import(built: Built) ->
     ours = {"gpunode"} | {m.name for m in pkgutil.walk_packages(gpunode.__path__, "gpunode.")}
     assert ours - bundled == set()
     assert set(script.LAZY_IMPORTS) - bundled == set()
+
+
+def test_bundle_holds_gpunode_package_data_where_importlib_resources_finds_it(
+        built: Built) -> None:
+    """Every file pyproject.toml ships as package data is in the bundle, byte for byte."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]
+    shipped = {f"{package.replace('.', '/')}/{name}" for package, names in declared.items()
+               for name in names}
+    assert shipped == set(load_build_script().PACKAGE_DATA) == {"gpunode/driver/build.sh"}
+    internal = built.tree / "usr/lib/gpunode/_internal"
+    for data in shipped:
+        assert (internal / data).read_bytes() == (REPO / data).read_bytes()
 
 
 def test_bundled_gpunode_prints_its_version_without_a_virtualenv(built: Built) -> None:
