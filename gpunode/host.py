@@ -229,7 +229,8 @@ class Host:
         if match is None:
             import fnmatch
 
-            match = fnmatch.fnmatchcase
+            def match(part: str, name: str) -> bool:
+                return fnmatch.fnmatchcase(name, part)
         matches = [""]
         for part in pattern.strip("/").split("/"):
             if not any(c in part for c in _GLOB_MAGIC):
@@ -263,9 +264,8 @@ class Host:
 
     def read_link(self, path: str) -> str | None:
         """The target of a symlink, or None when the path is absent or not a link."""
-        parent, _, name = path.rstrip("/").rpartition("/")
         try:
-            return os.readlink(self.path(parent or "/") / name)
+            return os.readlink(self._entry(path))
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -337,25 +337,27 @@ class Host:
             fd, tmp = _make_temp(target)
         except OSError as exc:
             raise HostError("write", shown, _reason(exc)) from exc
+        out = os.fdopen(fd, "wb")
+        # Each call below turns its own OSError into the HostError; an error of the chunks
+        # (a stalled download is a TimeoutError, an OSError too) passes through as it is.
         try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in [data] if isinstance(data, bytes | bytearray) else data:
-                    _write(out, chunk, shown)  # the chunks' own errors are the caller's
-                try:
-                    out.flush()
-                    if attrs is not None:
-                        os.fchmod(out.fileno(), stat.S_IMODE(attrs[0]))
-                        os.fchown(out.fileno(), attrs[1], attrs[2])
-                    else:
-                        os.fchmod(out.fileno(), mode)
-                    os.fsync(out.fileno())
-                except OSError as exc:
-                    raise HostError("write", shown, _reason(exc)) from exc
-            os.rename(tmp, target)
-        except OSError as exc:  # closing (a delayed write error) or the rename
-            _unlink_quietly(tmp)
-            raise HostError("write", shown, _reason(exc)) from exc
+            for chunk in [data] if isinstance(data, bytes | bytearray) else data:
+                _write(out, chunk, shown)
+            try:
+                out.flush()
+                if attrs is not None:
+                    os.fchmod(out.fileno(), stat.S_IMODE(attrs[0]))
+                    os.fchown(out.fileno(), attrs[1], attrs[2])
+                else:
+                    os.fchmod(out.fileno(), mode)
+                os.fsync(out.fileno())
+                out.close()
+                os.rename(tmp, target)
+            except OSError as exc:
+                raise HostError("write", shown, _reason(exc)) from exc
         except BaseException:
+            with contextlib.suppress(OSError):
+                out.close()
             _unlink_quietly(tmp)
             raise
         finally:
@@ -376,6 +378,9 @@ class Host:
     def _entry(self, path: str) -> Path:
         """The real path of a directory entry itself: its parent resolved, not the entry."""
         parent, _, name = path.rstrip("/").rpartition("/")
+        if "\0" in name:  # the parent is checked by path(); the OS raises ValueError
+            raise HostError("resolve", self.display(path.replace("\0", "\\0")),
+                            "a path cannot contain a NUL byte")
         return self.path(parent or "/") / name
 
     def make_char_device(self, path: str, major: int, minor: int, mode: int) -> None:
@@ -514,11 +519,10 @@ class Host:
         would race the next waiter).
         """
         shown = self.display(path)
-        directory, _, name = path.rstrip("/").rpartition("/")
-        self.make_dirs(directory or "/")
+        self.make_dirs(path.rstrip("/").rpartition("/")[0] or "/")
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
         try:
-            fd = os.open(self.path(directory or "/") / name, flags, mode)
+            fd = os.open(self._entry(path), flags, mode)
         except OSError as exc:
             reason = ("is a symlink, not the lock file" if exc.errno == errno.ELOOP
                       else _reason(exc))
@@ -541,10 +545,9 @@ class Host:
         (or there is no such regular file). Never waits, never creates the file, never follows
         a final symlink."""
         shown = self.display(path)
-        directory, _, name = path.rstrip("/").rpartition("/")
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
         try:
-            fd = os.open(self.path(directory or "/") / name, flags)
+            fd = os.open(self._entry(path), flags)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
@@ -624,6 +627,9 @@ class HostDir:
         directory or other non-regular entry is refused (gpunode.safeio)."""
         try:
             data = safeio.read(self.real + name, ATTRIBUTE_LIMIT, follow=False)
+        except ValueError:  # a NUL byte in the name
+            raise HostError("read", f"{self.shown}/{name!r}", "a path cannot contain a NUL "
+                            "byte") from None
         except FileNotFoundError:
             return None
         except safeio.Refused as exc:
@@ -635,6 +641,9 @@ class HostDir:
     def read_link(self, name: str) -> str | None:
         try:
             return os.readlink(self.real + name)
+        except ValueError:  # a NUL byte in the name
+            raise HostError("read link", f"{self.shown}/{name!r}", "a path cannot contain a "
+                            "NUL byte") from None
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.ENOENT):
                 return None
