@@ -28,6 +28,7 @@ import pytest
 from conftest import HostFactory
 from gpunode import command, log
 from gpunode.command import CommandFailed
+from gpunode.config import BuildConfig, DriverConfig
 from gpunode.driver import build as b
 from gpunode.driver import builders, cache
 from gpunode.host import Host
@@ -170,6 +171,48 @@ def test_the_builder_gets_the_unpacked_developer_container(host: Host) -> None:
     builder = FakeBuilder()
     run_build(host, builder)
     assert builder.seen_image == IMAGE
+
+
+def _mirror_image(host: Host, data: bytes) -> str:
+    """Replace the mirror's developer container with `data`; its sha512."""
+    (host.root / MIRROR.lstrip("/") / "amd64-usr/4459.2.1/"
+     "flatcar_developer_container.bin.bz2").write_bytes(data)
+    return sha(data, "sha512")
+
+
+def test_a_developer_container_of_several_bzip2_streams_is_unpacked_whole(host: Host) -> None:
+    """lbzip2 and pbzip2 write several streams one after another; bz2.open reads them all."""
+    half = len(IMAGE) // 2
+    digest = _mirror_image(host, bz2.compress(IMAGE[:half]) + bz2.compress(IMAGE[half:]))
+    builder = FakeBuilder()
+    run_build(host, builder, dev_container_sha512=digest)
+    assert builder.seen_image == IMAGE
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (bz2.compress(IMAGE)[:-10], "Compressed file ended before the end-of-stream marker"),
+    (b"not bzip2 at all", "Invalid data stream"),
+    (b"", "the file is empty"),
+], ids=["truncated", "not-bzip2", "empty"])
+def test_a_developer_container_that_is_not_whole_bzip2_is_refused_and_leaves_nothing(
+        host: Host, data: bytes, reason: str) -> None:
+    digest = _mirror_image(host, data)
+    builder = FakeBuilder()
+    with pytest.raises(b.DriverBuildError, match=rf"^Failed to unpack '.*\.bz2': {reason}") as info:
+        run_build(host, builder, dev_container_sha512=digest)
+    assert info.value.hint == "the download is truncated or not bzip2"
+    assert builder.calls == 0
+    assert cache_listing(host) == [KERNEL]
+
+
+def test_the_build_inputs_are_those_of_driver_build_for_the_kernel_and_flavour() -> None:
+    config = DriverConfig(version=DRIVER, build=BuildConfig(
+        dev_container_url="file:///d.bz2", dev_container_sha512="a" * 128,
+        driver_url="/i.run", driver_sha256="b" * 64, allow_unverified=True))
+    assert b.inputs_for(config, KERNEL, "grid") == b.BuildInputs(
+        kernel=KERNEL, driver=DRIVER, flavour="grid", dev_container_url="file:///d.bz2",
+        dev_container_sha512="a" * 128, driver_url="/i.run", driver_sha256="b" * 64,
+        allow_unverified=True)
 
 
 def test_a_second_build_of_the_same_inputs_is_a_cache_hit_that_runs_no_builder(
