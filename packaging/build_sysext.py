@@ -119,7 +119,9 @@ PACKAGE_DATA = ("gpunode/driver/build.sh",)
 # Modules gpunode imports lazily that the bundle must hold; checked after the build.
 LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
                 "pystemd.systemd1", "pystemd.dbusexc", "pystemd.dbuslib", "pystemd.base",
-                "lxml.etree", "bz2", "http.client", "urllib.request", "ssl")
+                "lxml.etree", "bz2", "http.client", "urllib.request", "ssl",
+                # gpunode.host's (only some commands need them) and the build script's reader
+                "hashlib", "fnmatch", "shutil", "socket", "importlib.resources")
 
 
 class BuildError(RuntimeError):
