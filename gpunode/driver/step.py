@@ -246,8 +246,8 @@ def _add_sysext_line(host: Host, name: str) -> None:
     text = host.read_optional(ENABLED_SYSEXT) or ""
     if text and not text.endswith("\n"):
         text += "\n"
-    host.make_dirs(ENABLED_SYSEXT.rpartition("/")[0])
-    host.write_atomic(ENABLED_SYSEXT, (text + name + "\n").encode(), mode=0o644)
+    host.write_atomic(ENABLED_SYSEXT, (text + name + "\n").encode(), mode=0o644,
+                      make_parents=True)
     log.get().info("driver.sysext_enabled", sysext=name, file=ENABLED_SYSEXT,
                    note="takes effect at the next boot")
 
