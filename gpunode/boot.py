@@ -56,12 +56,12 @@ class Adapters:
 
 
 def adapters_for(host: Host, config: AgentConfig) -> Adapters:
-    from gpunode.driver import build
+    from gpunode.driver import builders
     from gpunode.driver.modules import KmodTools
     from gpunode.systemd import for_host
 
     return Adapters(systemd=for_host(host.is_live), kmod=KmodTools(may_load=host.is_live),
-                    build=build.default_adapters(config.driver.build, host))
+                    build=builders.default_adapters(config.driver.build, host))
 
 
 @dataclass(frozen=True)

@@ -237,23 +237,15 @@ def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> i
 def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot
     from gpunode.detect import detect_decided
-    from gpunode.driver import build, flavour, step
+    from gpunode.driver import step
 
     adapters = boot.adapters_for(host, config)
     with log.step("driver.build") as fields:
         kernel = step.kernel_release(host)
         gpus = detect_decided(host, use_udev=config.detect.use_udev).gpus
-        chosen = flavour.choose(gpus, config.driver.flavour, step.on_azure(host))
-        b = config.driver.build
-        inputs = build.BuildInputs(
-            kernel=kernel, driver=config.driver.version, flavour=chosen.flavour,
-            dev_container_url=b.dev_container_url, dev_container_sha512=b.dev_container_sha512,
-            driver_url=b.driver_url, driver_sha256=b.driver_sha256,
-            allow_unverified=b.allow_unverified)
-        fetcher, builder = adapters.build
-        result = build.build(host, inputs, fetcher, builder, build.host_facts(host))
-        fields.update(entry=result.entry.path, cache_hit=result.cache_hit,
-                      pruned=build.prune(host, build.installed_kernels(host)))
+        inputs = step.build_inputs(host, config.driver, kernel, gpus)
+        result, pruned = step.build_cached(host, inputs, adapters.build)
+        fields.update(entry=result.entry.path, cache_hit=result.cache_hit, pruned=pruned)
     print(f"{result.entry.path} ({'cached' if result.cache_hit else 'built'})")
     return EXIT_OK
 

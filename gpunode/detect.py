@@ -259,6 +259,13 @@ def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID,
     """PCI functions of `vendor` (None: all), via udev on a live host, else via sysfs files."""
     if use_udev is None:
         use_udev = host.is_live
+    elif use_udev and not host.is_live:
+        # udev answers for the machine gpunode runs on, never for the tree under --root.
+        from gpunode import log  # lazily, as in _load_pyudev
+
+        log.get().warning("detect.udev_not_under_root", root=str(host.root), fallback="sysfs",
+                          reason="udev sees this machine's devices, not the root's")
+        use_udev = False
     names, names_source = nvidia_names(host)
     problems: list[str] = []
     undecided: list[str] = []

@@ -89,6 +89,19 @@ class HostError(GpunodeError):
         super().__init__(f"Failed to {op} '{path}': {reason}")
 
 
+class LockTimeout(HostError):
+    """Another process held a lock file (Host.lock) past the wait; `note` is what it wrote."""
+
+    code = "lock-timeout"
+
+    def __init__(self, path: str, note: str, waited: float) -> None:
+        self.note = note
+        self.waited = waited
+        holder = f" ({note.strip()})" if note.strip() else ""
+        super().__init__("lock", path, f"another process{holder} holds it; gave up after "
+                         f"waiting {waited:g} s")
+
+
 class FileError(GpunodeError):
     """A file's content is refused: '<file>[:<line>]: <reason>', and what to do about it."""
 

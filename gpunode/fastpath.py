@@ -10,6 +10,13 @@ first boot of every kernel always runs in full.
 
 This module must stay cheap to import: os, json, gpunode.safeio (itself os and stat) and
 gpunode.records (json, math, time) only.
+That is why it is the one module that reads the host without gpunode.host.Host: importing Host
+(dataclasses, pathlib, fcntl) doubles the start of a no-op boot, ~20 ms to ~40 ms measured with
+`python -X importtime -c "import gpunode.fastpath, gpunode.host"` on the test machine (and
+tests/test_fastpath.py asserts a no-op boot imports no dataclasses). The boundary holds all
+the same: every path is mapped by safeio.resolve, which resolves symlinks inside the root
+exactly as Host does (tests/test_host.py checks that they agree), and only stat, lstat,
+readlink, listdir and safeio.read are done on what it returns.
 """
 
 from __future__ import annotations

@@ -7,27 +7,40 @@ so a fixture tree or a mounted node image can never make gpunode touch the machi
 
 Every read goes through gpunode.safeio (regular files only, non-blocking, capped); links and
 device nodes are made under unique temporary names and renamed into place, so concurrent
-commands never trip over each other's temporaries.
+commands never trip over each other's temporaries. Every failure is one HostError,
+'Failed to <op> '<path>': <reason>', never a bare OSError.
+
+This module is longer than most (~450 lines is the project's guide) on purpose: it is the one
+place where gpunode touches files (reads, atomic writes, renames, trees, digests, fsync, locks,
+globs, devices, links), and keeping every such call here is what makes "nothing under --root
+touches the real machine" checkable by reading one file. Only the import-cheap no-op path
+(fastpath.py, on safeio.py) reads without it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
-import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from gpunode import safeio
-from gpunode.errors import HostError
+from gpunode.errors import HostError, LockTimeout
 
 _MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
 # Files the kernel writes: their text is read with replacement, never refused for its bytes.
 _KERNEL_PREFIXES = ("/proc/", "/sys/")
 ATTRIBUTE_LIMIT = 1 << 16  # a sysfs attribute is at most a page; 64 KiB leaves room
+CHUNK = 1 << 20  # streamed reads and writes (downloads, images, digests of modules)
+_GLOB_MAGIC = "*?[\\"
+_LOCK_POLL_SECONDS = 0.05
+_LOCK_NOTE_LIMIT = 256
 
 
 @dataclass(frozen=True)
@@ -132,6 +145,101 @@ class Host:
         data = self._read(path, limit, missing_ok=True)
         return None if data is None else self._decode(path, data, errors)
 
+    def read_chunks(self, path: str, size: int = CHUNK) -> Iterator[bytes]:
+        """The regular file's bytes in chunks of `size`, for files too large to hold (downloads,
+        images). Like every read it refuses a FIFO, device or directory; nothing is opened
+        until the first chunk is asked for, and the file is closed when the chunks end."""
+        shown = self.display(path)
+        try:
+            fd, _ = safeio.open_regular(self._real(path))
+        except safeio.Refused as exc:
+            raise HostError("read", shown, str(exc)) from None
+        except OSError as exc:
+            raise HostError("read", shown, _reason(exc, followed=True)) from exc
+        try:
+            while True:
+                try:
+                    chunk = os.read(fd, size)
+                except OSError as exc:
+                    raise HostError("read", shown, _reason(exc)) from exc
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            os.close(fd)
+
+    def digest(self, path: str, algorithm: str = "sha256") -> str:
+        """The hex digest ("sha256", "sha512") of a regular file's content, read in chunks."""
+        import hashlib  # only the driver cache hashes files
+
+        try:
+            hasher = hashlib.new(algorithm)
+        except ValueError as exc:
+            raise HostError("hash", self.display(path), str(exc)) from None
+        for chunk in self.read_chunks(path):
+            hasher.update(chunk)
+        return hasher.hexdigest()
+
+    def read_records(self, path: str, limit: int = safeio.DEFAULT_LIMIT) -> list[str]:
+        """The text records of a kernel record device (/dev/kmsg: one record per read, up to
+        the end of its buffer, never blocking) or the lines of a regular file in its place (a
+        fixture); at most `limit` bytes. Anything else (a FIFO, a directory) is refused."""
+        shown = self.display(path)
+        try:
+            fd = os.open(self._real(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC |
+                         os.O_NOCTTY)
+        except OSError as exc:
+            raise HostError("read", shown, _reason(exc, followed=True)) from exc
+        records: list[str] = []
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISREG(mode):
+                return os.read(fd, limit).decode(errors="replace").splitlines()
+            if not stat.S_ISCHR(mode):
+                raise HostError("read", shown, safeio.kind(mode).replace(
+                    "not a regular file", "not a record device or a regular file"))
+            total = 0
+            while total < limit:
+                try:
+                    record = os.read(fd, 8192)
+                except OSError as exc:
+                    if exc.errno == errno.EPIPE:
+                        continue  # overwritten while reading: carry on with the next one
+                    if exc.errno == errno.EAGAIN:
+                        break  # the end of the buffer
+                    raise
+                if not record:
+                    break
+                total += len(record)
+                records.append(record.decode(errors="replace"))
+        except OSError as exc:
+            raise HostError("read", shown, _reason(exc)) from exc
+        finally:
+            os.close(fd)
+        return records
+
+    def glob(self, pattern: str, match: Callable[[str, str], bool] | None = None) -> list[str]:
+        """The existing host paths an absolute pattern names, under the root (never the machine's
+        own /). A component with * ? [ or \\ is matched against its directory's entries by
+        `match(part, name)` (default fnmatch.fnmatchcase; Go's filepath.Match for containerd's
+        imports), the others are taken as they are; a name starting with '.' matches like any
+        other. Matches are in order of the pattern's components, each directory's sorted."""
+        if not pattern.startswith("/"):
+            raise HostError("glob", pattern, "host paths must be absolute")
+        if match is None:
+            import fnmatch
+
+            def match(part: str, name: str) -> bool:
+                return fnmatch.fnmatchcase(name, part)
+        matches = [""]
+        for part in pattern.strip("/").split("/"):
+            if not any(c in part for c in _GLOB_MAGIC):
+                matches = [f"{m}/{part}" for m in matches]
+                continue
+            matches = [f"{m}/{name}" for m in matches for name in self.list_dir(m or "/")
+                       if match(part, name)]
+        return [m or "/" for m in matches if self.lstat(m or "/") is not None]
+
     def _read(self, path: str, limit: int, missing_ok: bool) -> bytes | None:
         try:
             return safeio.read(self._real(path), limit)
@@ -156,9 +264,8 @@ class Host:
 
     def read_link(self, path: str) -> str | None:
         """The target of a symlink, or None when the path is absent or not a link."""
-        parent, _, name = path.rstrip("/").rpartition("/")
         try:
-            return os.readlink(self.path(parent or "/") / name)
+            return os.readlink(self._entry(path))
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -195,8 +302,9 @@ class Host:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def write_atomic(self, path: str, data: bytes, mode: int = 0o644,
-                     attrs: tuple[int, int, int] | None = None) -> None:
+    def write_atomic(self, path: str, data: bytes | Iterable[bytes], mode: int = 0o644,
+                     attrs: tuple[int, int, int] | None = None,
+                     make_parents: bool = False) -> None:
         """Replace the file's content all at once, or not at all.
 
         The new bytes go to a temporary file in the same directory, are fsynced, renamed over the
@@ -204,10 +312,14 @@ class Host:
         An existing file keeps its mode and owner; `mode` applies to a new file only. `attrs`
         (mode, uid, gid) gives the file exactly those, new or not: a backup or copy made from
         another file keeps that file's. A file with several hard links is refused: the rename
-        would silently split it from its other names.
+        would silently split it from its other names. `data` may be chunks (a download, an
+        unpacked image): an exception the chunks raise passes through unchanged, and the
+        temporary file is removed. `make_parents` creates missing parent directories (0755).
         """
-        target = self.path(path)
         shown = self.display(path)
+        if make_parents:
+            self.make_dirs(path.rstrip("/").rpartition("/")[0] or "/")
+        target = self.path(path)
         try:
             current = os.stat(target)
         except FileNotFoundError:
@@ -219,29 +331,40 @@ class Host:
         if current is not None and current.st_nlink > 1:
             raise HostError("write", shown, f"it has {current.st_nlink} hard links, and replacing "
                             "it would split them (the other names would keep the old content)")
+        if attrs is None and current is not None:
+            attrs = (current.st_mode, current.st_uid, current.st_gid)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".gpunode-tmp",
-                                       dir=target.parent)
+            fd, tmp = _make_temp(target)
         except OSError as exc:
             raise HostError("write", shown, _reason(exc)) from exc
+        out = os.fdopen(fd, "wb")
+        # Each call below turns its own OSError into the HostError; an error of the chunks
+        # (a stalled download is a TimeoutError, an OSError too) passes through as it is.
         try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
+            for chunk in [data] if isinstance(data, bytes | bytearray) else data:
+                _write(out, chunk, shown)
+            try:
                 out.flush()
                 if attrs is not None:
                     os.fchmod(out.fileno(), stat.S_IMODE(attrs[0]))
                     os.fchown(out.fileno(), attrs[1], attrs[2])
-                elif current is not None:
-                    os.fchmod(out.fileno(), stat.S_IMODE(current.st_mode))
-                    os.fchown(out.fileno(), current.st_uid, current.st_gid)
                 else:
                     os.fchmod(out.fileno(), mode)
                 os.fsync(out.fileno())
-            os.rename(tmp, target)
-        except OSError as exc:
+                out.close()
+                os.rename(tmp, target)
+            except OSError as exc:
+                raise HostError("write", shown, _reason(exc)) from exc
+        except BaseException:
+            with contextlib.suppress(OSError):
+                out.close()
             _unlink_quietly(tmp)
-            raise HostError("write", shown, _reason(exc)) from exc
-        _fsync_dir(target.parent)
+            raise
+        finally:
+            close = getattr(data, "close", None)  # a generator of chunks: its source closes now
+            if close is not None:
+                close()
+        _fsync_dir(target.parent, "write", shown)
 
     def lstat(self, path: str) -> os.stat_result | None:
         """lstat() of the entry itself (a final symlink is not followed); None when absent."""
@@ -255,6 +378,9 @@ class Host:
     def _entry(self, path: str) -> Path:
         """The real path of a directory entry itself: its parent resolved, not the entry."""
         parent, _, name = path.rstrip("/").rpartition("/")
+        if "\0" in name:  # the parent is checked by path(); the OS raises ValueError
+            raise HostError("resolve", self.display(path.replace("\0", "\\0")),
+                            "a path cannot contain a NUL byte")
         return self.path(parent or "/") / name
 
     def make_char_device(self, path: str, major: int, minor: int, mode: int) -> None:
@@ -308,7 +434,7 @@ class Host:
             return
         except OSError as exc:
             raise HostError("remove", self.display(path), _reason(exc)) from exc
-        _fsync_dir(directory)
+        _fsync_dir(directory, "remove", self.display(path))
 
     def remove_dir(self, path: str) -> bool:
         """Remove an empty directory; False (and nothing done) when it is absent or not empty."""
@@ -321,8 +447,151 @@ class Host:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 return False
             raise HostError("remove directory", self.display(path), _reason(exc)) from exc
-        _fsync_dir(entry.parent)
+        _fsync_dir(entry.parent, "remove directory", self.display(path))
         return True
+
+    def rename(self, source: str, target: str) -> None:
+        """Move an entry (a final symlink itself, not what it points at) to `target` in one
+        rename(2), replacing a file or an empty directory there; then both parents are fsynced,
+        so the move is atomic and durable."""
+        real_source, real_target = self._entry(source), self._entry(target)
+        shown = f"{self.display(source)} to {self.display(target)}"
+        try:
+            os.rename(real_source, real_target)
+        except OSError as exc:
+            raise HostError("rename", shown, _reason(exc)) from exc
+        self._resolved.clear()  # names under the source now resolve elsewhere
+        _fsync_dir(real_target.parent, "rename", shown)
+        if real_source.parent != real_target.parent:
+            _fsync_dir(real_source.parent, "rename", shown)
+
+    def remove_tree(self, path: str) -> None:
+        """Remove an entry and, when it is a directory, everything in it: links are removed,
+        never followed (a final symlink too). One already gone is fine."""
+        entry = self._entry(path)
+        shown = self.display(path)
+        try:
+            st = os.lstat(entry)
+            if stat.S_ISDIR(st.st_mode):
+                import shutil  # only the driver cache removes trees
+
+                shutil.rmtree(entry)
+            else:
+                os.unlink(entry)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            if exc.filename not in (None, str(entry)):  # something inside, not the entry
+                raise HostError("remove", shown, f"{_reason(exc)} ({exc.filename})") from exc
+            return
+        except OSError as exc:
+            inside = f" ({exc.filename})" if exc.filename not in (None, str(entry)) else ""
+            raise HostError("remove", shown, _reason(exc) + inside) from exc
+        self._resolved.clear()
+        _fsync_dir(entry.parent, "remove", shown)
+
+    def fsync(self, path: str) -> None:
+        """Flush a file's or a directory's data to the disk (before a rename publishes it)."""
+        shown = self.display(path)
+        try:
+            fd = os.open(self._real(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC |
+                         os.O_NOCTTY)
+        except OSError as exc:
+            raise HostError("sync", shown, _reason(exc, followed=True)) from exc
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            raise HostError("sync", shown, _reason(exc)) from exc
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def lock(self, path: str, wait: float | None = None,
+             on_wait: Callable[[str], None] | None = None,
+             mode: int = 0o600) -> Iterator[LockFile]:
+        """Hold an exclusive flock(2) of the file `path` for the block.
+
+        The file (and its directory) is created when missing, with `mode`; it is never opened
+        through a final symlink and must be a regular file. When another open file holds the
+        lock, `on_wait(note)` is called once with the note the holder wrote (LockFile.write),
+        then the lock is waited for: as long as it takes (`wait` None), or up to `wait` seconds,
+        after which LockTimeout (with the holder's note) is raised. flock locks belong to the
+        open file description, so two threads of one process exclude each other as two
+        processes do. The lock is released when the block ends; the file stays (unlinking it
+        would race the next waiter).
+        """
+        shown = self.display(path)
+        self.make_dirs(path.rstrip("/").rpartition("/")[0] or "/")
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        try:
+            fd = os.open(self._entry(path), flags, mode)
+        except OSError as exc:
+            reason = ("is a symlink, not the lock file" if exc.errno == errno.ELOOP
+                      else _reason(exc))
+            raise HostError("lock", shown, reason) from exc
+        try:
+            held = LockFile(fd, shown)
+            try:
+                st_mode = os.fstat(fd).st_mode
+                if not stat.S_ISREG(st_mode):
+                    raise HostError("lock", shown, safeio.kind(st_mode))
+                _acquire(held, wait, on_wait)
+            except OSError as exc:
+                raise HostError("lock", shown, _reason(exc)) from exc
+            yield held  # the block's own errors pass through as they are
+        finally:
+            os.close(fd)  # releases the lock
+
+    def lock_holder(self, path: str) -> str | None:
+        """The note of whoever holds the flock of `path` right now, or None when nobody does
+        (or there is no such regular file). Never waits, never creates the file, never follows
+        a final symlink."""
+        shown = self.display(path)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        try:
+            fd = os.open(self._entry(path), flags)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return None  # a symlink is no lock gpunode would take
+            raise HostError("lock", shown, _reason(exc)) from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno in (errno.EAGAIN, errno.EACCES):
+                    return LockFile(fd, shown).note()
+                raise
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        except OSError as exc:
+            raise HostError("lock", shown, _reason(exc)) from exc
+        finally:
+            os.close(fd)
+
+    def connect(self, path: str) -> None:
+        """Connect to the Unix socket at `path` and hang up: whether something listens there.
+
+        The socket's directory is opened first and the socket reached through
+        /proc/self/fd/<fd>/<name>, so a socket under a long root still fits sun_path's 108
+        bytes."""
+        import socket  # only waiting for containerd's socket needs it
+
+        shown = self.display(path)
+        # Resolved whole, inside the root: the kernel would follow a final symlink out of it.
+        directory, _, name = self._real(path).rpartition("/")
+        try:
+            fd = os.open(directory or "/", os.O_PATH | os.O_CLOEXEC)
+        except OSError as exc:
+            raise HostError("connect to", shown, _reason(exc)) from exc
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.connect(f"/proc/self/fd/{fd}/{name}")
+        except OSError as exc:
+            raise HostError("connect to", shown, _reason(exc)) from exc
+        finally:
+            os.close(fd)
 
     def make_dirs(self, path: str, mode: int = 0o755) -> None:
         try:
@@ -358,6 +627,9 @@ class HostDir:
         directory or other non-regular entry is refused (gpunode.safeio)."""
         try:
             data = safeio.read(self.real + name, ATTRIBUTE_LIMIT, follow=False)
+        except ValueError:  # a NUL byte in the name
+            raise HostError("read", f"{self.shown}/{name!r}", "a path cannot contain a NUL "
+                            "byte") from None
         except FileNotFoundError:
             return None
         except safeio.Refused as exc:
@@ -369,10 +641,73 @@ class HostDir:
     def read_link(self, name: str) -> str | None:
         try:
             return os.readlink(self.real + name)
+        except ValueError:  # a NUL byte in the name
+            raise HostError("read link", f"{self.shown}/{name!r}", "a path cannot contain a "
+                            "NUL byte") from None
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.ENOENT):
                 return None
             raise HostError("read link", f"{self.shown}/{name}", _reason(exc)) from exc
+
+
+@dataclass(frozen=True)
+class LockFile:
+    """An open lock file (Host.lock): the holder writes a note, a waiter reads it."""
+
+    fd: int
+    shown: str
+
+    def write(self, note: str) -> None:
+        """Replace the file's note (e.g. '<pid> <command>'), for whoever waits or probes."""
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, note.encode(), 0)
+        except OSError as exc:
+            raise HostError("write", self.shown, _reason(exc)) from exc
+
+    def note(self) -> str:
+        """The holder's note as far as it can be read ('' when it cannot)."""
+        try:
+            return os.pread(self.fd, _LOCK_NOTE_LIMIT, 0).decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+
+
+def _acquire(lock: LockFile, wait: float | None, on_wait: Callable[[str], None] | None) -> None:
+    deadline = None if wait is None else time.monotonic() + wait
+    told = False
+    while True:
+        try:
+            fcntl.flock(lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        if deadline is not None and time.monotonic() >= deadline:
+            raise LockTimeout(lock.shown, lock.note(), wait or 0.0)
+        if not told:
+            told = True
+            if on_wait is not None:
+                on_wait(lock.note())
+        if deadline is None:
+            fcntl.flock(lock.fd, fcntl.LOCK_EX)  # no bound: the kernel wakes us
+            return
+        time.sleep(_LOCK_POLL_SECONDS)
+
+
+def _write(out: BinaryIO, chunk: bytes, shown: str) -> None:
+    try:
+        out.write(chunk)
+    except OSError as exc:
+        raise HostError("write", shown, _reason(exc)) from exc
+
+
+def _make_temp(beside: Path) -> tuple[int, str]:
+    """A new private file ".<name>.<random>.gpunode-tmp" next to `beside`, open for writing."""
+    fds: list[int] = []
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    temp = _make_unique(beside, lambda t: fds.append(os.open(t, flags, 0o600)))
+    return fds[0], temp
 
 
 def _reason(exc: OSError, followed: bool = False) -> str:
@@ -405,9 +740,14 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+def _fsync_dir(directory: Path, op: str, shown: str) -> None:
+    """fsync(2) a directory after an entry in it changed; a failure is the change's HostError
+    (the entry may be in place, but it is not known to be on the disk)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise HostError(op, shown, f"{_reason(exc)} (syncing its directory)") from exc

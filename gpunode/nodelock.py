@@ -25,90 +25,46 @@ a person should hear soon that something else is at work.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
 import re
 import stat
-import time
 from collections.abc import Iterator
 
-from gpunode import log, safeio
-from gpunode.errors import GpunodeError, HostError, LockBusy
+from gpunode import log
+from gpunode.errors import GpunodeError, HostError, LockBusy, LockTimeout
 from gpunode.host import Host
 from gpunode.integers import parse_uint
 
 LOCK_PATH = "/run/gpunode/lock"
 BOOT_WAIT_SECONDS = 300.0
 WAIT_SECONDS = 10.0
-_POLL_SECONDS = 0.05
 
 
 @contextlib.contextmanager
 def held(host: Host, command: str, wait: float) -> Iterator[None]:
     """Hold the node lock for the block; wait up to `wait` seconds for it."""
     shown = host.display(LOCK_PATH)
-    host.make_dirs(LOCK_PATH.rpartition("/")[0])
-    fd = _open(host, shown)
-    try:
-        _acquire(fd, shown, command, wait)
+
+    def waiting(note: str) -> None:
+        log.get().info("lock.waiting", lock=shown, holder=_holder(note), command=command,
+                       wait_s=wait)
+
+    with contextlib.ExitStack() as stack:
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
-        except OSError as exc:
-            raise HostError("write", shown, exc.strerror or str(exc)) from exc
+            lock = stack.enter_context(host.lock(LOCK_PATH, wait, waiting, mode=0o600))
+        except LockTimeout as exc:
+            raise LockBusy(f"another gpunode command ({_holder(exc.note)}) is changing this "
+                           f"node and holds {shown}; gave up after waiting {wait:g} s",
+                           "wait for it to finish and run this again; 'ps' shows what the "
+                           "holder is doing") from None
+        lock.write(f"{os.getpid()} {command}\n")
         sweep_stale_temps(host)  # holding the lock: no other gpunode writer is at work
         yield
-    finally:
-        os.close(fd)  # releases the lock; the file stays (unlinking it races other waiters)
 
 
-def _open(host: Host, shown: str) -> int:
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    directory, _, name = LOCK_PATH.rpartition("/")
-    try:
-        # The directory resolved inside the root; the lock itself never through a symlink.
-        fd = os.open(host.path(directory) / name, flags, 0o600)
-    except OSError as exc:
-        reason = ("is a symlink, not the lock file" if exc.errno == errno.ELOOP
-                  else exc.strerror or str(exc))
-        raise HostError("open the node lock", shown, reason) from exc
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise HostError("open the node lock", shown, safeio.kind(mode))
-    return fd
-
-
-def _acquire(fd: int, shown: str, command: str, wait: float) -> None:
-    deadline = time.monotonic() + wait
-    told = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise HostError("lock", shown, exc.strerror or str(exc)) from exc
-        holder = _holder(fd)
-        if time.monotonic() >= deadline:
-            raise LockBusy(f"another gpunode command ({holder}) is changing this node and "
-                           f"holds {shown}; gave up after waiting {wait:g} s",
-                           "wait for it to finish and run this again; 'ps' shows what the "
-                           "holder is doing")
-        if not told:
-            log.get().info("lock.waiting", lock=shown, holder=holder, command=command,
-                           wait_s=wait)
-            told = True
-        time.sleep(_POLL_SECONDS)
-
-
-def _holder(fd: int) -> str:
-    """'pid 1234, gpunode boot' from the lock file, as far as it can be read."""
-    try:
-        text = os.pread(fd, 256, 0).decode("utf-8", errors="replace").split()
-    except OSError:
-        text = []
+def _holder(note: str) -> str:
+    """'pid 1234, gpunode boot' from the lock file's note, as far as it can be read."""
+    text = note.split()
     if not text or parse_uint(text[0]) is None:
         return "pid unknown"
     return f"pid {text[0]}" + (f", gpunode {' '.join(text[1:])}" if len(text) > 1 else "")
@@ -180,22 +136,8 @@ def _config_dirs(host: Host) -> list[tuple[str, str]]:
 def probe(host: Host) -> str | None:
     """'pid 1234, gpunode boot' when a gpunode command holds the node lock right now, else
     None. Never waits, never creates the lock file, never follows a symlink."""
-    directory, _, name = LOCK_PATH.rpartition("/")
     try:
-        fd = os.open(host.path(directory) / name,
-                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except (OSError, HostError):
-        return None  # no lock file (nobody has run since boot) or none gpunode could use
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                return _holder(fd)
-            return None
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+        note = host.lock_holder(LOCK_PATH)
+    except HostError:
+        return None  # a lock file gpunode could not use: nobody holds it either
+    return None if note is None else _holder(note)

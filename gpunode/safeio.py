@@ -49,17 +49,8 @@ def read(real: str, limit: int = DEFAULT_LIMIT, follow: bool = True) -> bytes:
     errno: FileNotFoundError, NotADirectoryError, …) when it cannot be opened or read.
     `follow=False` refuses a final symlink (ELOOP) instead of following it.
     """
-    st = os.stat(real, follow_symlinks=follow)
-    if not stat.S_ISREG(st.st_mode):
-        if not follow and stat.S_ISLNK(st.st_mode):
-            raise OSError(errno.ELOOP, "is a symlink where a file was expected", real)
-        raise Refused(kind(st.st_mode))
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    fd = os.open(real, flags if follow else flags | os.O_NOFOLLOW)
+    fd, st = open_regular(real, follow)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
-            raise Refused(kind(st.st_mode))
         if st.st_size > limit:
             raise Refused(too_large(limit))
         chunks: list[bytes] = []
@@ -75,6 +66,31 @@ def read(real: str, limit: int = DEFAULT_LIMIT, follow: bool = True) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def open_regular(real: str, follow: bool = True) -> tuple[int, os.stat_result]:
+    """A read-only descriptor (and its fstat) of the regular file at the real path `real`
+    (non-blocking, close-on-exec): for read(), and for streamed reads (Host.read_chunks).
+
+    Raises Refused for anything but a regular file and OSError when it cannot be opened;
+    `follow=False` refuses a final symlink (ELOOP) instead of following it.
+    """
+    st = os.stat(real, follow_symlinks=follow)
+    if not stat.S_ISREG(st.st_mode):
+        if not follow and stat.S_ISLNK(st.st_mode):
+            raise OSError(errno.ELOOP, "is a symlink where a file was expected", real)
+        raise Refused(kind(st.st_mode))
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    fd = os.open(real, flags if follow else flags | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):  # swapped between the stat and the open
+        os.close(fd)
+        raise Refused(kind(st.st_mode))
+    return fd, st
 
 
 def too_large(limit: int) -> str:

@@ -112,10 +112,16 @@ EXCLUDE_MODULES = ("tkinter", "_tkinter", "pytest", "_pytest", "setuptools", "pi
                    "readline", "lxml.objectify", "lxml.html", "lxml.isoschematron", "lxml.sax",
                    "lxml.builder", "lxml.cssselect", "lxml.doctestcompare", "lxml.usedoctest",
                    "multiprocessing", "concurrent.futures.process", "pystemd.futures")
+# gpunode's package data (pyproject's package-data): PyInstaller collects no data files by
+# itself. Each lands at the same path under _internal/, where importlib.resources finds it
+# (PyInstaller's resource reader serves on-disk files); checked after the build.
+PACKAGE_DATA = ("gpunode/driver/build.sh",)
 # Modules gpunode imports lazily that the bundle must hold; checked after the build.
 LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
                 "pystemd.systemd1", "pystemd.dbusexc", "pystemd.dbuslib", "pystemd.base",
-                "lxml.etree", "bz2", "http.client", "urllib.request", "ssl")
+                "lxml.etree", "bz2", "http.client", "urllib.request", "ssl",
+                # gpunode.host's (only some commands need them) and the build script's reader
+                "hashlib", "fnmatch", "shutil", "socket", "importlib.resources")
 
 
 class BuildError(RuntimeError):
@@ -210,6 +216,8 @@ def pyinstaller(work: Path, sde: int) -> Path:
         argv += ["--collect-submodules", package]
     for module in EXCLUDE_MODULES:
         argv += ["--exclude-module", module]
+    for data in PACKAGE_DATA:
+        argv += ["--add-data", f"{REPO / data}{os.pathsep}{Path(data).parent}"]
     argv.append(str(ENTRY))
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("PYTHON", "PYINSTALLER"))}
@@ -251,6 +259,10 @@ def check_bundle(bundle: Path) -> None:
     missing = sorted((gpunode_modules() | set(LAZY_IMPORTS)) - modules)
     if missing:
         raise BuildError(f"the bundle lacks modules gpunode imports: {', '.join(missing)}")
+    differ = [data for data in PACKAGE_DATA if not (bundle / "_internal" / data).is_file()
+              or (bundle / "_internal" / data).read_bytes() != (REPO / data).read_bytes()]
+    if differ:
+        raise BuildError(f"the bundle lacks gpunode's package data: {', '.join(differ)}")
 
 
 # -- the image -------------------------------------------------------------------------------

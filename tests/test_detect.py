@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
 import pytest
 
 from conftest import HostFactory
+from gpunode import log
 from gpunode.detect import PciFunction, classify, detect
 from gpunode.host import Host
 from gpunode.pciids import BUILTIN_NAMES, parse_vendor_block
@@ -167,3 +170,16 @@ def test_loaded_modules_come_from_sys_module_without_proc_modules(make_host: Hos
     (host.root / "proc/modules").unlink()
     assert loaded_modules(host) == with_proc
     assert {"nvidia", "nvidia_uvm", "nvidia_modeset"} <= with_proc
+
+
+def test_udev_asked_for_under_a_root_reads_the_roots_sysfs_not_this_machines(
+        make_host: HostFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    host = make_host("nc4as-t4-v3", "bare")
+    monkeypatch.setattr(log, "_logger", log.get())  # the test's logger is undone afterwards
+    stream = io.StringIO()
+    log.configure("json", stream=stream)
+    assert detect(host, use_udev=True) == detect(host, use_udev=False)
+    assert detect(host, use_udev=True).source == "sysfs"
+    warned = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert warned[0]["event"] == "detect.udev_not_under_root"
+    assert warned[0]["fallback"] == "sysfs"

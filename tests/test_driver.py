@@ -337,12 +337,12 @@ def build_config(host: Host) -> DriverConfig:
 
 
 def test_build_once_then_every_later_boot_loads_the_cache(make_host: HostFactory) -> None:
-    from gpunode.driver import build
+    from gpunode.driver import builders
 
     host = make_host("nc4as-t4-v3", "bare")
     config = build_config(host)
     builder = ModuleBuilder()
-    adapters = (build.UrlFetcher(host), builder)
+    adapters = (builders.UrlFetcher(host), builder)
 
     kernel = kernel_for(host)
     first = step.plan(host, config, detect(host), kernel)

@@ -29,7 +29,9 @@ import pytest
 from conftest import HostFactory
 from gpunode import command, log
 from gpunode.command import CommandFailed
+from gpunode.config import BuildConfig, DriverConfig
 from gpunode.driver import build as b
+from gpunode.driver import builders, cache
 from gpunode.host import Host
 
 KERNEL = "6.6.95-flatcar"
@@ -80,7 +82,7 @@ class FakeBuilder:
 class CountingFetcher:
     """The real UrlFetcher, counted."""
 
-    inner: b.UrlFetcher
+    inner: builders.UrlFetcher
     urls: list[str] = field(default_factory=list)
 
     def fetch(self, url: str, dest_path: Path) -> None:
@@ -124,19 +126,19 @@ def inputs(**changes: object) -> b.BuildInputs:
 
 
 def run_build(host: Host, builder: FakeBuilder, **changes: object) -> b.BuildResult:
-    return b.build(host, inputs(**changes), b.UrlFetcher(host), builder, FACTS)
+    return b.build(host, inputs(**changes), builders.UrlFetcher(host), builder, FACTS)
 
 
 def cache_listing(host: Host) -> list[str]:
     """Every path under the cache, relative to it, except the lock file."""
-    root = host.path(b.CACHE_ROOT)
+    root = host.path(cache.CACHE_ROOT)
     if not root.exists():
         return []
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.name != ".lock")
 
 
 def entry_dir(host: Host, kernel: str = KERNEL, flavour: str = "open") -> Path:
-    return host.path(b.entry_path(kernel, DRIVER, flavour))
+    return host.path(cache.entry_path(kernel, DRIVER, flavour))
 
 
 # -- a build, and the cache hit after it ---------------------------------------------------------
@@ -162,7 +164,7 @@ def test_a_build_leaves_exactly_the_modules_and_a_manifest_of_what_it_used(host:
                    "sha256": sha(INSTALLER, "sha256"), "verified": True},
     }
     assert manifest["built_at"].endswith("Z") and manifest["build_seconds"] >= 0
-    assert result.entry.path == b.entry_path(KERNEL, DRIVER, "open")
+    assert result.entry.path == cache.entry_path(KERNEL, DRIVER, "open")
     assert result.entry.modules == tuple(f"{result.entry.path}/{n}" for n in sorted(MODULES))
 
 
@@ -172,22 +174,64 @@ def test_the_builder_gets_the_unpacked_developer_container(host: Host) -> None:
     assert builder.seen_image == IMAGE
 
 
+def _mirror_image(host: Host, data: bytes) -> str:
+    """Replace the mirror's developer container with `data`; its sha512."""
+    (host.root / MIRROR.lstrip("/") / "amd64-usr/4459.2.1/"
+     "flatcar_developer_container.bin.bz2").write_bytes(data)
+    return sha(data, "sha512")
+
+
+def test_a_developer_container_of_several_bzip2_streams_is_unpacked_whole(host: Host) -> None:
+    """lbzip2 and pbzip2 write several streams one after another; bz2.open reads them all."""
+    half = len(IMAGE) // 2
+    digest = _mirror_image(host, bz2.compress(IMAGE[:half]) + bz2.compress(IMAGE[half:]))
+    builder = FakeBuilder()
+    run_build(host, builder, dev_container_sha512=digest)
+    assert builder.seen_image == IMAGE
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (bz2.compress(IMAGE)[:-10], "Compressed file ended before the end-of-stream marker"),
+    (b"not bzip2 at all", "Invalid data stream"),
+    (b"", "the file is empty"),
+], ids=["truncated", "not-bzip2", "empty"])
+def test_a_developer_container_that_is_not_whole_bzip2_is_refused_and_leaves_nothing(
+        host: Host, data: bytes, reason: str) -> None:
+    digest = _mirror_image(host, data)
+    builder = FakeBuilder()
+    with pytest.raises(b.DriverBuildError, match=rf"^Failed to unpack '.*\.bz2': {reason}") as info:
+        run_build(host, builder, dev_container_sha512=digest)
+    assert info.value.hint == "the download is truncated or not bzip2"
+    assert builder.calls == 0
+    assert cache_listing(host) == [KERNEL]
+
+
+def test_the_build_inputs_are_those_of_driver_build_for_the_kernel_and_flavour() -> None:
+    config = DriverConfig(version=DRIVER, build=BuildConfig(
+        dev_container_url="file:///d.bz2", dev_container_sha512="a" * 128,
+        driver_url="/i.run", driver_sha256="b" * 64, allow_unverified=True))
+    assert b.inputs_for(config, KERNEL, "grid") == b.BuildInputs(
+        kernel=KERNEL, driver=DRIVER, flavour="grid", dev_container_url="file:///d.bz2",
+        dev_container_sha512="a" * 128, driver_url="/i.run", driver_sha256="b" * 64,
+        allow_unverified=True)
+
+
 def test_a_second_build_of_the_same_inputs_is_a_cache_hit_that_runs_no_builder(
         host: Host) -> None:
     builder = FakeBuilder()
     first = run_build(host, builder)
-    fetcher = CountingFetcher(b.UrlFetcher(host))
+    fetcher = CountingFetcher(builders.UrlFetcher(host))
 
     second = b.build(host, inputs(), fetcher, builder, FACTS)
 
     assert second.cache_hit and builder.calls == 1 and fetcher.urls == []
     assert second.entry == first.entry
-    assert b.find_usable(host, KERNEL, DRIVER, "open") == first.entry
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") == first.entry
 
 
 def test_a_cache_hit_needs_no_write_access_and_takes_no_lock(host: Host) -> None:
     run_build(host, FakeBuilder())
-    lock = host.path(b.LOCK_FILE)
+    lock = host.path(cache.LOCK_FILE)
     lock.unlink()
     assert run_build(host, FakeBuilder()).cache_hit
     assert not lock.exists()
@@ -198,8 +242,8 @@ def test_another_flavour_of_the_same_kernel_is_its_own_entry(host: Host) -> None
     run_build(host, builder)
     assert not run_build(host, builder, flavour="proprietary").cache_hit
     assert builder.calls == 2
-    assert b.find_usable(host, KERNEL, DRIVER, "open") is not None
-    assert b.find_usable(host, KERNEL, DRIVER, "proprietary") is not None
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") is not None
+    assert cache.find_usable(host, KERNEL, DRIVER, "proprietary") is not None
 
 
 # -- downloads: checksums ------------------------------------------------------------------------
@@ -221,17 +265,17 @@ def test_a_checksum_mismatch_is_refused_with_both_digests_and_leaves_nothing(
     assert refused.value.hint
     assert builder.calls == 0
     assert cache_listing(host) == [KERNEL]  # the kernel dir, empty: no download, no staging
-    assert b.find_usable(host, KERNEL, DRIVER, "open") is None
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") is None
 
 
 @pytest.mark.parametrize("missing", ["dev_container_sha512", "driver_sha256"])
 def test_a_missing_checksum_is_refused_before_anything_is_fetched(host: Host,
                                                                    missing: str) -> None:
-    fetcher = CountingFetcher(b.UrlFetcher(host))
+    fetcher = CountingFetcher(builders.UrlFetcher(host))
     with pytest.raises(b.DriverBuildError, match=r"no sha(256|512) checksum") as refused:
         b.build(host, inputs(**{missing: None}), fetcher, FakeBuilder(), FACTS)
     assert "allow_unverified" in refused.value.hint
-    assert fetcher.urls == [] and not host.exists(b.CACHE_ROOT)
+    assert fetcher.urls == [] and not host.exists(cache.CACHE_ROOT)
 
 
 def test_a_missing_checksum_is_a_logged_warning_when_unverified_builds_are_allowed(
@@ -263,7 +307,7 @@ def test_the_plan_names_the_downloads_and_their_checks() -> None:
     plan = b.plan_build(inputs(driver_sha256=None, allow_unverified=True), FACTS)
     assert plan.describe() == [
         f"build NVIDIA {DRIVER} (open) modules for kernel {KERNEL} into "
-        f"{b.CACHE_ROOT}/{KERNEL}/{DRIVER}-open",
+        f"{cache.CACHE_ROOT}/{KERNEL}/{DRIVER}-open",
         f"download file://{MIRROR}/amd64-usr/4459.2.1/flatcar_developer_container.bin.bz2 "
         f"(sha512 {sha(bz2.compress(IMAGE), 'sha512')})",
         f"download {MIRROR}/NVIDIA-Linux-x86_64-{DRIVER}.run (UNVERIFIED)",
@@ -284,16 +328,17 @@ def test_a_crash_mid_build_leaves_no_usable_entry_and_the_next_build_cleans_up(
     with pytest.raises(RuntimeError, match="half-way"):
         run_build(host, FakeBuilder(crash=True))
 
-    assert b.find_usable(host, KERNEL, DRIVER, "open") is None
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") is None
     assert not entry_dir(host).exists()
-    leftovers = list(host.path(f"{b.CACHE_ROOT}/{KERNEL}").iterdir())
+    leftovers = list(host.path(f"{cache.CACHE_ROOT}/{KERNEL}").iterdir())
     assert [p.name.startswith(f".staging-{DRIVER}-open-") for p in leftovers] == [True]
     assert (leftovers[0] / "nvidia.ko").exists() and not (leftovers[0] / "manifest.json").exists()
 
     result = run_build(host, FakeBuilder())
 
     assert not result.cache_hit
-    assert [p.name for p in host.path(f"{b.CACHE_ROOT}/{KERNEL}").iterdir()] == [f"{DRIVER}-open"]
+    assert [p.name for p in host.path(f"{cache.CACHE_ROOT}/{KERNEL}").iterdir()] == [
+        f"{DRIVER}-open"]
 
 
 def test_a_failed_builder_command_keeps_only_its_log_until_the_next_build(host: Host) -> None:
@@ -319,7 +364,7 @@ def test_a_failed_builder_command_keeps_only_its_log_until_the_next_build(host: 
 def test_a_build_without_nvidia_ko_is_refused(host: Host) -> None:
     with pytest.raises(b.DriverBuildError, match=r"left no nvidia.ko \(nvidia-uvm.ko\)"):
         run_build(host, FakeBuilder(modules=("nvidia-uvm.ko",)))
-    assert b.find_usable(host, KERNEL, DRIVER, "open") is None
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") is None
 
 
 # -- corrupted entries ---------------------------------------------------------------------------
@@ -365,12 +410,12 @@ def test_a_corrupted_entry_is_not_usable_and_gets_rebuilt(host: Host, corrupt: o
     run_build(host, builder)
     corrupt(entry_dir(host))  # type: ignore[operator]
 
-    assert b.find_usable(host, KERNEL, DRIVER, "open") is None
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") is None
     result = run_build(host, builder)
 
     assert not result.cache_hit and builder.calls == 2
-    assert b.find_usable(host, KERNEL, DRIVER, "open") == result.entry
-    assert sorted(p.name for p in host.path(f"{b.CACHE_ROOT}/{KERNEL}").iterdir()) == [
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") == result.entry
+    assert sorted(p.name for p in host.path(f"{cache.CACHE_ROOT}/{KERNEL}").iterdir()) == [
         f"{DRIVER}-open"]
 
 
@@ -387,7 +432,7 @@ def test_a_different_kernel_triggers_a_new_build(host: Host) -> None:
 
 def test_installed_kernels_are_the_module_trees_and_the_running_kernel(host: Host) -> None:
     (host.root / "usr/lib/modules/6.1.0-old").mkdir(parents=True)
-    assert b.installed_kernels(host) == {KERNEL, "6.1.0-old"}
+    assert cache.installed_kernels(host) == {KERNEL, "6.1.0-old"}
 
 
 def test_prune_removes_entries_of_kernels_no_longer_installed_and_keeps_the_running_one(
@@ -396,18 +441,18 @@ def test_prune_removes_entries_of_kernels_no_longer_installed_and_keeps_the_runn
     for kernel in (OLD_KERNEL, KERNEL):
         run_build(host, builder, kernel=kernel)
 
-    removed = b.prune(host, b.installed_kernels(host))
+    removed = cache.prune(host, cache.installed_kernels(host))
 
-    assert removed == [f"{b.CACHE_ROOT}/{OLD_KERNEL}"]
-    assert not host.path(f"{b.CACHE_ROOT}/{OLD_KERNEL}").exists()
-    assert b.find_usable(host, KERNEL, DRIVER, "open") is not None
-    assert b.prune(host, b.installed_kernels(host)) == []
+    assert removed == [f"{cache.CACHE_ROOT}/{OLD_KERNEL}"]
+    assert not host.path(f"{cache.CACHE_ROOT}/{OLD_KERNEL}").exists()
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") is not None
+    assert cache.prune(host, cache.installed_kernels(host)) == []
 
 
 def test_prune_also_removes_a_crashed_builds_staging_dir(host: Host) -> None:
     with pytest.raises(RuntimeError):
         run_build(host, FakeBuilder(crash=True))
-    removed = b.prune(host, {KERNEL})
+    removed = cache.prune(host, {KERNEL})
     assert len(removed) == 1 and f"/{KERNEL}/.staging-{DRIVER}-open-" in removed[0]
     assert cache_listing(host) == [KERNEL]
 
@@ -415,13 +460,13 @@ def test_prune_also_removes_a_crashed_builds_staging_dir(host: Host) -> None:
 def test_prune_without_any_known_kernel_is_refused(host: Host) -> None:
     run_build(host, FakeBuilder())
     with pytest.raises(b.DriverBuildError, match="no installed kernel is known"):
-        b.prune(host, set())
-    assert b.find_usable(host, KERNEL, DRIVER, "open") is not None
+        cache.prune(host, set())
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") is not None
 
 
 def test_prune_of_a_node_without_a_cache_does_nothing(host: Host) -> None:
-    assert b.prune(host, {KERNEL}) == []
-    assert not host.exists(b.CACHE_ROOT)
+    assert cache.prune(host, {KERNEL}) == []
+    assert not host.exists(cache.CACHE_ROOT)
 
 
 # -- concurrent builds ---------------------------------------------------------------------------
@@ -447,7 +492,8 @@ def test_concurrent_builds_serialise_and_the_waiting_one_gets_the_cache_hit(
     results: dict[str, b.BuildResult] = {}
 
     def run(name: str) -> None:
-        results[name] = b.build(Host(host.root), inputs(), b.UrlFetcher(host), builder, FACTS)
+        results[name] = b.build(Host(host.root), inputs(), builders.UrlFetcher(host), builder,
+                                FACTS)
 
     first = threading.Thread(target=run, args=("first",))
     first.start()
@@ -469,7 +515,7 @@ def test_concurrent_builds_serialise_and_the_waiting_one_gets_the_cache_hit(
 def _build_in_process(root: str, sleep: float, queue: multiprocessing.Queue) -> None:
     host = Host(Path(root))
     builder = FakeBuilder(sleep=sleep)
-    result = b.build(host, inputs(), b.UrlFetcher(host), builder, FACTS)
+    result = b.build(host, inputs(), builders.UrlFetcher(host), builder, FACTS)
     queue.put((result.cache_hit, builder.calls))
 
 
@@ -485,7 +531,7 @@ def test_two_processes_building_at_once_compile_once(host: Host) -> None:
         process.join(30)
     outcomes = sorted(queue.get(timeout=5) for _ in processes)
     assert outcomes == [(False, 1), (True, 0)]
-    assert b.find_usable(host, KERNEL, DRIVER, "open") is not None
+    assert cache.find_usable(host, KERNEL, DRIVER, "open") is not None
 
 
 # -- URLs from the host's facts ------------------------------------------------------------------
@@ -565,7 +611,7 @@ def http_mirror(tmp_path: Path) -> Iterator[str]:
 def test_url_fetcher_streams_an_http_download_into_place(http_mirror: str,
                                                          tmp_path: Path) -> None:
     dest = tmp_path / "nvidia-installer.run"
-    b.UrlFetcher(Host(tmp_path)).fetch(f"{http_mirror}/NVIDIA.run", dest)
+    builders.UrlFetcher(Host(tmp_path)).fetch(f"{http_mirror}/NVIDIA.run", dest)
     assert dest.read_bytes() == INSTALLER
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nvidia-installer.run", "served"]
 
@@ -577,13 +623,13 @@ def test_url_fetcher_reports_an_http_error_and_leaves_no_partial_file(http_mirro
     dest = tmp_path / "out" / "nvidia-installer.run"
     dest.parent.mkdir()
     with pytest.raises(b.DriverBuildError, match=r"Failed to download .*: HTTP 404"):
-        b.UrlFetcher(Host(tmp_path)).fetch(f"{http_mirror}/missing.run", dest)
+        builders.UrlFetcher(Host(tmp_path)).fetch(f"{http_mirror}/missing.run", dest)
     assert list(dest.parent.iterdir()) == []
 
 
 def test_url_fetcher_reads_file_urls_under_the_hosts_root(host: Host, tmp_path: Path) -> None:
     dest = tmp_path / "copy.run"
-    b.UrlFetcher(host).fetch(f"file://{MIRROR}/NVIDIA-Linux-x86_64-{DRIVER}.run", dest)
+    builders.UrlFetcher(host).fetch(f"file://{MIRROR}/NVIDIA-Linux-x86_64-{DRIVER}.run", dest)
     assert dest.read_bytes() == INSTALLER
 
 
@@ -591,15 +637,15 @@ def test_url_fetcher_reads_file_urls_under_the_hosts_root(host: Host, tmp_path: 
 
 
 def test_nspawn_builder_default_argv() -> None:
-    argv = b.NspawnBuilder().argv(Path("/c/w"), Path("/c/w/dev.bin"), Path("/c/w/i.run"), KERNEL,
-                                  "open", Path("/c/s"))
+    argv = builders.NspawnBuilder().argv(Path("/c/w"), Path("/c/w/dev.bin"), Path("/c/w/i.run"),
+                                         KERNEL, "open", Path("/c/s"))
     assert argv == ["systemd-nspawn", "--quiet", "--image=/c/w/dev.bin", "--bind=/c/w:/work",
                     "--bind=/c/s:/out", "/bin/bash", "/work/build.sh", KERNEL, "open"]
 
 
 def test_nspawn_builder_refuses_an_unknown_placeholder_when_configured() -> None:
     with pytest.raises(b.DriverBuildError, match=r"unknown placeholder \{image\}"):
-        b.NspawnBuilder(command=["systemd-nspawn", "--image={image}"])
+        builders.NspawnBuilder(command=["systemd-nspawn", "--image={image}"])
 
 
 def test_nspawn_builder_writes_build_sh_and_runs_its_argv_with_a_long_timeout(
@@ -609,23 +655,37 @@ def test_nspawn_builder_writes_build_sh_and_runs_its_argv_with_a_long_timeout(
     work = tmp_path / "work"
     work.mkdir()
 
-    b.NspawnBuilder().build(work, work / "dev.bin", work / b.INSTALLER_NAME, KERNEL, "grid",
+    builders.NspawnBuilder().build(work, work / "dev.bin", work / b.INSTALLER_NAME, KERNEL, "grid",
                             tmp_path)
 
-    assert (work / "build.sh").read_text() == b.BUILD_SH
-    assert calls == [(b.NspawnBuilder().argv(work, work / "dev.bin", work / b.INSTALLER_NAME,
+    assert (work / "build.sh").read_text() == builders.build_script()
+    assert calls == [(builders.NspawnBuilder().argv(work, work / "dev.bin", work / b.INSTALLER_NAME,
                                              KERNEL, "grid", tmp_path), 3600.0)]
+
+
+BUILD_SH = Path(b.__file__).with_name("build.sh")
+
+
+def test_build_sh_is_the_package_data_file_and_expects_the_installer_build_names() -> None:
+    assert builders.build_script() == BUILD_SH.read_text()
+    assert f'sh "/work/{b.INSTALLER_NAME}" --extract-only' in builders.build_script()
 
 
 @pytest.mark.integration
 def test_build_sh_is_valid_bash() -> None:
-    command.run(["bash", "-n", "-c", b.BUILD_SH], timeout=10)
+    command.run(["bash", "-n", str(BUILD_SH)], timeout=10)
+
+
+@pytest.mark.integration
+def test_build_sh_passes_shellcheck() -> None:
+    """shellcheck (Debian's package; `make setup` installs it) finds nothing, info level too."""
+    command.run(["shellcheck", "--shell=bash", "--severity=info", str(BUILD_SH)], timeout=60)
 
 
 @pytest.mark.integration
 def test_a_configured_builder_command_runs_for_real_through_the_whole_build(host: Host) -> None:
     """The argv template with a stand-in program (cp) instead of systemd-nspawn."""
-    builder = b.NspawnBuilder(command=["cp", "{driver_installer}", "{out_dir}/nvidia.ko"])
-    result = b.build(host, inputs(), b.UrlFetcher(host), builder, FACTS)
+    builder = builders.NspawnBuilder(command=["cp", "{driver_installer}", "{out_dir}/nvidia.ko"])
+    result = b.build(host, inputs(), builders.UrlFetcher(host), builder, FACTS)
     assert (host.path(result.entry.path) / "nvidia.ko").read_bytes() == INSTALLER
     assert result.entry.manifest["modules"] == {"nvidia.ko": sha(INSTALLER, "sha256")}

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +202,19 @@ def test_gpunode_never_imports_the_test_support_package() -> None:
             if any(name.split(".")[0] == "gpunode_testing" for name in names):
                 importers.append(str(path.relative_to(REPO)))
     assert importers == []
+
+
+def test_bundle_holds_gpunode_package_data_where_importlib_resources_finds_it(
+        built: Built) -> None:
+    """Every file pyproject.toml ships as package data is in the bundle, byte for byte."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]
+    shipped = {f"{package.replace('.', '/')}/{name}" for package, names in declared.items()
+               for name in names}
+    assert shipped == set(load_build_script().PACKAGE_DATA) == {"gpunode/driver/build.sh"}
+    internal = built.tree / "usr/lib/gpunode/_internal"
+    for data in shipped:
+        assert (internal / data).read_bytes() == (REPO / data).read_bytes()
 
 
 def test_bundled_gpunode_prints_its_version_without_a_virtualenv(built: Built) -> None:

@@ -170,13 +170,6 @@ def _resolve(host: Host, parent: str, doc: dict[str, Any],
 
 
 def go_glob(host: Host, pattern: str) -> list[str]:
-    """Go's filepath.Glob of an absolute pattern, over the host's tree."""
+    """Go's filepath.Glob of an absolute pattern, over the host's tree (under its root)."""
     schema.go_match(pattern, "")  # a malformed pattern is an error, as in Go
-    matches = [""]
-    for part in pattern.strip("/").split("/"):
-        if not any(c in part for c in "*?[\\"):
-            matches = [f"{m}/{part}" for m in matches]
-            continue
-        matches = [f"{m}/{name}" for m in matches for name in host.list_dir(m or "/")
-                   if schema.go_match(part, name)]
-    return [m for m in matches if host.lstat(m) is not None]
+    return host.glob(pattern, schema.go_match)

@@ -127,9 +127,8 @@ def commit(host: Host, writes: Sequence[Write], target: str,
         "created_dirs": created,
         "removed_dirs": [d for d in remove_dirs if host.exists(d)],
     }
-    host.make_dirs(JOURNAL.rpartition("/")[0])
-    host.write_atomic(JOURNAL, json.dumps(record).encode(), attrs=(0o600, os.getuid(),
-                                                                   os.getgid()))
+    host.write_atomic(JOURNAL, json.dumps(record).encode(),
+                      attrs=(0o600, os.getuid(), os.getgid()), make_parents=True)
     try:
         for directory in created:
             host.make_dirs(directory)

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import os
 import re
-import socket
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -41,7 +39,7 @@ from gpunode.containerd.ledger import (
     WRITABLE_CONFIG,
     Ledger,
 )
-from gpunode.errors import ContainerdStepError, FileError, GpunodeError, SystemdError
+from gpunode.errors import ContainerdStepError, FileError, GpunodeError, HostError, SystemdError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
 from gpunode.tomlread import loads_toml
@@ -551,22 +549,12 @@ def _socket_path(config_text: str) -> str:
 def _wait_for_socket(host: Host, path: str, timeout: float) -> None:
     deadline = time.monotonic() + max(timeout, 1.0)
     last = "not tried"
-    directory, _, name = str(host.path(path)).rpartition("/")
     while time.monotonic() < deadline:
         try:
-            # Through /proc/self/fd: a socket path under a long root exceeds sun_path's 108 bytes.
-            fd = os.open(directory or "/", os.O_PATH)
-        except OSError as exc:
-            last = exc.strerror or str(exc)
-        else:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-                try:
-                    client.connect(f"/proc/self/fd/{fd}/{name}")
-                    return
-                except OSError as exc:
-                    last = exc.strerror or str(exc)
-                finally:
-                    os.close(fd)
+            host.connect(path)
+            return
+        except HostError as exc:
+            last = exc.reason
         time.sleep(0.05)
     raise SystemdError(CONTAINERD_UNIT, "reach", f"{path} does not answer: {last}")
 

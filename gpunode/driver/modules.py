@@ -9,15 +9,13 @@ keeps the tool's stderr and the kernel's last NVRM lines.
 
 from __future__ import annotations
 
-import errno
-import os
 import shlex
 import stat
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpunode import command
-from gpunode.errors import LoadError
+from gpunode.errors import HostError, LoadError
 from gpunode.host import Host
 
 BASE_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
@@ -131,28 +129,11 @@ def execute(host: Host, plan: LoadPlan, kmod: Kmod) -> list[str]:
 
 
 def nvrm_lines(host: Host, limit: int = 8) -> list[str]:
-    """The kernel's last NVRM messages: /dev/kmsg records (or a plain file under --root)."""
-    path = host.path("/dev/kmsg")
+    """The kernel's last NVRM messages: /dev/kmsg records (or a plain file under --root).
+    Best effort: they only add to a load failure's message, so an unreadable log gives none."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+        records = host.read_records("/dev/kmsg")
+    except HostError:
         return []
-    records: list[str] = []
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            records = os.read(fd, 1 << 20).decode(errors="replace").splitlines()
-        else:
-            while True:  # one record per read; EAGAIN at the end of the ring buffer
-                try:
-                    record = os.read(fd, 8192)
-                except OSError as exc:
-                    if exc.errno == errno.EPIPE:
-                        continue  # overwritten while reading: carry on with the next one
-                    if exc.errno == errno.EAGAIN:
-                        break
-                    raise
-                records.append(record.decode(errors="replace"))
-    finally:
-        os.close(fd)
     messages = [r.split(";", 1)[-1].strip() for r in records]
     return [m for m in messages if "NVRM" in m][-limit:]

@@ -8,15 +8,18 @@ here) and the build adapters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpunode import command, driverinfo, log
 from gpunode.config import DriverConfig
-from gpunode.detect import Detection
+from gpunode.detect import Detection, PciFunction
 from gpunode.detect import loaded_modules as detect_loaded_modules
 from gpunode.driver import devices, flavour, modules, nouveau, strategy
 from gpunode.errors import DriverError
 from gpunode.host import Host
+
+if TYPE_CHECKING:
+    from gpunode.driver.build import BuildInputs, BuildResult
 
 ENABLED_SYSEXT = "/etc/flatcar/enabled-sysext.conf"
 EXTENSION_RELEASE_DIR = "/usr/lib/extension-release.d"
@@ -125,7 +128,7 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
     if detection.nouveau_loaded:
         raise DriverError("the nouveau module is loaded and holds the GPUs; gpunode loads "
                           "nothing while it is", NOUVEAU_HINT)
-    from gpunode.driver import build
+    from gpunode.driver import cache as driver_cache
 
     kernel = kernel_release(host)
     chosen = flavour.choose(detection.gpus, config.flavour, on_azure(host))
@@ -138,8 +141,8 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
     # Checking the cache hashes every module (tens of MB): only when it can matter.
     cache_matters = (config.strategy == "build" or (version is None and not merged and not shipped)
                      or (version is not None and not set(wanted) <= loaded))
-    cache = (build.find_usable(host, kernel, config.version, chosen.flavour) if cache_matters
-             else None)
+    cache = (driver_cache.find_usable(host, kernel, config.version, chosen.flavour)
+             if cache_matters else None)
     facts = strategy.DriverFacts(
         kernel=kernel,
         loaded_version=version.version if version else None,
@@ -238,8 +241,8 @@ def _add_sysext_line(host: Host, name: str) -> None:
     text = host.read_optional(ENABLED_SYSEXT) or ""
     if text and not text.endswith("\n"):
         text += "\n"
-    host.make_dirs(ENABLED_SYSEXT.rpartition("/")[0])
-    host.write_atomic(ENABLED_SYSEXT, (text + name + "\n").encode(), mode=0o644)
+    host.write_atomic(ENABLED_SYSEXT, (text + name + "\n").encode(), mode=0o644,
+                      make_parents=True)
     log.get().info("driver.sysext_enabled", sysext=name, file=ENABLED_SYSEXT,
                    note="takes effect at the next boot")
 
@@ -249,18 +252,32 @@ def _build(host: Host, the_plan: Plan, config: DriverConfig, adapters: Any) -> s
 
     if adapters is None:
         raise DriverError("building needs the build adapters (fetcher, builder)")
-    fetcher, builder = adapters
-    inputs = build.BuildInputs(
-        kernel=the_plan.kernel, driver=config.version, flavour=the_plan.flavour.flavour,
-        dev_container_url=config.build.dev_container_url,
-        dev_container_sha512=config.build.dev_container_sha512,
-        driver_url=config.build.driver_url, driver_sha256=config.build.driver_sha256,
-        allow_unverified=config.build.allow_unverified)
-    result = build.build(host, inputs, fetcher, builder, build.host_facts(host))
-    removed = build.prune(host, build.installed_kernels(host))
+    result, removed = build_cached(
+        host, build.inputs_for(config, the_plan.kernel, the_plan.flavour.flavour), adapters)
     if removed:
         log.get().info("driver.cache.pruned", entries=removed)
     return result.entry.path
+
+
+def build_inputs(host: Host, config: DriverConfig, kernel: str,
+                 gpus: tuple[PciFunction, ...]) -> BuildInputs:
+    """The build inputs for `kernel` and the flavour these GPUs get, as plan() chooses it:
+    what `gpunode driver build` builds."""
+    from gpunode.driver import build
+
+    chosen = flavour.choose(gpus, config.flavour, on_azure(host))
+    return build.inputs_for(config, kernel, chosen.flavour)
+
+
+def build_cached(host: Host, inputs: BuildInputs,
+                 adapters: Any) -> tuple[BuildResult, list[str]]:
+    """Build (or find in the cache) the modules for `inputs` with the (fetcher, builder)
+    adapters, then prune the entries of kernels no longer installed: (result, pruned)."""
+    from gpunode.driver import build, cache
+
+    fetcher, builder = adapters
+    result = build.build(host, inputs, fetcher, builder, build.host_facts(host))
+    return result, cache.prune(host, cache.installed_kernels(host))
 
 
 def wanted_nodes(host: Host) -> list[devices.Node]:

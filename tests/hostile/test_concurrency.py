@@ -110,7 +110,7 @@ def test_a_lock_released_while_waiting_is_taken(make_host: HostFactory, cli: Cli
         fcntl.flock(fd, fcntl.LOCK_UN)
         real_sleep(seconds)
 
-    monkeypatch.setattr(nodelock.time, "sleep", release_then_sleep)
+    monkeypatch.setattr(time, "sleep", release_then_sleep)  # the lock's poll (Host.lock)
     try:
         result = cli("--root", str(host.root), "driver", "load")
     finally:
