@@ -326,11 +326,11 @@ def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namesp
 @_changes_node("containerd revert", _revert_settings)
 def _containerd_revert(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import systemd
-    from gpunode.containerd import step
+    from gpunode.containerd import revert
 
     with log.step("containerd.revert") as fields:
-        outcome = step.revert(host, systemd.for_host(host.is_live),
-                              config.containerd.restart_timeout, args.containerd_config)
+        outcome = revert.revert(host, systemd.for_host(host.is_live),
+                                config.containerd.restart_timeout, args.containerd_config)
         fields.update(changed=outcome.changed, restarted=outcome.restarted)
     print("\n".join(outcome.descriptions))
     return EXIT_OK

@@ -471,7 +471,7 @@ def test_live_status_reports_the_runtime_containerd_itself_dumps(
     import functools
 
     from gpunode.config import AgentConfig, ContainerdConfig
-    from gpunode.containerd import step
+    from gpunode.containerd import probe
     from gpunode.host import Host
     from gpunode.status import containerd as status_containerd
 
@@ -481,8 +481,8 @@ def test_live_status_reports_the_runtime_containerd_itself_dumps(
         (tmp_path / relative).write_text(text)
     config = tmp_path / "main.toml"
     config.write_text(main.replace("{tmp}", str(tmp_path)))
-    monkeypatch.setattr(step, "CommandProbe",
-                        functools.partial(step.CommandProbe, str(containerd.path)))
+    monkeypatch.setattr(probe, "CommandProbe",
+                        functools.partial(probe.CommandProbe, str(containerd.path)))
     facts = status_containerd.config_facts(Host(), AgentConfig(containerd=ContainerdConfig(
         config_path=str(config))))
     assert facts.judge.endswith("own config dump"), facts

@@ -15,7 +15,7 @@ import pytest
 from conftest import HostFactory
 from gpunode import nodelock
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import step
+from gpunode.containerd import revert, step
 from gpunode.containerd.edit import EditError
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd, SystemdError, UnitExec
@@ -212,7 +212,7 @@ def test_disk_full_while_writing_leaves_the_config_byte_identical(
 
 def test_revert_of_a_writable_copy_removes_the_copy_and_the_dropin(flatcar: Host) -> None:
     step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
-    outcome = step.revert(flatcar, NoSystemd(), 5)
+    outcome = revert.revert(flatcar, NoSystemd(), 5)
     assert outcome.changed
     assert not (flatcar.root / "etc/containerd/config.toml").exists()
     assert not (flatcar.root / "etc/systemd/system/containerd.service.d/10-gpunode.conf").exists()
@@ -226,7 +226,7 @@ def test_revert_of_an_in_place_edit_restores_the_bytes(make_host: HostFactory) -
     target.write_text(text)
     step.apply(host, step.plan(host, ContainerdConfig(set_as_default=True), NoSystemd()),
                NoSystemd(), 5)
-    step.revert(host, NoSystemd(), 5)
+    revert.revert(host, NoSystemd(), 5)
     assert target.read_text() == text
     assert not (host.root / "etc/containerd/config.toml.gpunode-orig").exists()
 
@@ -237,7 +237,7 @@ def test_revert_after_someone_else_edited_keeps_their_change(make_host: HostFact
     target.write_text(fixtures.FLATCAR_CONTAINERD_CONFIG)
     step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
     target.write_text(target.read_text().replace("oom_score = -999", "oom_score = -500"))
-    step.revert(host, NoSystemd(), 5)
+    revert.revert(host, NoSystemd(), 5)
     after = target.read_text()
     assert "oom_score = -500" in after
     assert "runtimes.nvidia" not in after
@@ -247,11 +247,11 @@ def test_revert_of_another_file_than_gpunode_changed_is_refused(flatcar: Host) -
     step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
     with pytest.raises(step.ContainerdStepError, match=re.escape(
             "gpunode changed /etc/containerd/config.toml, not /srv/other.toml")):
-        step.revert(flatcar, NoSystemd(), 5, "/srv/other.toml")
+        revert.revert(flatcar, NoSystemd(), 5, "/srv/other.toml")
 
 
 def test_revert_without_ledger_does_nothing(flatcar: Host) -> None:
-    outcome = step.revert(flatcar, NoSystemd(), 5)
+    outcome = revert.revert(flatcar, NoSystemd(), 5)
     assert not outcome.changed
 
 
@@ -321,7 +321,7 @@ def test_dropin_mode_writes_an_imported_file_on_containerd_2_1(make_host: HostFa
     assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in imported
     again = step.plan(host, config, NoSystemd(), probe=VersionProbe((2, 1)))
     assert not again.changed
-    step.revert(host, NoSystemd(), 5)
+    revert.revert(host, NoSystemd(), 5)
     assert (host.root / "etc/containerd/config.toml").read_text() == \
         fixtures.FLATCAR_CONTAINERD_CONFIG
     assert not (host.root / "etc/containerd/conf.d/99-gpunode-nvidia.toml").exists()
@@ -444,7 +444,7 @@ def test_a_kill_after_any_step_of_the_write_is_rolled_back_by_the_next_run(
     pristine = snapshot(host.root)
     configure_now(host, config, probe)
     configured = snapshot(host.root)
-    step.revert(host, NoSystemd(), 5)
+    revert.revert(host, NoSystemd(), 5)
     assert snapshot(host.root) == pristine
     k = 1
     while True:
@@ -456,14 +456,14 @@ def test_a_kill_after_any_step_of_the_write_is_rolled_back_by_the_next_run(
                 if command == "configure":
                     configure_now(host, config, probe)
                 else:
-                    step.revert(host, NoSystemd(), 5)
+                    revert.revert(host, NoSystemd(), 5)
             except Crash:
                 pass
             else:
                 break
         configure_now(host, config, probe)
         assert snapshot(host.root) == configured, (k, calls)
-        step.revert(host, NoSystemd(), 5)
+        revert.revert(host, NoSystemd(), 5)
         assert snapshot(host.root) == pristine, (k, calls)
         k += 1
     assert k > 4, calls  # the journal, the files, the ledger, the commit were each cut
@@ -581,7 +581,7 @@ def test_revert_keeps_edits_made_between_two_configures(make_host: HostFactory) 
     target.write_text(target.read_text().replace("oom_score = -999", "oom_score = -500"))
     step.apply(host, step.plan(host, ContainerdConfig(enable_cdi=True), NoSystemd()),
                NoSystemd(), 5)
-    outcome = step.revert(host, NoSystemd(), 5)
+    outcome = revert.revert(host, NoSystemd(), 5)
     assert target.read_text() == fixtures.FLATCAR_CONTAINERD_CONFIG.replace(
         "oom_score = -999", "oom_score = -500")
     backup = host.root / "etc/containerd/config.toml.gpunode-orig"
@@ -598,7 +598,7 @@ def test_revert_keeps_a_runtime_whose_values_were_changed_and_says_so(
     edited = target.read_text().replace('BinaryName = "/usr/bin/nvidia-container-runtime"',
                                         'BinaryName = "/opt/my/runtime"')
     target.write_text(edited)
-    outcome = step.revert(host, NoSystemd(), 5)
+    outcome = revert.revert(host, NoSystemd(), 5)
     assert target.read_text() == edited
     assert any("kept the table" in line and "options.BinaryName" in line
                for line in outcome.descriptions), outcome.descriptions
@@ -608,7 +608,7 @@ def test_revert_keeps_a_comment_added_after_gpunodes_block(make_host: HostFactor
     host, target = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
     step.apply(host, step.plan(host, CONFIG, NoSystemd()), NoSystemd(), 5)
     target.write_text(target.read_text() + "# my own note, last line\n")
-    outcome = step.revert(host, NoSystemd(), 5)
+    outcome = revert.revert(host, NoSystemd(), 5)
     assert target.read_text() == fixtures.FLATCAR_CONTAINERD_CONFIG + "# my own note, last line\n"
     # the backup is a safety copy: it differs from the reverted file, so it stays, and is named
     assert (host.root / "etc/containerd/config.toml.gpunode-orig").exists()
@@ -624,7 +624,7 @@ def test_revert_removes_only_the_import_gpunode_added(make_host: HostFactory) ->
     target.write_text(target.read_text().replace(
         'imports = ["/etc/containerd/conf.d/99-gpunode-nvidia.toml"]',
         'imports = ["/etc/containerd/conf.d/99-gpunode-nvidia.toml", "/etc/mine.toml"]'))
-    step.revert(host, NoSystemd(), 5)
+    revert.revert(host, NoSystemd(), 5)
     assert 'imports = ["/etc/mine.toml"]' in target.read_text()
     assert not (host.root / "etc/containerd/conf.d").exists()  # gpunode made it; now empty
 
@@ -632,7 +632,7 @@ def test_revert_removes_only_the_import_gpunode_added(make_host: HostFactory) ->
 def test_revert_removes_the_directories_it_created_once_empty(flatcar: Host) -> None:
     step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
     (flatcar.root / "etc/containerd/mine.toml").write_text("")
-    outcome = step.revert(flatcar, NoSystemd(), 5)
+    outcome = revert.revert(flatcar, NoSystemd(), 5)
     assert not (flatcar.root / "etc/systemd/system/containerd.service.d").exists()
     assert not (flatcar.root / "var/lib/gpunode").exists()
     assert (flatcar.root / "etc/containerd/mine.toml").exists()  # not empty: kept
@@ -643,7 +643,7 @@ def test_revert_of_an_edited_copy_keeps_it_and_its_dropin(flatcar: Host) -> None
     step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
     copy = flatcar.root / "etc/containerd/config.toml"
     copy.write_text(copy.read_text().replace("oom_score = -999", "oom_score = -1"))
-    outcome = step.revert(flatcar, NoSystemd(), 5)
+    outcome = revert.revert(flatcar, NoSystemd(), 5)
     assert copy.read_text() == fixtures.FLATCAR_CONTAINERD_CONFIG.replace(
         "oom_score = -999", "oom_score = -1")
     assert (flatcar.root / "etc/systemd/system/containerd.service.d/10-gpunode.conf").exists()
@@ -707,7 +707,7 @@ def test_reverted_configs_dump_as_the_untouched_ones_in_real_containerd(
             continue  # refused as it stands (tests/test_containerd_edit.py says why)
         step.apply(host, the_plan, NoSystemd(), 5)
         target.write_text(target.read_text() + "# the user's note\n")
-        step.revert(host, NoSystemd(), 5)
+        revert.revert(host, NoSystemd(), 5)
         assert target.read_text() == original + "# the user's note\n", vector
         assert dump_config(binary, target) == want, vector
         checked.append(vector)

@@ -5,24 +5,21 @@
 recover, plan, apply: the one call of `containerd configure` and of boot. `apply()` writes the
 backup, the config, the drop-in and the ledger as one transaction (gpunode.containerd.journal:
 any prefix of it that a kill leaves is rolled back by the next run's `recover()`), then
-restarts containerd only when it is running and something changed, and puts everything back
-(the directories it made included) if containerd does not come back. `revert()` undoes what
-the ledger says gpunode did, and only where the value is still what gpunode wrote; it says
-what it kept and why.
+restarts containerd only when it is running and something changed (restart.py), and puts
+everything back (the directories it made included) if containerd does not come back.
+`gpunode containerd revert` is revert.py; the probe of the binary itself is probe.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
-import re
-import time
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
-from gpunode import command, log, safeio
+from gpunode import log
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import discover, edit, journal, ledger, schema, tomltext, undo
+from gpunode.containerd import discover, edit, journal, ledger, restart, schema, tomltext
 from gpunode.containerd.discover import (
     CONTAINERD_UNIT,
     ActiveConfig,
@@ -39,15 +36,14 @@ from gpunode.containerd.ledger import (
     WRITABLE_CONFIG,
     Ledger,
 )
-from gpunode.errors import ContainerdStepError, FileError, GpunodeError, HostError, SystemdError
+from gpunode.containerd.probe import CommandProbe, NoProbe, Probe
+from gpunode.errors import ContainerdStepError, GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
-from gpunode.tomlread import loads_toml
 
-DEFAULT_SOCKET = "/run/containerd/containerd.sock"
 __all__ = ["BACKUP_SUFFIX", "DROPIN", "IMPORT_FILE", "JOURNAL", "LEDGER", "READ_ONLY_PREFIXES",
            "WRITABLE_CONFIG", "ContainerdStepError", "PendingRollback", "apply", "configure",
-           "plan", "preview", "recover", "revert"]
+           "plan", "preview", "recover"]
 
 
 @dataclass(frozen=True)
@@ -128,52 +124,6 @@ def spec_from(config: ContainerdConfig) -> edit.RuntimeSpec:
 # -- plan ----------------------------------------------------------------------------------------
 
 
-class Probe(Protocol):
-    """What gpunode asks the containerd binary itself; None where it cannot be asked."""
-
-    def version(self, binary: str) -> tuple[int, int] | None: ...
-
-    def dump(self, binary: str, path: str) -> dict[str, Any] | None: ...
-
-
-@dataclass(frozen=True)
-class CommandProbe:
-    """Runs the node's containerd (`binary_override`: a test's real containerd instead)."""
-
-    binary_override: str | None = None
-
-    def version(self, binary: str) -> tuple[int, int] | None:
-        binary = self.binary_override or binary
-        try:
-            line = command.run([binary, "--version"], 10)
-        except GpunodeError as exc:
-            log.get().warning("containerd.version_unknown", exc=exc)
-            return None
-        match = re.search(r"\s(\d+)\.(\d+)\.\d+", line)
-        return (int(match.group(1)), int(match.group(2))) if match else None
-
-    def dump(self, binary: str, path: str) -> dict[str, Any] | None:
-        """containerd's own reading of the file, with the defaults it fills into runc."""
-        binary = self.binary_override or binary
-        try:
-            return edit.parse(command.run([binary, "--config", path, "config", "dump"], 20),
-                              f"{binary} config dump")
-        except GpunodeError as exc:
-            log.get().warning("containerd.dump_unavailable", exc=exc,
-                              effect="the runtime is copied from the file alone")
-            return None
-
-
-class NoProbe:
-    """Under --root the tree's containerd is not this machine's to run."""
-
-    def version(self, binary: str) -> tuple[int, int] | None:
-        return None
-
-    def dump(self, binary: str, path: str) -> dict[str, Any] | None:
-        return None
-
-
 def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
          explicit: str | None = None, force: bool = False, probe: Probe | None = None) -> Plan:
     """The change, from the files as they are (after `recover()`: while an interrupted change
@@ -200,7 +150,7 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
             f"run 'gpunode containerd revert' first to undo them in {recorded.target}")
     source = copied_from or target
     source_text = _read_config(host, source)
-    _refuse_hard_links(host, [target])
+    refuse_hard_links(host, [target])
     before = None if copied_from else source_text
     shown = host.display(source)
     common: dict[str, Any] = {
@@ -279,7 +229,7 @@ def _with_config(argv: list[str], path: str) -> list[str]:
     return [*argv, "--config", path]
 
 
-def _refuse_hard_links(host: Host, paths: list[str]) -> None:
+def refuse_hard_links(host: Host, paths: list[str]) -> None:
     """An atomic rename would split a hard-linked file from its other names: refuse first."""
     for path in paths:
         st = host.stat(path)
@@ -402,19 +352,19 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float,
     if the_plan.dropin_text is not None:
         systemd.daemon_reload()
     if not running:
-        _note_not_restarted(systemd, the_plan.target)
+        restart.note_not_restarted(systemd, the_plan.target)
         return Outcome(changed=True, restarted=False, target=the_plan.target,
                        descriptions=descriptions)
     try:
-        _restart(host, systemd, the_plan.edit.text, restart_timeout)
+        restart.restart(host, systemd, the_plan.edit.text, restart_timeout)
     except GpunodeError as failure:
         journal.commit(host, done.undo, done.target, remove_dirs=done.created)
         report.update(changed=False)
         if the_plan.dropin_text is not None:
             systemd.daemon_reload()
         try:
-            _restart(host, systemd, _config_text(host, the_plan.target, the_plan.copied_from),
-                     restart_timeout)
+            previous = restart.config_text(host, the_plan.target, the_plan.copied_from)
+            restart.restart(host, systemd, previous, restart_timeout)
         except GpunodeError as second:
             raise ContainerdStepError(
                 f"containerd did not come back after the change ({failure}); the previous "
@@ -426,24 +376,6 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float,
             "see 'journalctl -u containerd' for why it refused the new config") from failure
     return Outcome(changed=True, restarted=True, target=the_plan.target,
                    descriptions=descriptions)
-
-
-def _config_text(host: Host, target: str, original: str | None) -> str:
-    text = host.read_optional(target)
-    if text is None and original is not None:
-        text = host.read_optional(original)
-    return text or ""
-
-
-def _note_not_restarted(systemd: Systemd, target: str) -> None:
-    if systemd.available:
-        log.get().info("containerd.not_running", target=target,
-                       note="containerd will read the new config when it starts")
-    else:
-        log.get().warning("containerd.unmanaged", target=target,
-                          note="containerd is not managed by a reachable systemd here: it reads "
-                          "the new config when it next starts; whoever runs it must restart it "
-                          "if it is running now")
 
 
 def _configure_writes(host: Host, the_plan: Plan) -> list[Write]:
@@ -486,7 +418,7 @@ def _configure_writes(host: Host, the_plan: Plan) -> list[Write]:
                             tuple(tomltext.text_hunks(previous, the_plan.edit.text))))
     record = record.with_dirs(journal.missing_dirs(host, [*(w.path for w in writes), LEDGER]))
     writes.append(Write(LEDGER, record.to_json(), mode=0o600))
-    _refuse_hard_links(host, [w.path for w in writes])
+    refuse_hard_links(host, [w.path for w in writes])
     return writes
 
 
@@ -530,186 +462,3 @@ def _with(table: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str,
     return result
 
 
-def _restart(host: Host, systemd: Systemd, config_text: str, timeout: float) -> None:
-    started = time.monotonic()
-    systemd.restart(CONTAINERD_UNIT, timeout)
-    _wait_for_socket(host, _socket_path(config_text), timeout - (time.monotonic() - started))
-
-
-def _socket_path(config_text: str) -> str:
-    try:
-        doc = edit.parse(config_text, "containerd config")
-    except edit.EditError:
-        return DEFAULT_SOCKET
-    grpc = doc.get("grpc")
-    address = grpc.get("address") if isinstance(grpc, dict) else None
-    return address if isinstance(address, str) and address else DEFAULT_SOCKET
-
-
-def _wait_for_socket(host: Host, path: str, timeout: float) -> None:
-    deadline = time.monotonic() + max(timeout, 1.0)
-    last = "not tried"
-    while time.monotonic() < deadline:
-        try:
-            host.connect(path)
-            return
-        except HostError as exc:
-            last = exc.reason
-        time.sleep(0.05)
-    raise SystemdError(CONTAINERD_UNIT, "reach", f"{path} does not answer: {last}")
-
-
-# -- revert --------------------------------------------------------------------------------------
-
-
-def revert(host: Host, systemd: Systemd, restart_timeout: float,
-           expected_target: str | None = None) -> Outcome:
-    recover(host, systemd, expected_target)
-    recorded = ledger.read(host)
-    if recorded is None:
-        return Outcome(changed=False, restarted=False, target="",
-                       descriptions=("nothing to revert: gpunode has not changed containerd's "
-                                     "config",))
-    target = recorded.target
-    if expected_target is not None and expected_target != target:
-        raise ContainerdStepError(f"gpunode changed {target}, not {expected_target}",
-                                  f"run 'gpunode containerd revert --config {target}'")
-    writes, notes = _revert_writes(host, recorded)
-    _refuse_hard_links(host, [w.path for w in writes if w.data is not None])
-    done = journal.commit(host, writes, target, remove_dirs=recorded.created_dirs)
-    notes += [f"remove {d} (gpunode created it; now empty)" for d in
-              reversed(recorded.created_dirs) if not host.exists(d)]
-    dropin_removed = any(w.path == DROPIN and w.data is None for w in writes)
-    if dropin_removed:
-        systemd.daemon_reload()
-    restarted = False
-    if systemd.active_state(CONTAINERD_UNIT) == "active":
-        try:
-            _restart(host, systemd, _config_text(host, target, recorded.copied_from),
-                     restart_timeout)
-        except GpunodeError as failure:
-            journal.commit(host, done.undo, done.target, remove_dirs=done.created)
-            if dropin_removed:
-                systemd.daemon_reload()
-            raise ContainerdStepError(f"containerd did not come back after the revert "
-                                      f"({failure}); gpunode's config was put back") from failure
-        restarted = True
-    else:
-        _note_not_restarted(systemd, target)
-    return Outcome(changed=True, restarted=restarted, target=target, descriptions=tuple(notes))
-
-
-def _revert_writes(host: Host, recorded: Ledger) -> tuple[list[Write], list[str]]:
-    """The files a revert writes or removes, and what it says about each (kept ones too)."""
-    target = recorded.target
-    writes: list[Write] = []
-    notes: list[str] = []
-    changes = tuple(tomltext.Change(c.path, c.before, c.after) for c in recorded.changes)
-    if recorded.import_file is not None:
-        if _still_ours(host, recorded, IMPORT_FILE):
-            writes.append(Write(IMPORT_FILE, None))
-            notes.append(f"remove {IMPORT_FILE}")
-        elif host.exists(IMPORT_FILE):
-            changes = tuple(c for c in changes if c.path != ("imports",))
-            notes.append(f"keep {IMPORT_FILE} and the import of it: it was changed since "
-                         "gpunode wrote it")
-    current = host.read_optional_bytes(target, limit=schema.MAX_CONFIG_BYTES)
-    if current is None:
-        notes.append(f"{target} is gone: nothing to undo in it")
-        result = None
-    else:
-        result = _reverted_target(host, recorded, current, changes, notes)
-    if recorded.copied_from is not None:
-        _revert_copy(host, recorded, current, result, writes, notes)
-    else:
-        if result is not None and result != current:
-            writes.append(Write(target, result))
-        _settle_backup(host, recorded, result, writes, notes)
-        if recorded.dropin is not None and _still_ours(host, recorded, DROPIN):
-            writes.append(Write(DROPIN, None))
-            notes.append(f"remove {DROPIN}")
-    writes.append(Write(LEDGER, None))
-    return writes, notes
-
-
-def _reverted_target(host: Host, recorded: Ledger, current: bytes,
-                     changes: tuple[tomltext.Change, ...], notes: list[str]) -> bytes:
-    target = recorded.target
-    try:
-        text = safeio.decode(current)
-    except safeio.Refused as exc:
-        raise ContainerdStepError(f"{host.display(target)}: {exc}",
-                                  "fix the file by hand, then run the revert again") from None
-    reverted = undo.revert(text, recorded.added_runtime, changes, host.display(target),
-                           recorded.hunks)
-    notes += [f"{target}: {line}" for line in reverted.describe()]
-    result = reverted.text.encode()
-    clean = journal.sha256(current) == recorded.written_sha256 and not recorded.others_edited
-    if clean and recorded.backup is not None:
-        # Nobody else touched the file since gpunode's first change: its backup is exactly
-        # the file without gpunode's changes (blank lines at the end included).
-        backup = host.read_optional_bytes(recorded.backup)
-        if backup is not None and _same_document(backup, reverted.text):
-            return backup
-    return result
-
-
-def _same_document(data: bytes, text: str) -> bool:
-    try:
-        return bool(tomltext.pruned(loads_toml(safeio.decode(data), "<backup>"))
-                    == tomltext.pruned(loads_toml(text, "<reverted>")))
-    except (safeio.Refused, FileError):
-        return False
-
-
-def _revert_copy(host: Host, recorded: Ledger, current: bytes | None, result: bytes | None,
-                 writes: list[Write], notes: list[str]) -> None:
-    """The writable copy and its drop-in go together, or stay together."""
-    target, original = recorded.target, recorded.copied_from or ""
-    source = host.read_optional_bytes(original)
-    clean = (current is not None and journal.sha256(current) == recorded.written_sha256
-             and not recorded.others_edited)
-    # A copy someone removed leaves nothing to keep: the drop-in must not point at it.
-    copy_is_original = clean or current is None or (result is not None and result == source)
-    dropin_ours = recorded.dropin is None or _still_ours(host, recorded, DROPIN)
-    if copy_is_original and dropin_ours:
-        if current is not None:
-            writes.append(Write(target, None))
-            notes.append(f"remove {target} (gpunode's copy of {original})")
-        if recorded.dropin is not None and host.exists(DROPIN):
-            writes.append(Write(DROPIN, None))
-            notes.append(f"remove {DROPIN}")
-        return
-    if result is not None and result != current:
-        writes.append(Write(target, result))
-    why = (f"{DROPIN} was changed since gpunode wrote it" if not dropin_ours else
-           f"{target} has changes made since gpunode copied it from {original}")
-    notes.append(f"keep {target} and {DROPIN} (containerd keeps reading the copy): {why}")
-
-
-def _settle_backup(host: Host, recorded: Ledger, result: bytes | None, writes: list[Write],
-                   notes: list[str]) -> None:
-    """The backup is a safety copy: removed only when the reverted file equals it."""
-    if recorded.backup is None:
-        return
-    backup = host.read_optional_bytes(recorded.backup)
-    if backup is None:
-        return
-    if backup == result:
-        writes.append(Write(recorded.backup, None))
-        notes.append(f"remove {recorded.backup} (the reverted file equals it)")
-    else:
-        notes.append(f"keep {recorded.backup}: {recorded.target} after the revert differs "
-                     "from it (changes made since gpunode's first change stay); it is the file "
-                     "as it was before gpunode's first change, remove it when it is no longer "
-                     "needed")
-
-
-def _still_ours(host: Host, recorded: Ledger, path: str) -> bool:
-    """The whole file gpunode wrote is still as gpunode wrote it (a ledger from before
-    gpunode recorded it: assumed so)."""
-    data = host.read_optional_bytes(path)
-    if data is None:
-        return False
-    digest = recorded.written.get(path)
-    return digest is None or journal.sha256(data) == digest

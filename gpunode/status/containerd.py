@@ -93,7 +93,7 @@ def _containerd_views(host: Host, active: discover.ActiveConfig, doc: dict[str, 
         return schema.effective(layers, daemon)
 
     if host.is_live:
-        from gpunode.containerd.step import CommandProbe
+        from gpunode.containerd.probe import CommandProbe
 
         binary = active.binary
         probe = CommandProbe()
