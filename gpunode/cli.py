@@ -252,14 +252,13 @@ def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> 
 
 def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot, status
-    from gpunode.detect import undecided_reason
     from gpunode.driver import step
 
     facts = status.observe(host, config, contact_api=False)
     report = status.driver_report(status.evaluate(facts))
     plan_lines: list[str] = []
     # The detection status made, refused as `driver load` refuses it (detect.detect_decided).
-    plan_error = undecided_reason(facts.detection, facts.detection_error)
+    plan_error = facts.undecided
     if plan_error is None and facts.detection is not None:
         try:
             the_plan = step.plan(host, config.driver, facts.detection,

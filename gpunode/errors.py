@@ -186,6 +186,14 @@ class DriverError(GpunodeError):
     code = "driver-unavailable"
 
 
+class MissingMajor(DriverError):
+    """/proc/devices lacks a major the driver should have registered, or the driver names a
+    device number the kernel cannot have; the message says which."""
+
+    code = "driver-devices-unregistered"
+    hint = ("the NVIDIA modules did not register their devices; see 'dmesg | grep NVRM'")
+
+
 class FlavourError(GpunodeError):
     """No driver flavour (open or proprietary modules) fits the GPUs as configured."""
 

@@ -80,7 +80,7 @@ def test_status_exit_code_follows_the_verdict(
     doc = json.loads(out)
     assert (got, doc["verdict"], doc["ready"]) == (code, verdict, code == 0)
     assert set(doc) == STATUS_KEYS
-    assert all(set(c) == {"name", "state", "detail", "hint"} for c in doc["checks"])
+    assert all(set(c) == {"name", "state", "detail", "hint", "code"} for c in doc["checks"])
 
 
 def test_status_json_reports_driver_containerd_config_and_boot_record(

@@ -13,6 +13,7 @@ import stat
 from dataclasses import dataclass
 
 from gpunode import detect, driverinfo, log
+from gpunode.errors import MissingMajor
 from gpunode.host import Host
 from gpunode.integers import MAX_MINOR, parse_uint
 
@@ -29,11 +30,6 @@ class Node:
     @property
     def char_link(self) -> str:
         return f"/dev/char/{self.major}:{self.minor}"
-
-
-class MissingMajor(ValueError):
-    """/proc/devices lacks a major the driver should have registered, or the driver names a
-    device number the kernel cannot have; the message says which."""
 
 
 def for_host(host: Host) -> list[Node]:

@@ -10,7 +10,6 @@ from typing import Any
 
 from gpunode import records, status
 from gpunode.config import AgentConfig
-from gpunode.detect import undecided_reason
 from gpunode.errors import ApiError, UndecidedError
 from gpunode.host import Host
 from gpunode.kube import labels
@@ -61,7 +60,7 @@ def desired(facts: status.StatusFacts, report: status.Report) -> Desired:
     exits 1)."""
     name = facts.node_name.require()
     condition = labels.condition_for([(c.name, c.state, c.detail) for c in report.checks])
-    undecided = undecided_reason(facts.detection, facts.detection_error)
+    undecided = facts.undecided
     usable = len(facts.detection.usable_gpus) if facts.detection is not None else 0
     return Desired(name, status.wanted_labels(facts, report.verdict == "ready"), condition,
                    undecided, usable)

@@ -22,8 +22,10 @@ from gpunode.status.facts import FAIL, OK, SKIP, WARN, Check, Report, StatusFact
 def evaluate(facts: StatusFacts) -> Report:
     detection = facts.detection
     if detection is None:
-        checks = [Check("gpus", FAIL, f"PCI detection failed: {facts.detection_error}",
-                        "check that sysfs is mounted and readable")]
+        failure = facts.detection_error
+        checks = [Check("gpus", FAIL, f"PCI detection failed: {failure}",
+                        "check that sysfs is mounted and readable",
+                        failure.code if failure else None)]
         return Report(tuple(checks), "not-ready")
     if not detection.gpus:
         checks = [_gpus(detection, facts), _pci_scan(detection, facts.driver_flavour)]
@@ -147,7 +149,7 @@ def _driver(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Chec
     if facts.driver_error is not None:
         return Check("driver", FAIL, f"cannot read what the driver reports: {facts.driver_error}",
                      "/proc/driver/nvidia and /proc/devices are the kernel's; under --root, "
-                     "check the tree (is /proc the node's?)")
+                     "check the tree (is /proc the node's?)", facts.driver_error.code)
     if facts.driver_version_text is None:
         return Check("driver", FAIL, f"{driverinfo.PROC_NVIDIA}/version is missing: the NVIDIA "
                      "driver is not loaded",
@@ -192,7 +194,7 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
     if driver is None:
         return Check("device_nodes", SKIP, "driver not loaded")
     nodes = facts.device_nodes
-    problems = [*nodes.unknown_minors, *([nodes.error] if nodes.error else [])]
+    problems = [*nodes.unknown_minors, *([nodes.error.message] if nodes.error else [])]
     problems += [_node_problem(path, why) for path, why in nodes.problems.items()
                  if why is not None]
     if nodes.unknown_minors:  # 'driver load' refuses it the same way (devices.for_host)
@@ -202,7 +204,7 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
     if problems:
         return Check("device_nodes", FAIL, "; ".join(problems),
                      "run 'gpunode driver load', which makes them (majors from /proc/devices; "
-                     "gpunode boot does this at boot)")
+                     "gpunode boot does this at boot)", nodes.error.code if nodes.error else None)
     return Check("device_nodes", OK, f"{_count(len(nodes.problems), 'device node')} present")
 
 
@@ -237,7 +239,8 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
                      "kubeconfig)")
     if node.error is not None or node.obj is None:
         return Check("node", WARN, f"node {node.name}: {node.error}",
-                     node.hint or "gpunode-label.service retries until the API server answers")
+                     node.hint or "gpunode-label.service retries until the API server answers",
+                     node.error.code if node.error else None)
     wanted = wanted_labels(facts, ready)
     current = node.obj.get("metadata", {}).get("labels") or {}
     stale = sorted(k for k, v in wanted.items() if current.get(k) != v)
@@ -259,7 +262,7 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
 def _last_boot_check(facts: StatusFacts) -> Check:
     if facts.last_boot_error is not None:
         return Check("last_boot", WARN, f"boot record unreadable: {facts.last_boot_error}",
-                     "run 'gpunode boot' again to rewrite it")
+                     "run 'gpunode boot' again to rewrite it", facts.last_boot_error.code)
     record = facts.last_boot
     if record is None:
         return Check("last_boot", SKIP, "no boot record: gpunode boot has not run since this "
@@ -269,8 +272,10 @@ def _last_boot_check(facts: StatusFacts) -> Check:
         failed = record.failed_steps
         detail = "; ".join(f"{s.get('name')}: {s.get('error')}" for s in failed) or "no step named"
         hints = [str(s["hint"]) for s in failed if s.get("hint")]
+        codes = [str(s["code"]) for s in failed if s.get("code")]
         return Check("last_boot", WARN, f"last boot failed{when}: {detail}",
-                     hints[0] if hints else "see 'journalctl -u gpunode'")
+                     hints[0] if hints else "see 'journalctl -u gpunode'",
+                     codes[0] if codes else None)
     return Check("last_boot", OK, f"last boot {record.outcome}{when}, "
                  f"{_count(len(record.steps), 'step')}")
 

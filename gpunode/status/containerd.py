@@ -13,9 +13,18 @@ from gpunode import systemd
 from gpunode.config import AgentConfig
 from gpunode.containerd import discover
 from gpunode.containerd.discover import CONTAINERD_UNIT
-from gpunode.errors import GpunodeError
+from gpunode.errors import ContainerdConfigError, GpunodeError
 from gpunode.host import Host
-from gpunode.status.facts import FAIL, OK, WARN, Check, ContainerdFacts, DaemonStart, StatusFacts
+from gpunode.status.facts import (
+    FAIL,
+    OK,
+    WARN,
+    Check,
+    ContainerdFacts,
+    DaemonStart,
+    Failure,
+    StatusFacts,
+)
 
 
 def config_facts(host: Host, config: AgentConfig) -> ContainerdFacts:
@@ -33,8 +42,11 @@ def config_facts(host: Host, config: AgentConfig) -> ContainerdFacts:
         doc = discover.load_config(host, active.path)
         version = discover.schema.config_version(doc)
         views, judge = _containerd_views(host, active, doc, version)
-    except (GpunodeError, discover.schema.SchemaError) as exc:
-        return ContainerdFacts(config_path=None, config_reason="", error=str(exc))
+    except GpunodeError as exc:
+        return ContainerdFacts(config_path=None, config_reason="", error=Failure.of(exc))
+    except discover.schema.SchemaError as exc:  # the file's layout: containerd refuses it too
+        return ContainerdFacts(config_path=None, config_reason="",
+                               error=Failure(str(exc), ContainerdConfigError.code))
     main_stat = host.stat(active.path)
     answers = {view.daemon: _runtime_answer(view, name) for view in views}
     first = next(iter(answers.values()))
@@ -180,9 +192,9 @@ def _containerd_runtime_as_written(facts: StatusFacts) -> Check:
     c = facts.containerd
     name = facts.runtime_name
     if c.error is not None:
-        return Check("containerd_runtime", FAIL, c.error,
+        return Check("containerd_runtime", FAIL, c.error.message,
                      "fix or restore containerd's config file; containerd will not start with it "
-                     "either")
+                     "either", c.error.code)
     where = f"{c.config_path} ({c.config_reason})"
     if c.problem is not None:
         return Check("containerd_runtime", FAIL, f"{c.problem} (judged by {c.judge})",

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpunode import driverinfo
 from gpunode.detect import Detection, undecided_reason
+from gpunode.errors import GpunodeError
 from gpunode.kube import labels, nodename
 from gpunode.processes import ProcessFacts
 from gpunode.state import BootRecord
@@ -22,6 +23,24 @@ class Check:
     state: str  # ok | warn | fail | skip
     detail: str
     hint: str | None = None
+    code: str | None = None  # the error's stable code (docs/errors.md) when one decided it
+
+
+@dataclass(frozen=True)
+class Failure:
+    """What could not be read, kept for the check that needs it: the error's message (str() of
+    it, so a check's detail reads as before), its stable code and its hint."""
+
+    message: str
+    code: str
+    hint: str | None = None
+
+    @classmethod
+    def of(cls, exc: GpunodeError) -> Failure:
+        return cls(str(exc), exc.code, exc.hint or None)
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -39,7 +58,7 @@ class DeviceNodes:
 
     problems: dict[str, str | None]  # each wanted node's path → what is wrong, None when right
     unknown_minors: tuple[str, ...] = ()  # GPUs whose /dev/nvidiaN the driver does not name
-    error: str | None = None  # why no list of wanted nodes could be made (a missing major)
+    error: Failure | None = None  # why no list of wanted nodes could be made (a missing major)
 
 
 @dataclass(frozen=True)
@@ -49,7 +68,7 @@ class ContainerdFacts:
     runtime_file: str | None = None  # the file that defines the runtime (main or an import)
     binary_name: str | None = None
     binary_ok: bool = False
-    error: str | None = None
+    error: Failure | None = None
     runtime_names: tuple[str, ...] = ()
     config_mtime: float | None = None  # of the file that defines the runtime, or the main file
     judge: str = ""  # whose view this is: containerd's own dump, or gpunode's model of it
@@ -79,7 +98,7 @@ _NAME_NOT_OBSERVED = nodename.NodeName(None, "not observed")
 class StatusFacts:
     root: str
     detection: Detection | None
-    detection_error: str | None
+    detection_error: Failure | None
     driver_version_text: str | None
     gpu_infos: dict[str, driverinfo.GpuInfo]
     device_nodes: DeviceNodes
@@ -87,14 +106,14 @@ class StatusFacts:
     device_plugin_socket: DevNode
     processes: ProcessFacts
     last_boot: BootRecord | None
-    last_boot_error: str | None
+    last_boot_error: Failure | None
     config_source: str
     runtime_name: str = "nvidia"
     node: NodeFacts | None = None  # None: the API was not asked (e.g. `label --dry-run`)
     machine: str | None = None  # DMI product name
     user_labels: dict[str, str] = field(default_factory=dict)
     # the driver's /proc files are there but cannot be read (a directory, a FIFO): why
-    driver_error: str | None = None
+    driver_error: Failure | None = None
     containerd_start: DaemonStart = DaemonStart(unknown="not observed")
     # a containerd configure/revert was killed mid-way; the next one (or boot) rolls it back;
     # text: it is not interrupted but running now, held by this gpunode command ("pid 12, ...")
@@ -104,6 +123,13 @@ class StatusFacts:
     # check and `gpunode label` name the same Node
     node_name: nodename.NodeName = _NAME_NOT_OBSERVED
 
+    @property
+    def undecided(self) -> str | None:
+        """Why nobody can tell whether this host has NVIDIA GPUs, or None when that is decided
+        (detect.undecided_reason of what observe read)."""
+        error = self.detection_error.message if self.detection_error else None
+        return undecided_reason(self.detection, error)
+
 
 @dataclass(frozen=True)
 class NodeFacts:
@@ -112,7 +138,7 @@ class NodeFacts:
     name: str
     kubeconfig: str | None  # None: not there, the kubelet has not joined
     obj: dict[str, Any] | None = None
-    error: str | None = None
+    error: Failure | None = None
     # what to do about `error`: None when waiting helps (the API server did not answer yet)
     hint: str | None = None
 
@@ -131,8 +157,7 @@ def wanted_labels(facts: StatusFacts, ready: bool) -> dict[str, str]:
     """Every label the Node should carry, from what `observe` read: the one answer for the
     `node` check and `gpunode label`, so they cannot disagree. A node whose GPUs nobody can
     identify gets the user's labels and gpunode.io/ready=false, and no nvidia.com/gpu.*."""
-    if facts.detection is None or undecided_reason(facts.detection,
-                                                   facts.detection_error) is not None:
+    if facts.detection is None or facts.undecided is not None:
         return {f"{labels.PREFIX}ready": "false", **facts.user_labels}
     return labels.compute(label_facts(facts, facts.detection, ready), facts.user_labels)
 

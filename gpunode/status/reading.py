@@ -10,13 +10,13 @@ from gpunode import driverinfo
 from gpunode.config import AgentConfig
 from gpunode.detect import Detection, detect, module_loaded
 from gpunode.driver import devices
-from gpunode.errors import GpunodeError, RecordError
+from gpunode.errors import GpunodeError
 from gpunode.host import Host
 from gpunode.kube import nodename
 from gpunode.processes import observe as observe_processes
 from gpunode.state import BootRecord, read_record
 from gpunode.status import containerd
-from gpunode.status.facts import DeviceNodes, DevNode, NodeFacts, StatusFacts
+from gpunode.status.facts import DeviceNodes, DevNode, Failure, NodeFacts, StatusFacts
 
 
 def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> StatusFacts:
@@ -24,19 +24,19 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         detection: Detection | None = detect(host, use_udev=config.detect.use_udev)
         detection_error = None
     except GpunodeError as exc:
-        detection, detection_error = None, str(exc)
+        detection, detection_error = None, Failure.of(exc)
     version_text, version_error = _read(host, f"{driverinfo.PROC_NVIDIA}/version")
     gpu_infos: dict[str, driverinfo.GpuInfo] = {}
     if version_text is not None:
         try:
             gpu_infos = driverinfo.read_gpu_infos(host)
         except GpunodeError as exc:
-            version_error = str(exc)
+            version_error = Failure.of(exc)
     devices_text, devices_error = _read(host, "/proc/devices")
     try:
         modeset = module_loaded(host, "nvidia_modeset")
     except GpunodeError as exc:
-        modeset, version_error = False, version_error or str(exc)
+        modeset, version_error = False, version_error or Failure.of(exc)
     last_boot, last_boot_error = _last_boot(host)
     name = nodename.observe(host, config.kubernetes.node_name)
     return StatusFacts(
@@ -65,13 +65,13 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
     )
 
 
-def _read(host: Host, path: str) -> tuple[str | None, str | None]:
+def _read(host: Host, path: str) -> tuple[str | None, Failure | None]:
     """(text or None when absent, None) — or (None, why) when it is there but unreadable (a
     directory, a FIFO): the check that needs it says so instead of status stopping."""
     try:
         return host.read_optional(path), None
     except GpunodeError as exc:
-        return None, str(exc)
+        return None, Failure.of(exc)
 
 
 def _observe_node(host: Host, config: AgentConfig, node_name: nodename.NodeName) -> NodeFacts:
@@ -80,7 +80,7 @@ def _observe_node(host: Host, config: AgentConfig, node_name: nodename.NodeName)
 
     if node_name.error is not None:
         exc = node_name.error
-        return NodeFacts("?", None, error=str(exc), hint=exc.hint or None)
+        return NodeFacts("?", None, error=Failure.of(exc), hint=exc.hint or None)
     name = node_name.require()
     path = config.kubernetes.kubeconfig
     if not host.exists(path):
@@ -92,7 +92,8 @@ def _observe_node(host: Host, config: AgentConfig, node_name: nodename.NodeName)
         # Only an API server that did not answer (yet) is worth waiting for; a broken
         # kubeconfig, a refusal or a reply that is not a Node says what to fix instead.
         waits = isinstance(exc, ApiError) and exc.retryable
-        return NodeFacts(name, path, error=str(exc), hint=None if waits else exc.hint or None)
+        return NodeFacts(name, path, error=Failure.of(exc),
+                         hint=None if waits else exc.hint or None)
 
 
 def _device_nodes_now(host: Host, gpu_infos: dict[str, driverinfo.GpuInfo], proc_devices: str,
@@ -105,8 +106,8 @@ def _device_nodes_now(host: Host, gpu_infos: dict[str, driverinfo.GpuInfo], proc
     minors = [i.minor for i in gpu_infos.values() if i.minor is not None]
     try:
         wanted = devices.wanted(majors, minors, modeset, devices.cap_minors(host), problems)
-    except (devices.MissingMajor, GpunodeError) as exc:  # GpunodeError: a caps file unreadable
-        return DeviceNodes({}, unknown, str(exc))
+    except GpunodeError as exc:  # no major registered, or a caps file unreadable
+        return DeviceNodes({}, unknown, Failure.of(exc))
     judged: dict[str, str | None] = {}
     for node in wanted:
         try:
@@ -128,8 +129,8 @@ def _dev_node(host: Host, path: str) -> DevNode:
     return DevNode(path, "socket" if stat.S_ISSOCK(st.st_mode) else "other")
 
 
-def _last_boot(host: Host) -> tuple[BootRecord | None, str | None]:
+def _last_boot(host: Host) -> tuple[BootRecord | None, Failure | None]:
     try:
         return read_record(host), None
-    except (RecordError, GpunodeError) as exc:
-        return None, str(exc)
+    except GpunodeError as exc:  # RecordError among them
+        return None, Failure.of(exc)
