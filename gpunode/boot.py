@@ -17,7 +17,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpunode import log, records
+from gpunode import flatcar, kernelinfo, log, records
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
 from gpunode.detect import SYSFS_PCI_DEVICES, Detection, detect, require_decided
 from gpunode.driver.modules import Kmod
@@ -113,27 +113,24 @@ class Step:
 
 # -- preflight: this boot, this config, and nobody else installing a driver ---------------------
 
-FLATCAR_NVIDIA_UNIT = "nvidia.service"
-
-
 def _refuse_flatcar_nvidia(host: Host, systemd: Systemd) -> None:
     """Flatcar's own nvidia.service compiles and installs a driver too: never both at once.
 
     Where no service manager answers (an image build, a chroot, a container) nobody can say
     whether it runs: that is logged, and boot goes on."""
-    state = systemd.active_state(FLATCAR_NVIDIA_UNIT)
-    enabled = systemd.enabled(FLATCAR_NVIDIA_UNIT)
+    state = systemd.active_state(flatcar.NVIDIA_UNIT)
+    enabled = systemd.enabled(flatcar.NVIDIA_UNIT)
     if host.is_live and not systemd.available:  # known only once it was asked
-        log.get().warning("boot.preflight_unchecked", unit=FLATCAR_NVIDIA_UNIT,
+        log.get().warning("boot.preflight_unchecked", unit=flatcar.NVIDIA_UNIT,
                           reason=systemd.unavailable_reason,
-                          note=f"could not check that Flatcar's {FLATCAR_NVIDIA_UNIT} is not "
+                          note=f"could not check that Flatcar's {flatcar.NVIDIA_UNIT} is not "
                           "running or enabled; mask it where gpunode installs the driver")
         return
     if state in ("active", "activating") or enabled:
-        raise ConflictError(f"Flatcar's {FLATCAR_NVIDIA_UNIT} is {state} and "
+        raise ConflictError(f"Flatcar's {flatcar.NVIDIA_UNIT} is {state} and "
                             f"{'enabled' if enabled else 'not enabled'}: it installs the driver "
                             "its own way, and gpunode will not race it",
-                            hint=f"mask it: 'systemctl mask {FLATCAR_NVIDIA_UNIT}' (gpunode's "
+                            hint=f"mask it: 'systemctl mask {flatcar.NVIDIA_UNIT}' (gpunode's "
                             "Ignition snippet does this), then reboot")
 
 
@@ -152,9 +149,9 @@ def _preflight_inputs(ctx: Context) -> list[str]:
     staying masked or disabled (its unit file and enablement link, wherever systemd looks)."""
     from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
 
-    return [DEFAULT_CONFIG_PATH, "/proc/sys/kernel/osrelease", "/proc/sys/kernel/random/boot_id",
-            *(f"{d}/{FLATCAR_NVIDIA_UNIT}" for d in SYSTEM_UNIT_PATHS),
-            *(f"{d}/multi-user.target.wants/{FLATCAR_NVIDIA_UNIT}" for d in SYSTEM_UNIT_PATHS)]
+    return [DEFAULT_CONFIG_PATH, kernelinfo.RELEASE, kernelinfo.BOOT_ID,
+            *(f"{d}/{flatcar.NVIDIA_UNIT}" for d in SYSTEM_UNIT_PATHS),
+            *(f"{d}/multi-user.target.wants/{flatcar.NVIDIA_UNIT}" for d in SYSTEM_UNIT_PATHS)]
 
 
 # -- detect ---------------------------------------------------------------------------------------

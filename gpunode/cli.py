@@ -235,13 +235,13 @@ def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> i
 
 @_changes_node("driver build")
 def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode import boot
+    from gpunode import boot, kernelinfo
     from gpunode.detect import detect_decided
     from gpunode.driver import step
 
     adapters = boot.adapters_for(host, config)
     with log.step("driver.build") as fields:
-        kernel = step.kernel_release(host)
+        kernel = kernelinfo.release(host)
         gpus = detect_decided(host, use_udev=config.detect.use_udev).gpus
         inputs = step.build_inputs(host, config.driver, kernel, gpus)
         result, pruned = step.build_cached(host, inputs, adapters.build)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpunode import __version__, log
+from gpunode import __version__, flatcar, log
 from gpunode.config import DEFAULT_CONFIG_PATH, MAX_CONFIG_BYTES, parse_text
 from gpunode.driver import nouveau
 from gpunode.errors import ConfigError, GpunodeError, HostError, InputRefused, UsageError
@@ -162,7 +162,7 @@ def snippet(sysext_url: str, sysext_sha512: str, agent_config: str | None,
                                "directory with --units") from exc
         embedded.append(Unit(name, text, enabled=True))
     return Snippet(files=tuple(files), links=(Link(EXTENSION_LINK, image),),
-                   units=(Unit("nvidia.service", mask=True), *embedded))
+                   units=(Unit(flatcar.NVIDIA_UNIT, mask=True), *embedded))
 
 
 # -- renderings ----------------------------------------------------------------------------------

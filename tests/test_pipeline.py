@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from conftest import HostFactory
-from gpunode import boot
+from gpunode import boot, flatcar
 from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
@@ -52,7 +52,7 @@ class FakeKernel:
 
 class FlatcarNvidiaEnabled(NoSystemd):
     def enabled(self, unit: str) -> bool:
-        return unit == boot.FLATCAR_NVIDIA_UNIT
+        return unit == flatcar.NVIDIA_UNIT
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpunode import log, records
+from gpunode import kernelinfo, log, records
 from gpunode.errors import DriverBuildError
 from gpunode.host import Host
 
@@ -37,7 +37,6 @@ STAGING_PREFIX = ".staging-"
 # proprietary source tree of NVIDIA's GRID installer (a different driver_url).
 FLAVOUR_SOURCES = {"open": "kernel-open", "proprietary": "kernel", "grid": "kernel"}
 MODULE_DIRS = ("/lib/modules", "/usr/lib/modules")
-RUNNING_KERNEL = "/proc/sys/kernel/osrelease"
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # a kernel release or driver version
 
@@ -154,7 +153,7 @@ def installed_kernels(host: Host) -> set[str]:
     """Kernel releases with a module tree, plus the running kernel."""
     kernels = {name for directory in MODULE_DIRS for name in host.list_dir(directory)
                if NAME_RE.fullmatch(name)}
-    running = (host.read_optional(RUNNING_KERNEL) or "").strip()
+    running = (host.read_optional(kernelinfo.RELEASE) or "").strip()
     if running:
         kernels.add(running)
     return kernels

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gpunode import command, driverinfo, log
+from gpunode import command, driverinfo, flatcar, kernelinfo, log
 from gpunode.config import DriverConfig
 from gpunode.detect import Detection, PciFunction
 from gpunode.detect import loaded_modules as detect_loaded_modules
@@ -21,11 +21,7 @@ from gpunode.host import Host
 if TYPE_CHECKING:
     from gpunode.driver.build import BuildInputs, BuildResult
 
-ENABLED_SYSEXT = "/etc/flatcar/enabled-sysext.conf"
-EXTENSION_RELEASE_DIR = "/usr/lib/extension-release.d"
-SYSEXT_PREFIX = "extension-release.flatcar-nvidia-drivers-"
 NVIDIA_SMI = ("/opt/bin/nvidia-smi", "/usr/bin/nvidia-smi")
-NOUVEAU_HINT = nouveau.BLACKLIST_HINT
 
 
 @dataclass(frozen=True)
@@ -48,8 +44,8 @@ class Plan:
         lines = [f"{self.choice.strategy}: {self.choice.reason} ({self.flavour.flavour} modules: "
                  f"{self.flavour.reason})"]
         if self.sysext_line:
-            lines.append(f"add '{self.sysext_line}' to {ENABLED_SYSEXT} (takes effect at the "
-                         "next boot)")
+            lines.append(f"add '{self.sysext_line}' to {flatcar.ENABLED_SYSEXT} (takes effect "
+                         "at the next boot)")
         if self.choice.action == "build":
             lines.append(f"build {', '.join(self.modules)} for {self.kernel}, then load them")
         lines += [f"run {step}" for step in self.load.describe()]
@@ -75,30 +71,14 @@ class Outcome:
 # -- observation ---------------------------------------------------------------------------------
 
 
-def kernel_release(host: Host) -> str:
-    text = host.read_optional("/proc/sys/kernel/osrelease")
-    if not text or not text.strip():
-        raise DriverError("cannot tell the running kernel: /proc/sys/kernel/osrelease is "
-                          "missing", "is /proc mounted (and --root the node's root)?")
-    release = text.strip()
-    # It names directories (/lib/modules/<release>, cache entries): a kernel writes one word
-    # of printable ASCII, anything else is a damaged file, not a kernel to build for.
-    if not release.isascii() or not release.isprintable() or any(c.isspace() for c in release):
-        shown = host.display("/proc/sys/kernel/osrelease")
-        raise DriverError(f"cannot tell the running kernel: {shown} holds {release[:80]!r}, "
-                          "not a kernel release",
-                          "is /proc mounted (and --root the node's root)?")
-    return release
-
-
 def loaded_modules(host: Host) -> set[str]:
     return detect_loaded_modules(host)
 
 
 def merged_sysexts(host: Host) -> tuple[str, ...]:
     return tuple(entry.removeprefix("extension-release.")
-                 for entry in host.list_dir(EXTENSION_RELEASE_DIR)
-                 if entry.startswith(SYSEXT_PREFIX))
+                 for entry in host.list_dir(flatcar.EXTENSION_RELEASE_DIR)
+                 if entry.startswith(flatcar.SYSEXT_PREFIX))
 
 
 def prebuilt_dir(host: Host, dirs: tuple[str, ...], kernel: str) -> str | None:
@@ -127,10 +107,10 @@ def sysext_name(config: DriverConfig, chosen: str) -> str:
 def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.Kmod) -> Plan:
     if detection.nouveau_loaded:
         raise DriverError("the nouveau module is loaded and holds the GPUs; gpunode loads "
-                          "nothing while it is", NOUVEAU_HINT)
+                          "nothing while it is", nouveau.BLACKLIST_HINT)
     from gpunode.driver import cache as driver_cache
 
-    kernel = kernel_release(host)
+    kernel = kernelinfo.release(host)
     chosen = flavour.choose(detection.gpus, config.flavour, on_azure(host))
     version = driverinfo.parse_version(host.read_optional(f"{driverinfo.PROC_NVIDIA}/version")
                                        or "")
@@ -196,7 +176,7 @@ def _missing_sysext_line(host: Host, config: DriverConfig, chosen: str) -> str |
     if config.strategy != "flatcar-sysext" and not config.sysext:
         return None
     name = sysext_name(config, chosen)
-    text = host.read_optional(ENABLED_SYSEXT) or ""
+    text = host.read_optional(flatcar.ENABLED_SYSEXT) or ""
     listed = {line.strip() for line in text.splitlines() if not line.startswith("#")}
     return None if name in listed else name
 
@@ -217,9 +197,9 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
     if the_plan.sysext_line is not None:
         _add_sysext_line(host, the_plan.sysext_line)
         if the_plan.choice.action == "fail":
-            raise DriverError(f"{the_plan.choice.reason}; '{the_plan.sysext_line}' was added to "
-                              f"{ENABLED_SYSEXT}", "reboot the node: the initramfs fetches and "
-                              "merges the sysext at the next boot")
+            raise DriverError(f"{the_plan.choice.reason}; '{the_plan.sysext_line}' was added "
+                              f"to {flatcar.ENABLED_SYSEXT}", "reboot the node: the initramfs "
+                              "fetches and merges the sysext at the next boot")
     load = the_plan.load
     source = the_plan.choice.source
     if the_plan.choice.action == "build":
@@ -238,12 +218,12 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
 
 
 def _add_sysext_line(host: Host, name: str) -> None:
-    text = host.read_optional(ENABLED_SYSEXT) or ""
+    text = host.read_optional(flatcar.ENABLED_SYSEXT) or ""
     if text and not text.endswith("\n"):
         text += "\n"
-    host.write_atomic(ENABLED_SYSEXT, (text + name + "\n").encode(), mode=0o644,
+    host.write_atomic(flatcar.ENABLED_SYSEXT, (text + name + "\n").encode(), mode=0o644,
                       make_parents=True)
-    log.get().info("driver.sysext_enabled", sysext=name, file=ENABLED_SYSEXT,
+    log.get().info("driver.sysext_enabled", sysext=name, file=flatcar.ENABLED_SYSEXT,
                    note="takes effect at the next boot")
 
 
