@@ -229,7 +229,7 @@ def test_mig_capability_nodes_follow_the_driver(make_host: HostFactory) -> None:
         "/proc/driver/nvidia/capabilities/mig/config": "DeviceFileMinor: 1\nDeviceFileMode: 256\n",
         "/proc/driver/nvidia/capabilities/mig/monitor": "DeviceFileMinor: 2\n"})
     majors = {"nvidia-frontend": 195, "nvidia-uvm": 508, "nvidia-caps": 509}
-    nodes = devices.wanted(majors, [0], True, devices.cap_minors(host))
+    nodes = devices.wanted(majors, [0], True, devices.capabilities(host))
     assert [n.path for n in nodes][-2:] == ["/dev/nvidia-caps/nvidia-cap1",
                                             "/dev/nvidia-caps/nvidia-cap2"]
 

@@ -1,7 +1,8 @@
 """`gpunode status` judges the device nodes exactly as `gpunode driver load` makes them
 (driver/devices.py): the nodes the driver calls for, MIG capability nodes included, with their
-numbers and mode 0666. Where status says ok, driver load has nothing to fix, and where driver
-load would fix something, status says so and names the command."""
+numbers and modes (0666; a MIG capability the mode the driver states). Where status says ok,
+driver load has nothing to fix, and where driver load would fix something, status says so and
+names the command."""
 
 from __future__ import annotations
 

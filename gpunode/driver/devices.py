@@ -17,8 +17,20 @@ from gpunode.errors import MissingMajor
 from gpunode.host import Host
 from gpunode.integers import MAX_MINOR, parse_uint
 
-MODE = 0o666
+MODE = 0o666  # every node but the MIG capabilities: what nvidia-modprobe and udev rules give
 CAPS_DIR = f"{driverinfo.PROC_NVIDIA}/capabilities/mig"
+# A capability file that states no DeviceFileMode: read-only for everyone, never wider than the
+# driver could have meant.
+CAP_DEFAULT_MODE = 0o444
+
+
+@dataclass(frozen=True)
+class Capability:
+    """A MIG capability as the driver publishes it: its /dev/nvidia-caps minor and the mode it
+    says the node has (`DeviceFileMode:`, decimal: 256 is 0400, 292 is 0444)."""
+
+    minor: int
+    mode: int
 
 
 @dataclass(frozen=True)
@@ -26,6 +38,7 @@ class Node:
     path: str
     major: int
     minor: int
+    mode: int = MODE
 
     @property
     def char_link(self) -> str:
@@ -43,11 +56,11 @@ def for_host(host: Host) -> list[Node]:
     problems: list[str] = []
     majors = driverinfo.parse_char_majors(host.read_optional("/proc/devices") or "", problems)
     return wanted(majors, [i.minor for i in infos.values() if i.minor is not None],
-                  detect.module_loaded(host, "nvidia_modeset"), cap_minors(host), problems)
+                  detect.module_loaded(host, "nvidia_modeset"), capabilities(host), problems)
 
 
 def wanted(majors: dict[str, int], gpu_minors: list[int], modeset: bool,
-           cap_minors: dict[str, int], problems: list[str] | None = None) -> list[Node]:
+           caps: dict[str, Capability], problems: list[str] | None = None) -> list[Node]:
     also = f" ({'; '.join(problems)})" if problems else ""
     nvidia = driverinfo.nvidia_major(majors)
     if nvidia is None:
@@ -60,24 +73,28 @@ def wanted(majors: dict[str, int], gpu_minors: list[int], modeset: bool,
     if modeset:
         nodes.append(Node("/dev/nvidia-modeset", nvidia, 254))
     nodes += [Node("/dev/nvidia-uvm", uvm, 0), Node("/dev/nvidia-uvm-tools", uvm, 1)]
-    caps = majors.get("nvidia-caps")
-    if caps is not None:
-        nodes += [Node(f"/dev/nvidia-caps/nvidia-cap{minor}", caps, minor)
-                  for minor in sorted(cap_minors.values())]
+    caps_major = majors.get("nvidia-caps")
+    if caps_major is not None:
+        nodes += [Node(f"/dev/nvidia-caps/nvidia-cap{cap.minor}", caps_major, cap.minor, cap.mode)
+                  for cap in sorted(caps.values(), key=lambda c: c.minor)]
     return nodes
 
 
-def cap_minors(host: Host) -> dict[str, int]:
-    """MIG capability name → minor, from the driver's `DeviceFileMinor:` lines."""
-    minors: dict[str, int] = {}
+def capabilities(host: Host) -> dict[str, Capability]:
+    """MIG capability name → its minor and mode, from the driver's `DeviceFileMinor:` and
+    `DeviceFileMode:` lines (NVIDIA's MIG user guide, "Device Nodes and Capabilities")."""
+    found: dict[str, Capability] = {}
     for name in ("config", "monitor"):
-        text = host.read_optional(f"{CAPS_DIR}/{name}") or ""
-        for line in text.splitlines():
+        fields: dict[str, int] = {}
+        for line in (host.read_optional(f"{CAPS_DIR}/{name}") or "").splitlines():
             key, _, value = line.partition(":")
-            minor = parse_uint(value, MAX_MINOR)
-            if key.strip() == "DeviceFileMinor" and minor is not None:
-                minors[name] = minor
-    return minors
+            number = parse_uint(value, MAX_MINOR if key.strip() == "DeviceFileMinor" else 0o777)
+            if number is not None:
+                fields[key.strip()] = number
+        if "DeviceFileMinor" in fields:
+            found[name] = Capability(fields["DeviceFileMinor"],
+                                     fields.get("DeviceFileMode", CAP_DEFAULT_MODE))
+    return found
 
 
 MISSING, NOT_CHAR = "missing", "not a character device"
@@ -98,8 +115,8 @@ def judge(node: Node, st: os.stat_result | None) -> str | None:
     actual = (os.major(st.st_rdev), os.minor(st.st_rdev))
     if actual != (node.major, node.minor):
         return f"is {actual[0]}:{actual[1]}, expected {node.major}:{node.minor}"
-    if stat.S_IMODE(st.st_mode) != MODE:
-        return f"has mode {stat.S_IMODE(st.st_mode):o}, expected {MODE:o}"
+    if stat.S_IMODE(st.st_mode) != node.mode:
+        return f"has mode {stat.S_IMODE(st.st_mode):o}, expected {node.mode:o}"
     return None
 
 
@@ -125,7 +142,7 @@ def ensure(host: Host, nodes: list[Node]) -> list[str]:
         if reason is not None:
             if reason != "missing":
                 log.get().info("devices.replace", path=node.path, reason=reason)
-            host.make_char_device(node.path, node.major, node.minor, MODE)
+            host.make_char_device(node.path, node.major, node.minor, node.mode)
         link = link_problem(host, node)
         if link is not None:
             host.symlink(node.char_link, _link_target(node))

@@ -105,7 +105,7 @@ def _device_nodes_now(host: Host, gpu_infos: dict[str, driverinfo.GpuInfo], proc
     majors = driverinfo.parse_char_majors(proc_devices, problems)
     minors = [i.minor for i in gpu_infos.values() if i.minor is not None]
     try:
-        wanted = devices.wanted(majors, minors, modeset, devices.cap_minors(host), problems)
+        wanted = devices.wanted(majors, minors, modeset, devices.capabilities(host), problems)
     except GpunodeError as exc:  # no major registered, or a caps file unreadable
         return DeviceNodes({}, unknown, Failure.of(exc))
     judged: dict[str, str | None] = {}
