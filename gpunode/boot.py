@@ -116,10 +116,15 @@ class Step:
 def _refuse_flatcar_nvidia(host: Host, systemd: Systemd) -> None:
     """Flatcar's own nvidia.service compiles and installs a driver too: never both at once.
 
-    Where no service manager answers (an image build, a chroot, a container) nobody can say
-    whether it runs: that is logged, and boot goes on."""
+    Where no service manager answers on a live host (a chroot, a container) nobody can say
+    whether it runs: that is logged, and boot goes on. Under --root (a mounted image, a
+    fixture) the tree's own unit files say whether it is enabled: a `*.wants/` link, unless a
+    mask to /dev/null overrides it."""
+    from gpunode.systemd_unit import enabled_by_links
+
     state = systemd.active_state(flatcar.NVIDIA_UNIT)
-    enabled = systemd.enabled(flatcar.NVIDIA_UNIT)
+    enabled = systemd.enabled(flatcar.NVIDIA_UNIT) or (
+        not host.is_live and enabled_by_links(host, flatcar.NVIDIA_UNIT))
     if host.is_live and not systemd.available:  # known only once it was asked
         log.get().warning("boot.preflight_unchecked", unit=flatcar.NVIDIA_UNIT,
                           reason=systemd.unavailable_reason,
@@ -146,12 +151,14 @@ def _preflight_apply(ctx: Context, fields: dict[str, Any]) -> bool:
 
 def _preflight_inputs(ctx: Context) -> list[str]:
     """Every boot depends on the agent config, the kernel and this boot; and on nvidia.service
-    staying masked or disabled (its unit file and enablement link, wherever systemd looks)."""
-    from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
+    staying masked or disabled (its unit files and enablement links, wherever systemd looks).
 
+    A path ending in "/" is signed by its listing (gpunode.fastpath.signature)."""
+    from gpunode.systemd_unit import enablement_inputs, unit_inputs
+
+    unit = flatcar.NVIDIA_UNIT
     return [DEFAULT_CONFIG_PATH, kernelinfo.RELEASE, kernelinfo.BOOT_ID,
-            *(f"{d}/{flatcar.NVIDIA_UNIT}" for d in SYSTEM_UNIT_PATHS),
-            *(f"{d}/multi-user.target.wants/{flatcar.NVIDIA_UNIT}" for d in SYSTEM_UNIT_PATHS)]
+            *unit_inputs(ctx.host, unit), *enablement_inputs(ctx.host, unit)]
 
 
 # -- detect ---------------------------------------------------------------------------------------
@@ -196,10 +203,18 @@ def _driver_apply(ctx: Context, fields: dict[str, Any]) -> bool:
 
 
 def _driver_inputs(ctx: Context) -> list[str]:
+    """What the driver step found right: the loaded modules, what the driver says about itself
+    and its GPUs and capabilities, the majors, and every device node with its /dev/char link."""
+    from gpunode import driverinfo
+    from gpunode.driver import devices
     from gpunode.driver import step as driver
 
-    return ["/proc/driver/nvidia/version", "/proc/driver/nvidia/gpus",
-            *(node.path for node in driver.wanted_nodes(ctx.host))]
+    nodes = driver.wanted_nodes(ctx.host)
+    return ["/proc/modules", "/proc/devices", f"{driverinfo.PROC_NVIDIA}/version",
+            f"{driverinfo.PROC_NVIDIA}/gpus/",
+            *driverinfo.gpu_information_files(ctx.host).values(),
+            f"{devices.CAPS_DIR}/config", f"{devices.CAPS_DIR}/monitor",
+            *(node.path for node in nodes), *(node.char_link for node in nodes)]
 
 
 # -- containerd -----------------------------------------------------------------------------------
@@ -231,13 +246,14 @@ def _containerd_apply(ctx: Context, fields: dict[str, Any]) -> bool:
 
 def _containerd_inputs(ctx: Context) -> list[str]:
     from gpunode.containerd import step as containerd
-    from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
+    from gpunode.containerd.discover import CONTAINERD_UNIT
+    from gpunode.systemd_unit import unit_inputs
 
     the_plan = ctx.found["containerd"]
     return [the_plan.active.path, the_plan.target, containerd.DROPIN, containerd.LEDGER,
-            containerd.JOURNAL, containerd.IMPORT_FILE, "/etc/systemd/system/containerd.service.d",
-            "/etc/containerd/conf.d", ctx.config.containerd.runtime_path,
-            *(f"{d}/containerd.service" for d in SYSTEM_UNIT_PATHS)]
+            containerd.JOURNAL, containerd.IMPORT_FILE,
+            containerd.IMPORT_FILE.rpartition("/")[0] + "/", ctx.config.containerd.runtime_path,
+            *unit_inputs(ctx.host, CONTAINERD_UNIT)]
 
 
 # -- registration: the kubelet registers with the GPU taint and label ----------------------------
@@ -281,8 +297,10 @@ def _registration_apply(ctx: Context, fields: dict[str, Any]) -> bool:
 
 def _registration_inputs(ctx: Context) -> list[str]:
     from gpunode.kube import registration
+    from gpunode.systemd_unit import unit_inputs
 
-    return [registration.KUBELET_DROPIN, registration.KUBELET_CLIENT_CERT]
+    return [registration.KUBELET_DROPIN, registration.KUBELET_CLIENT_CERT,
+            *unit_inputs(ctx.host, registration.KUBELET_UNIT)]
 
 
 # Boot walks them in this order. Each step after detect is attempted even when an earlier one
@@ -291,7 +309,7 @@ def _registration_inputs(ctx: Context) -> list[str]:
 STEPS: tuple[Step, ...] = (
     Step("preflight", _preflight_plan, _preflight_apply, _preflight_inputs, gate=True,
          quiet=True),
-    Step("detect", _detect_plan, _detect_apply, lambda ctx: [SYSFS_PCI_DEVICES], gate=True,
+    Step("detect", _detect_plan, _detect_apply, lambda ctx: [f"{SYSFS_PCI_DEVICES}/"], gate=True,
          observes=True),
     Step("driver", _driver_plan, _driver_apply, _driver_inputs, applies=_has_gpus),
     Step("containerd", _containerd_plan, _containerd_apply, _containerd_inputs,

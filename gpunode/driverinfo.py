@@ -95,8 +95,11 @@ def nvidia_major(majors: dict[str, int]) -> int | None:
 
 def read_gpu_infos(host: Host) -> dict[str, GpuInfo]:
     """address → info for every GPU the driver has bound."""
-    infos: dict[str, GpuInfo] = {}
-    for address in host.list_dir(f"{PROC_NVIDIA}/gpus"):
-        text = host.read_optional(f"{PROC_NVIDIA}/gpus/{address}/information")
-        infos[address.lower()] = parse_information(address.lower(), text)
-    return infos
+    return {address.lower(): parse_information(address.lower(), host.read_optional(path))
+            for address, path in gpu_information_files(host).items()}
+
+
+def gpu_information_files(host: Host) -> dict[str, str]:
+    """address (as the driver names its directory) → its information file."""
+    return {address: f"{PROC_NVIDIA}/gpus/{address}/information"
+            for address in host.list_dir(f"{PROC_NVIDIA}/gpus")}

@@ -30,12 +30,13 @@ from typing import Any
 from gpunode import records, safeio
 
 STAMP = "/run/gpunode/inputs.json"
-STAMP_VERSION = 1
+STAMP_VERSION = 2
 _CONTENT_PREFIXES = ("/proc/",)
+# Its lines carry use counts that change whenever a process opens a GPU; which modules are
+# loaded is what a boot depends on.
+_NAMES_ONLY = ("/proc/modules",)
 _STAMP_LIMIT = 1 << 20  # a stamp is a few KiB
 _CONTENT_LIMIT = 1 << 20  # the /proc files signed are a few lines
-_LISTED = ("/sys/bus/pci/devices", "/proc/driver/nvidia/gpus",
-           "/etc/systemd/system/containerd.service.d", "/etc/containerd/conf.d")
 
 
 class _Unreadable(Exception):
@@ -43,25 +44,35 @@ class _Unreadable(Exception):
 
 
 def signature(root: str, path: str) -> Any:
-    """What must stay equal for `path` (a host path): listing, content, or stat fields.
+    """What must stay equal for `path` (a host path, as the steps declare it in gpunode.boot):
+    a directory named with a trailing "/" by its listing, a /proc file by its content
+    (/proc/modules by the module names), anything else by its stat fields.
 
     Paths resolve inside the root (gpunode.safeio.resolve), never on the machine gpunode runs
     on. A symlink is signed by its own lstat and target text *and* by what it points at, so an
-    edit of the target (e.g. /etc/containerd/config.toml → a file elsewhere) is a change.
+    edit of the target (e.g. /etc/containerd/config.toml → a file elsewhere) is a change, and
+    a link to nothing (a mask to /dev/null in a tree without it) is not the same as no link.
     """
     try:
-        if path in _LISTED:
-            return sorted(os.listdir(safeio.resolve(root, path)))
+        if path.endswith("/"):
+            return sorted(os.listdir(safeio.resolve(root, path.rstrip("/"))))
         if path.startswith(_CONTENT_PREFIXES):
-            return safeio.read(safeio.resolve(root, path), _CONTENT_LIMIT).decode(
+            text = safeio.read(safeio.resolve(root, path), _CONTENT_LIMIT).decode(
                 "utf-8", errors="replace")
+            if path in _NAMES_ONLY:
+                return sorted(line.split(" ", 1)[0] for line in text.splitlines() if line)
+            return text
         entry = safeio.resolve(root, path, follow=False)
         st = os.lstat(entry)
         fields = [st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_rdev]
         if stat.S_ISLNK(st.st_mode):
-            target = os.stat(safeio.resolve(root, path))
-            fields += [os.readlink(entry), target.st_mode, target.st_ino, target.st_size,
-                       target.st_mtime_ns, target.st_rdev]
+            fields.append(os.readlink(entry))
+            try:
+                target = os.stat(safeio.resolve(root, path))
+            except (FileNotFoundError, NotADirectoryError):
+                return [*fields, None]
+            fields += [target.st_mode, target.st_ino, target.st_size, target.st_mtime_ns,
+                       target.st_rdev]
         return fields
     except (FileNotFoundError, NotADirectoryError):
         return None

@@ -99,7 +99,7 @@ def test_stamp_lists_the_inputs_the_boot_read(node: Host, monkeypatch: pytest.Mo
     boot(monkeypatch, capsys, node)
     inputs = json.loads((node.root / "run/gpunode/inputs.json").read_text())["inputs"]
     assert {"/etc/containerd/config.toml", "/proc/driver/nvidia/version", "/dev/nvidia0",
-            "/dev/nvidia-uvm", "/sys/bus/pci/devices", "/etc/gpunode/config.toml"} <= set(inputs)
+            "/dev/nvidia-uvm", "/sys/bus/pci/devices/", "/etc/gpunode/config.toml"} <= set(inputs)
     assert not any(p.startswith(str(node.root)) for p in inputs)  # host paths only
 
 
