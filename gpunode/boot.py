@@ -284,8 +284,7 @@ def _registration_apply(ctx: Context, fields: dict[str, Any]) -> bool:
     fields.update(reason=why)
     if text is None:
         return False
-    ctx.host.make_dirs(registration.KUBELET_DROPIN.rpartition("/")[0])
-    ctx.host.write_atomic(registration.KUBELET_DROPIN, text.encode())
+    ctx.host.write_atomic(registration.KUBELET_DROPIN, text.encode(), make_parents=True)
     systemd = ctx.adapters.systemd
     if systemd.available:
         systemd.daemon_reload()
@@ -375,8 +374,7 @@ def _write_stamp(host: Host, run: BootRun, config: AgentConfig) -> None:
     if config.source not in ("defaults", host.display(DEFAULT_CONFIG_PATH)):
         return  # --config elsewhere: the fast path does not apply
     stamp = fastpath.compute(str(host.root), run.watched, __version__, None)
-    host.make_dirs(fastpath.STAMP.rpartition("/")[0])
-    host.write_atomic(fastpath.STAMP, (json.dumps(stamp) + "\n").encode())
+    host.write_atomic(fastpath.STAMP, (json.dumps(stamp) + "\n").encode(), make_parents=True)
 
 
 @contextmanager
@@ -404,8 +402,8 @@ def _recorded(run: BootRun, step: Step) -> Iterator[dict[str, Any]]:
 def write_record(host: Host, run: BootRun) -> None:
     record = {"schema_version": SCHEMA_VERSION, "started_at": run.started_at,
               "finished_at": _now(), "outcome": run.outcome, "steps": run.steps}
-    host.make_dirs(STATE_PATH.rpartition("/")[0])
-    host.write_atomic(STATE_PATH, (json.dumps(record, indent=2) + "\n").encode())
+    host.write_atomic(STATE_PATH, (json.dumps(record, indent=2) + "\n").encode(),
+                      make_parents=True)
 
 
 def _now() -> str:

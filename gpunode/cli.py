@@ -178,7 +178,7 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
             _print_json(label.document(want, outcome, args.dry_run))
         else:
             print(render.label(want, outcome))
-    label.require_decided(want)  # exit 1 after the honest labels were printed or set
+    label.require_decided(want, labelled=outcome is not None)  # exit 1, after the labels
     return EXIT_OK
 
 

@@ -117,7 +117,10 @@ def _one_of(*allowed: str) -> Callable[[Any], str | None]:
     return check
 
 
+# The NVIDIA modules in the order they load (driver/modules.py loads them so); the last two
+# only when driver.extra_modules names them.
 DRIVER_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+EXTRA_MODULES = ("nvidia_drm", "nvidia_peermem")
 
 
 def _node_labels(value: dict[str, str]) -> str | None:
@@ -187,8 +190,8 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("driver", "sysext"): lambda v: None if re.fullmatch(r"nvidia-drivers-\d+(-open)?", v)
     else "must name a Flatcar driver sysext like nvidia-drivers-570 or nvidia-drivers-570-open",
     ("driver", "prebuilt_dirs"): lambda v: next(filter(None, map(_absolute_path, v)), None),
-    ("driver", "extra_modules"): lambda v: None if set(v) <= {"nvidia_drm", "nvidia_peermem"}
-    else "may only name nvidia_drm and nvidia_peermem",
+    ("driver", "extra_modules"): lambda v: None if set(v) <= set(EXTRA_MODULES)
+    else f"may only name {' and '.join(EXTRA_MODULES)}",
     ("driver", "module_params"): lambda v: None if set(v) <= set(DRIVER_MODULES)
     else f"may only name the modules {', '.join(DRIVER_MODULES)}",
     ("driver.build", "dev_container_sha512"): lambda v: _hex_digest(v, 128),

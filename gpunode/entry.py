@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a command killed by SIGPIPE (128 + 13)
 
 
 def main() -> int:
@@ -16,7 +19,15 @@ def main() -> int:
             return 0
     from gpunode.cli import main as cli_main
 
-    return cli_main()
+    try:
+        code = cli_main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`gpunode status --json | head -1`): what it wanted it has;
+        # no traceback, and nothing more written to a closed pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
 
 
 if __name__ == "__main__":

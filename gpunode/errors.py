@@ -1,4 +1,6 @@
-"""Every exception gpunode raises on purpose, in one module that imports nothing of gpunode's.
+"""Every error gpunode reports, in one module that imports nothing of gpunode's. (A few
+modules keep a private ValueError of their own that never leaves them: safeio.Refused,
+schema.SchemaError; their callers turn it into one of these.)
 
 Each carries what failed, where, and what to do (`hint`), and a stable kebab-case `code` that
 operators, the boot record, `status --json` and `--log-format json` events carry: match the

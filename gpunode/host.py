@@ -38,6 +38,7 @@ _MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
 _KERNEL_PREFIXES = ("/proc/", "/sys/")
 ATTRIBUTE_LIMIT = 1 << 16  # a sysfs attribute is at most a page; 64 KiB leaves room
 CHUNK = 1 << 20  # streamed reads and writes (downloads, images, digests of modules)
+TEMP_SUFFIX = ".gpunode-tmp"  # of every temporary gpunode makes (nodelock.sweep removes them)
 _GLOB_MAGIC = "*?[\\"
 _LOCK_POLL_SECONDS = 0.05
 _LOCK_NOTE_LIMIT = 256
@@ -725,7 +726,7 @@ def _make_unique(beside: Path, make: Callable[[str], None]) -> str:
     """Create an entry with make(name) under a fresh ".<name>.<random>.gpunode-tmp" next to
     `beside` (the way mkstemp picks names), and return that name."""
     for _ in range(100):
-        temp = str(beside.with_name(f".{beside.name}.{os.urandom(6).hex()}.gpunode-tmp"))
+        temp = str(beside.with_name(f".{beside.name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"))
         try:
             make(temp)
         except FileExistsError:

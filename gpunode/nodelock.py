@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 from gpunode import log
 from gpunode.errors import GpunodeError, HostError, LockBusy, LockTimeout
-from gpunode.host import Host
+from gpunode.host import TEMP_SUFFIX, Host
 from gpunode.integers import parse_uint
 
 LOCK_PATH = "/run/gpunode/lock"
@@ -96,7 +96,7 @@ def sweep_stale_temps(host: Host) -> list[str]:
     symlink (a temp that is itself a link is unlinked)."""
     removed = []
     for directory, names in (*WRITTEN, *_config_dirs(host)):
-        temp = re.compile(rf"\.(?:{names})\.[A-Za-z0-9_]+\.gpunode-tmp")
+        temp = re.compile(rf"\.(?:{names})\.[A-Za-z0-9_]+{re.escape(TEMP_SUFFIX)}")
         try:
             st = host.lstat(directory)
             entries = host.list_dir(directory) if st and stat.S_ISDIR(st.st_mode) else []

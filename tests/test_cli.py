@@ -251,8 +251,8 @@ def test_label_dry_run_on_an_undecided_node_shows_gpuready_false_and_exits_1(
         "0001:00:00.0: 'vendor' is 'zz', expected 0x and 4 hex digits; cannot tell whether it "
         "is NVIDIA"]
     errors = [e for e in map(json.loads, err.splitlines()) if e["level"] == "error"]
-    assert len(errors) == 1 and errors[0]["error"].startswith("labelled GPUReady=False: cannot "
-                                                              "tell whether 0001:00:00.0")
+    assert len(errors) == 1 and errors[0]["error"].startswith(
+        "would label GPUReady=False: cannot tell whether 0001:00:00.0")
 
 
 def test_detect_lists_what_it_read_and_names_a_gpu_it_cannot_identify(

@@ -51,7 +51,6 @@ from gpunode.host import Host
 
 JOURNAL = "/var/lib/gpunode.containerd-journal"
 SCHEMA = 1
-TEMP_SUFFIX = ".gpunode-tmp"
 
 Attrs = tuple[int, int, int]  # mode, uid, gid
 

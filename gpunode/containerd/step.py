@@ -41,10 +41,6 @@ from gpunode.errors import ContainerdStepError, GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
 
-__all__ = ["BACKUP_SUFFIX", "DROPIN", "IMPORT_FILE", "JOURNAL", "LEDGER", "READ_ONLY_PREFIXES",
-           "WRITABLE_CONFIG", "ContainerdStepError", "PendingRollback", "apply", "configure",
-           "plan", "preview", "recover"]
-
 
 @dataclass(frozen=True)
 class Plan:

@@ -55,9 +55,6 @@ def set_path(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
         parents[depth - 1].pop(path[depth - 1], None)
 
 
-def delete_path(doc: dict[str, Any], path: tuple[str, ...]) -> None:
-    set_path(doc, path, None)
-
 
 def table_block(path: tuple[str, ...], table: Mapping[str, Any], comment: str) -> str:
     """`table` as [header] sections: scalars first, then each sub-table under its own header."""

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpunode import command
-from gpunode.errors import HostError, LoadError
+from gpunode.config import DRIVER_MODULES, EXTRA_MODULES
+from gpunode.errors import CommandFailed, HostError, LoadError
 from gpunode.host import Host
 
-BASE_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset")
-ORDER = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem")
+ORDER = DRIVER_MODULES
+BASE_MODULES = tuple(m for m in ORDER if m not in EXTRA_MODULES)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class KmodTools:
 
     def run(self, argv: tuple[str, ...]) -> None:
         if not self.may_load:
-            raise command.CommandFailed(argv, None, "modules are not loaded under --root: the "
+            raise CommandFailed(argv, None, "modules are not loaded under --root: the "
                                         "tree's kernel is not the one this machine runs")
         command.run(list(argv), self.timeout)
 
@@ -121,7 +122,7 @@ def execute(host: Host, plan: LoadPlan, kmod: Kmod) -> list[str]:
             argv = (argv[0], str(host.path(argv[1])), *argv[2:])
         try:
             kmod.run(argv)
-        except command.CommandFailed as exc:
+        except CommandFailed as exc:
             raise LoadError(step.module, exc.stderr.strip() or str(exc),
                             nvrm_lines(host)) from exc
         done.append(step.module)

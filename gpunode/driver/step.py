@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from gpunode import command, driverinfo, flatcar, kernelinfo, log
 from gpunode.config import DriverConfig
-from gpunode.detect import Detection, PciFunction
-from gpunode.detect import loaded_modules as detect_loaded_modules
+from gpunode.detect import Detection, PciFunction, loaded_modules
 from gpunode.driver import devices, flavour, modules, nouveau, strategy
-from gpunode.errors import DriverError
+from gpunode.errors import CommandFailed, DriverError
 from gpunode.host import Host
 
 if TYPE_CHECKING:
@@ -69,10 +68,6 @@ class Outcome:
 
 
 # -- observation ---------------------------------------------------------------------------------
-
-
-def loaded_modules(host: Host) -> set[str]:
-    return detect_loaded_modules(host)
 
 
 def merged_sysexts(host: Host) -> tuple[str, ...]:
@@ -164,7 +159,7 @@ def directory_load(host: Host, directory: str, wanted: tuple[str, ...], config: 
     _require(files, wanted, directory)
     try:
         depends = {m: kmod.depends(str(host.path(files[m]))) for m in wanted}
-    except command.CommandFailed as exc:
+    except CommandFailed as exc:
         raise DriverError(f"cannot read the module information in {directory}: {exc}",
                           "are these kernel modules for this kernel?") from exc
     return modules.directory_plan(list(wanted), files, depends, config.module_params,
@@ -290,7 +285,7 @@ def _nvidia_smi(host: Host) -> list[str]:
         return []
     try:
         out = command.run([binary, "-L"], 30)
-    except command.CommandFailed as exc:
+    except CommandFailed as exc:
         return [f"{binary} -L failed: {exc}"]
     log.get().info("driver.nvidia_smi", gpus=out.strip().splitlines())
     return []

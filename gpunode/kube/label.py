@@ -91,11 +91,12 @@ def apply(host: Host, config: AgentConfig, want: Desired, api: NodeApi | None = 
     return Outcome(want.node, patch is not None, status_patch is not None, tuple(api.calls))
 
 
-def require_decided(want: Desired) -> None:
-    """The refusal boot and `driver load` give when the node's GPUs cannot be identified
-    (exit 1), raised after the honest labels were printed or set."""
+def require_decided(want: Desired, labelled: bool) -> None:
+    """`label`'s refusal when the node's GPUs cannot be identified (exit 1, as boot and `driver
+    load` refuse them), raised after the honest labels were set (or, with --dry-run, printed)."""
     if want.undecided is not None:
-        raise UndecidedError(f"labelled GPUReady=False: {want.undecided}")
+        done = "labelled" if labelled else "would label"
+        raise UndecidedError(f"{done} GPUReady=False: {want.undecided}")
 
 
 def document(want: Desired, outcome: Outcome | None, dry_run: bool) -> dict[str, Any]:
