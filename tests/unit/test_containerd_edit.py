@@ -201,7 +201,7 @@ V2_RUNC = ('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtime
 
 def test_a_byte_order_mark_is_kept_for_1x_and_refused_for_2x() -> None:
     """containerd 1.x skips a UTF-8 BOM; 2.x refuses the file ('invalid character at start of
-    key'), checked in tests/test_containerd_real.py."""
+    key'), checked in tests/integration/test_containerd_real.py."""
     result = configure("\ufeff" + V2_RUNC, RuntimeSpec(), "f", daemon=(1, 7))
     assert result.text.startswith("\ufeffversion = 2\n")
     with pytest.raises(EditError, match=r"byte order mark, which containerd 2\.1 refuses"):

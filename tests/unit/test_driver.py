@@ -1,7 +1,8 @@
 """The driver step on fixture hosts: flavour, strategy, load order and parameters, device
 nodes and verification. Loading a module is impossible here: `FakeKernel` stands in for the
 kmod tools and, when nvidia is loaded, makes /proc look as the kernel would (the fixture's
-own `load_driver`). tests/test_kmod_tree.py runs the real kmod tools on a real module tree."""
+own `load_driver`). tests/integration/test_kmod_tree.py runs the real kmod tools on a real
+module tree."""
 
 from __future__ import annotations
 

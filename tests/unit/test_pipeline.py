@@ -4,7 +4,7 @@ and the no-op stamp signs exactly the inputs the steps that ran declared.
 
 Both walk gpunode.boot.STEPS with the same fake adapters: no service manager (or one that says
 Flatcar's nvidia.service is enabled), and a fake kernel whose `modprobe nvidia` makes the
-fixture's /proc show a loaded driver, as tests/test_driver.py's does.
+fixture's /proc show a loaded driver, as tests/unit/test_driver.py's does.
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def test_flatcar_read_only_config_gets_the_writable_copy_hint(make_host: HostFac
 def test_under_a_root_a_changed_config_is_not_called_a_pending_restart(
     make_host: HostFactory,
 ) -> None:
-    """Only systemd can say when containerd started (tests/test_status_restart.py)."""
+    """Only systemd can say when containerd started (tests/unit/test_status_restart.py)."""
     host = make_host("nc4as-t4-v3", "ready")
     (host.root / "etc/containerd/config.toml").touch()  # now: long after the fixture's boot
     c = check(report_for(host), "containerd_running")
