@@ -13,10 +13,10 @@ gpunode.records (json, math, time) only.
 That is why it is the one module that reads the host without gpunode.host.Host: importing Host
 (dataclasses, pathlib, fcntl) doubles the start of a no-op boot, ~20 ms to ~40 ms measured with
 `python -X importtime -c "import gpunode.fastpath, gpunode.host"` on the test machine (and
-tests/test_fastpath.py asserts a no-op boot imports no dataclasses). The boundary holds all
-the same: every path is mapped by safeio.resolve, which resolves symlinks inside the root
-exactly as Host does (tests/test_host.py checks that they agree), and only stat, lstat,
-readlink, listdir and safeio.read are done on what it returns.
+tests/integration/test_cli_process.py asserts a no-op boot imports no dataclasses). The
+boundary holds all the same: every path is mapped by safeio.resolve, which resolves symlinks
+inside the root exactly as Host does (tests/unit/test_host.py checks that they agree), and only
+stat, lstat, readlink, listdir and safeio.read are done on what it returns.
 """
 
 from __future__ import annotations

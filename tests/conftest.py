@@ -1,10 +1,23 @@
-"""Shared test fixtures: fixture hosts, the in-process command line, the test API server.
+"""Shared test fixtures: fixture hosts, the in-process command line, the test API server, and
+the rule that the folder says what kind a test is.
 
-Unit tests run against fixture host trees only. The boundary guard (gpunode_testing.boundary,
-loaded for every session by pyproject's addopts) fails a test that starts a process, asks
-D-Bus, opens a connection or touches a path outside its tmp_path unless its markers allow it:
-@pytest.mark.integration (processes, sockets, the test cache) and
+- tests/unit/: fixture host trees and in-process code only. No test here may be marked
+  integration; collection fails if one is.
+- tests/integration/: real components (processes, containerd, systemd in a namespace, kmod
+  tools, ignition-validate, shellcheck, the TLS API server, the live machine). Every test
+  collected here is marked integration by the hook below; the files do not say it themselves.
+- tests/hostile/: one case per bad input, mostly in-process; a case that needs a real process
+  or socket carries @pytest.mark.integration itself (mixed markers are allowed there).
+- tests/real/ (real-component helpers), tests/helpers/ (helpers shared by unit and
+  integration tests), tests/data/ (fixture files): no tests.
+
+The boundary guard (gpunode_testing.boundary, loaded for every session by pyproject's addopts)
+fails a test that starts a process, asks D-Bus, opens a connection or touches a path outside
+its tmp_path unless its markers allow it: integration (processes, sockets, the test cache) and
 @pytest.mark.allow_paths(...) (named parts of the real machine).
+
+pyproject's `pythonpath = ["tests"]` makes `from conftest import ...`, `from hostile.support
+import ...`, `from helpers... import ...` and `from real... import ...` work from every folder.
 """
 
 from __future__ import annotations
@@ -21,6 +34,28 @@ from hostile.support import Cli, make_cli
 
 HostFactory = Callable[..., Host]
 
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent  # the checkout: pyproject.toml, gpunode/, docs/, units/, deploy/
+TEST_DATA = TESTS / "data"
+UNIT, INTEGRATION = TESTS / "unit", TESTS / "integration"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by the markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test under tests/integration integration; refuse one marked so in tests/unit."""
+    misplaced = []
+    for item in items:
+        path = Path(item.path).resolve()
+        if path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
+        elif path.is_relative_to(UNIT) and item.get_closest_marker("integration") is not None:
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError(
+            "tests/unit holds only unit tests, but these are marked integration: "
+            + ", ".join(misplaced) + "; move them to tests/integration (which marks every "
+            "test it holds) or drop the marker")
+
 
 @pytest.fixture
 def make_host(tmp_path: Path) -> HostFactory:
@@ -34,6 +69,28 @@ def make_host(tmp_path: Path) -> HostFactory:
         return Host(root)
 
     return make
+
+
+def with_runtime_binary(host: Host) -> Host:
+    """The host with the NVIDIA container runtime installed (an executable stand-in)."""
+    path = host.root / "usr/bin/nvidia-container-runtime"
+    path.write_text("#!/bin/sh\n")
+    path.chmod(0o755)
+    return host
+
+
+@pytest.fixture
+def flatcar(make_host: HostFactory) -> Host:
+    """A Flatcar node whose driver is up and whose containerd config is the read-only default."""
+    return with_runtime_binary(make_host("nc4as-t4-v3", "driver"))
+
+
+def in_place_host(make_host: HostFactory, text: str) -> tuple[Host, Path]:
+    """A ready node whose /etc/containerd/config.toml is `text` (edited in place)."""
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    target = host.root / "etc/containerd/config.toml"
+    target.write_text(text)
+    return host, target
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ def runtime_binary(runtime: Mapping[str, Any]) -> str | None:
 
 
 # -- what each containerd version does (checked against real binaries in
-# tests/test_containerd_real.py; the defaults are tests/data/containerd/defaults/) -----------------
+# tests/integration/test_containerd_real.py; the defaults are tests/data/containerd/defaults/) ----
 
 Daemon = tuple[int, int]  # (major, minor) of the containerd binary; None where unknown
 
@@ -348,9 +348,9 @@ def effective(layers: list[Layer], daemon: Daemon) -> View:
 # there stays as it is), and its CRI gRPC service needs both the runtime and the images plugin,
 # so disabling any of the three leaves it out ("failed to load plugin ... no plugins registered
 # for io.containerd.cri.v1.runtime" in 2.1's daemon log, run with each of them). Checked against
-# containerd 1.6, 1.7 and 2.1 in tests/test_containerd_real.py: 1.x's `config dump` omits a
-# plugin it disables; 2.x's shows the migrated list. A version 2 or 3 file must name plugins by
-# URI: a short name ("cri") makes every version refuse the file.
+# containerd 1.6, 1.7 and 2.1 in tests/integration/test_containerd_real.py: 1.x's `config dump`
+# omits a plugin it disables; 2.x's shows the migrated list. A version 2 or 3 file must name
+# plugins by URI: a short name ("cri") makes every version refuse the file.
 _CRI_2X = frozenset({"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
                      "io.containerd.cri.v1.images"})
 DISABLES_CRI: dict[tuple[str, int], frozenset[str]] = {

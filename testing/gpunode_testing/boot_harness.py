@@ -1,5 +1,6 @@
 """A fixture GPU node booted in a real systemd, in Flatcar's shape: the end-to-end boot test
-(tests/test_boot_systemd.py) and the boot-path benchmark (benchmarks/boot_path.py) share it.
+(tests/integration/test_boot_systemd.py) and the boot-path benchmark (benchmarks/boot_path.py)
+share it.
 
 The fixture's PCI functions and driver files are bind-mounted over the real ones, gpunode from
 this virtualenv goes on /usr/bin, and containerd.service reads Flatcar's config on /usr, so

@@ -13,6 +13,10 @@ the issue's contract says every refusal looks like:
 
 Cases that are not refusals (a command that must now *succeed* on an odd input) use `cli()`
 directly and assert what the user sees.
+
+tests/hostile/ mixes markers: most cases are in-process unit cases, and the few that need a
+real process or socket carry @pytest.mark.integration themselves (tests/conftest.py's
+collection rule marks only tests/integration/ and polices only tests/unit/).
 """
 
 from __future__ import annotations

@@ -1,0 +1,132 @@
+"""The whole node boot in a real systemd (PID+mount namespace): gpunode.service from units/,
+a real containerd.service in Flatcar's shape, a stand-in kubelet, and a fixture GPU node
+bind-mounted over /sys/bus/pci/devices and /proc (the driver's files), so gpunode runs as on a
+node, with root /. Everything is asserted from systemd's own records and the journal."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpunode_testing import fixtures
+from gpunode_testing.boot_harness import (
+    CONTAINERD_UNIT,
+    KUBELET_UNIT,
+    UNITS,
+    WORK_PARENT,
+    node_prepare,
+)
+from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
+
+pytestmark = pytest.mark.allow_paths(*MACHINE_PATHS)
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    path = WORK_PARENT / f"boot-{secrets.token_hex(4)}"
+    path.mkdir(parents=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def boot_node(workdir: Path, machine: str, state: str) -> SystemdNamespace:
+    fixture = workdir / "fixture"
+    fixtures.build(fixtures.MACHINES[machine], fixture,
+                   fixtures.Options(state=state, flat_sysfs=True, dev_nodes="plain"))
+    units = {"gpunode.service": (UNITS / "gpunode.service").read_text(),
+             "containerd.service": CONTAINERD_UNIT, "kubelet.service": KUBELET_UNIT}
+    return SystemdNamespace(units, workdir, overlays=("usr", "var/lib"),
+                            enable=("gpunode.service", "containerd.service", "kubelet.service"),
+                            prepare=node_prepare(fixture))
+
+
+def props(ns: SystemdNamespace, unit: str, *names: str) -> dict[str, str]:
+    return ns.unit_properties(unit, *names)
+
+
+def gpunode_json(ns: SystemdNamespace, *args: str) -> dict[str, object]:
+    done = ns.run(["/usr/bin/gpunode", "--log-format", "json", *args], check=False)
+    return dict(json.loads(done.stdout))
+
+
+def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runtime(
+    workdir: Path,
+) -> None:
+    with boot_node(workdir, "nc4as-t4-v3", "driver") as ns:
+        ns.wait_active("kubelet.service")
+        ns.wait_active("containerd.service")
+        gpunode = props(ns, "gpunode.service", "Result", "ExecMainStatus",
+                        "InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic")
+        containerd = props(ns, "containerd.service", "NRestarts", "InvocationID", "MainPID",
+                           "ExecMainStartTimestampMonotonic")
+        assert (gpunode["Result"], gpunode["ExecMainStatus"]) == ("success", "0")
+        assert int(gpunode["ActiveEnterTimestampMonotonic"]) <= \
+            int(containerd["ExecMainStartTimestampMonotonic"])
+        started = [e for e in ns.journal("containerd.service")
+                   if str(e.get("MESSAGE", "")).startswith("Started ")]
+        assert len(started) == 1 and containerd["NRestarts"] == "0"  # started exactly once
+        assert ns.main_argv("containerd.service")[1:3] == ["--config",
+                                                           "/etc/containerd/config.toml"]
+        dump = ns.run(["containerd", "--config", "/etc/containerd/config.toml", "config",
+                       "dump"]).stdout
+        assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump
+
+        status = gpunode_json(ns, "status", "--json")
+        checks = {c["name"]: c["state"] for c in status["checks"]}  # type: ignore[attr-defined]
+        assert {k: checks[k] for k in ("gpus", "driver", "device_nodes", "containerd_runtime",
+                                       "containerd_running", "last_boot")} == {
+            "gpus": "ok", "driver": "ok", "device_nodes": "ok", "containerd_runtime": "ok",
+            "containerd_running": "ok", "last_boot": "ok"}
+
+        # The journal has gpunode's JSON events, one per step, with durations.
+        events = [json.loads(e["MESSAGE"]) for e in ns.journal("gpunode.service")
+                  if str(e.get("MESSAGE", "")).startswith("{")]
+        steps = {e["step"]: e for e in events if e["event"] == "step.done"}
+        assert set(steps) == {"detect", "driver", "containerd"}
+        assert all(isinstance(e["duration_ms"], float) for e in steps.values())
+
+        # A second boot of gpunode changes nothing and restarts nothing.
+        ns.systemctl("restart", "gpunode.service")
+        again = props(ns, "containerd.service", "InvocationID", "NRestarts")
+        assert (again["InvocationID"], again["NRestarts"]) == (containerd["InvocationID"], "0")
+        last = [json.loads(e["MESSAGE"]) for e in ns.journal("gpunode.service")
+                if str(e.get("MESSAGE", "")).startswith("{")][-1]
+        assert last["event"] == "boot.unchanged"
+
+        # Every unit of units/ passes systemd-analyze verify, with /usr/bin/gpunode in place.
+        for unit in sorted(UNITS.glob("*.service")):
+            ns.run(["cp", str(unit), f"/run/verify-{unit.name}"])
+        verify = ns.run(["systemd-analyze", "verify",
+                         *(f"/run/verify-{u.name}" for u in sorted(UNITS.glob("*.service")))],
+                        check=False)
+        assert verify.returncode == 0, verify.stderr
+
+
+def test_cpu_node_boot_is_a_no_op(workdir: Path) -> None:
+    with boot_node(workdir, "azure-d4s-v5", "bare") as ns:
+        ns.wait_active("containerd.service")
+        assert props(ns, "gpunode.service", "Result")["Result"] == "success"
+        record = json.loads(ns.run(["cat", "/run/gpunode/state.json"]).stdout)
+        assert record["outcome"] == "no-gpu"
+        assert ns.run(["test", "-e", "/etc/containerd/config.toml"], check=False).returncode == 1
+        assert ns.main_argv("containerd.service")[1:3] == [
+            "--config", "/usr/share/containerd/config.toml"]
+
+
+def test_failing_gpunode_does_not_keep_containerd_or_kubelet_down(workdir: Path) -> None:
+    # A T4 whose driver is not loaded and nothing can load it: the driver step fails.
+    with boot_node(workdir, "nc4as-t4-v3", "bare") as ns:
+        ns.wait_active("containerd.service")
+        ns.wait_active("kubelet.service")
+        assert props(ns, "gpunode.service", "Result")["Result"] == "exit-code"
+        status = gpunode_json(ns, "status", "--json")
+        checks = {c["name"]: c for c in status["checks"]}  # type: ignore[attr-defined]
+        assert checks["driver"]["state"] == "fail"
+        assert checks["last_boot"]["state"] == "warn"
+        assert "driver: nothing can provide the NVIDIA modules" in checks["last_boot"]["detail"]
+        # the runtime step still ran: containerd came up with the nvidia runtime
+        assert checks["containerd_runtime"]["state"] == "ok"

@@ -1,0 +1,53 @@
+"""The command line as a process: the installed console script as systemd runs it, and what
+a second, no-change run imports (`python -X importtime` lists every module a process imported).
+In-process: tests/unit/test_cli.py, test_cli_pipeline.py and test_fastpath.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import HostFactory
+from gpunode.host import Host
+
+
+def imports_of_a_second_run(*argv: str) -> tuple[set[str], str]:
+    """`python -X importtime -m gpunode ARGV`, run twice (the first makes any change): the
+    modules the second run imported, and its stderr."""
+    command = [sys.executable, "-X", "importtime", "-m", "gpunode", *argv]
+    subprocess.run(command, capture_output=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    return imported, done.stderr
+
+
+def test_installed_command_runs_as_a_process(make_host: HostFactory) -> None:
+    """The console script as systemd would run it: JSON logs on stderr (not a TTY)."""
+    host = make_host("nc4as-t4-v3", "ready")
+    gpunode = Path(sys.executable).with_name("gpunode")
+    done = subprocess.run([str(gpunode), "--root", str(host.root), "status"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "READY" in done.stdout.splitlines()[0]
+    assert json.loads(done.stderr.splitlines()[0])["event"] == "step.done"
+    version = subprocess.run([str(gpunode), "--version"], capture_output=True, text=True,
+                             check=True)
+    assert version.stdout.strip().startswith("gpunode ")
+
+
+def test_no_change_configure_imports_neither_tomlkit_nor_pystemd(flatcar: Host) -> None:
+    """The no-change path decides from tomllib alone (the first run's change uses tomlkit)."""
+    imported, _ = imports_of_a_second_run("--root", str(flatcar.root), "containerd", "configure")
+    assert "gpunode.containerd.edit" in imported  # the measurement sees gpunode's own modules
+    assert not {m for m in imported if m.split(".")[0] in ("tomlkit", "pystemd")}
+
+
+def test_no_op_boot_imports_none_of_the_pipeline(make_host: HostFactory) -> None:
+    node = make_host("nc4as-t4-v3", "ready")
+    imported, stderr = imports_of_a_second_run("--root", str(node.root), "boot")
+    assert "gpunode.fastpath" in imported
+    assert not imported & {"gpunode.cli", "argparse", "dataclasses", "tomllib", "psutil"}
+    assert json.loads(stderr.splitlines()[-1])["event"] == "boot.unchanged"

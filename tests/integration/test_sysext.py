@@ -1,0 +1,348 @@
+"""The system extension packaging/build_sysext.py builds, built once per session: what the image
+holds, that the bundled gpunode runs with no virtualenv and no Python of the machine, and a
+Flatcar-style boot in a real systemd that merges the image and starts gpunode.service from it."""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import pkgutil
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import gpunode
+from conftest import REPO
+from gpunode_testing import fixtures
+from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
+
+# The systemd harness's own reads, and the machine's systemd-sysext.service (flatcar_boot).
+pytestmark = pytest.mark.allow_paths(
+    *MACHINE_PATHS, "/lib/systemd/system/systemd-sysext.service")
+
+UNITS = REPO / "units"
+BUILD_SCRIPT = REPO / "packaging" / "build_sysext.py"
+ENTRY = REPO / "packaging" / "gpunode_main.py"
+WORK_PARENT = Path("/var/cache/gpunode-tests")  # on disk, outside /tmp: visible in a namespace
+IMAGE_NAME = f"gpunode-{gpunode.__version__}-x86-64.raw"
+NO_VENV = {"PATH": "/usr/bin:/bin"}  # no virtualenv, no PYTHONPATH, no PYTHONHOME
+
+EXPECTED_PATHS = {
+    "usr/bin/gpunode",
+    "usr/lib/gpunode/gpunode",
+    "usr/lib/gpunode/_internal",
+    "usr/lib/systemd/system/gpunode.service",
+    "usr/lib/systemd/system/gpunode-label.service",
+    "usr/lib/systemd/system/multi-user.target.d/10-gpunode.conf",
+    "usr/lib/extension-release.d/extension-release.gpunode",
+}
+
+# Flatcar's ensure-sysext.service (it ships in /usr/lib/systemd/system there): after
+# systemd-sysext.service merged the images, reload the units and re-reach the targets.
+FLATCAR_ENSURE_SYSEXT = """\
+[Unit]
+BindsTo=systemd-sysext.service
+After=systemd-sysext.service
+DefaultDependencies=no
+ConditionDirectoryNotEmpty=|/etc/extensions
+ConditionDirectoryNotEmpty=|/run/extensions
+ConditionDirectoryNotEmpty=|/var/lib/extensions
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/systemctl daemon-reload
+ExecStart=/usr/bin/systemctl restart --no-block sockets.target timers.target multi-user.target
+[Install]
+WantedBy=sysinit.target
+"""
+
+
+def load_build_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("build_sysext", BUILD_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass(frozen=True)
+class Built:
+    dir: Path  # build output and scratch; outside /tmp so a namespace sees it
+    image: Path
+    tree: Path  # the image unpacked by unsquashfs -d
+    stdout: str
+
+
+@pytest.fixture(scope="session")
+def built() -> Iterator[Built]:
+    """One build of the default (ID=flatcar) image per session, unpacked."""
+    WORK_PARENT.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="sysext-", dir=WORK_PARENT))
+    try:
+        done = subprocess.run(
+            [sys.executable, str(BUILD_SCRIPT), "--out", str(base / "out"),
+             "--work", str(base / "work")],
+            capture_output=True, text=True, timeout=1200, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        image = base / "out" / IMAGE_NAME
+        tree = base / "tree"
+        subprocess.run(["unsquashfs", "-no-progress", "-d", str(tree), str(image)],
+                       capture_output=True, check=True)
+        yield Built(base, image, tree, done.stdout)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def image_paths(image: Path) -> set[str]:
+    listing = subprocess.run(["unsquashfs", "-l", str(image)], capture_output=True, text=True,
+                             check=True).stdout
+    return {line.removeprefix("squashfs-root/") for line in listing.splitlines()
+            if line.startswith("squashfs-root/")}
+
+
+def test_image_lists_the_bundle_the_units_the_drop_in_and_the_release_file(built: Built) -> None:
+    paths = image_paths(built.image)
+    assert paths >= EXPECTED_PATHS
+    assert {p for p in paths if p.startswith("usr/lib/gpunode/_internal/libpython3")}
+    # Nothing outside /usr (sysext merges /usr and /opt; /etc in an image is ignored) and no
+    # os-release of its own (systemd-sysext refuses such images).
+    assert all(p == "usr" or p.startswith("usr/") for p in paths)
+    assert "usr/lib/os-release" not in paths
+
+
+def test_bin_gpunode_is_a_relative_link_to_the_executable_bundle(built: Built) -> None:
+    link = built.tree / "usr/bin/gpunode"
+    assert link.is_symlink() and os.readlink(link) == "../lib/gpunode/gpunode"
+    assert os.access(built.tree / "usr/lib/gpunode/gpunode", os.X_OK)
+
+
+def test_everything_in_the_image_is_owned_by_root(built: Built) -> None:
+    listing = subprocess.run(["unsquashfs", "-lls", str(built.image)], capture_output=True,
+                             text=True, check=True).stdout
+    owners = {line.split()[1] for line in listing.splitlines() if "squashfs-root" in line}
+    assert owners == {"root/root"}
+
+
+def test_extension_release_matches_flatcar_at_sysext_level_1_0_on_x86_64(built: Built) -> None:
+    release = built.tree / "usr/lib/extension-release.d/extension-release.gpunode"
+    fields = dict(line.split("=", 1) for line in release.read_text().splitlines() if line)
+    assert fields["ID"] == "flatcar"
+    assert fields["SYSEXT_LEVEL"] == "1.0"
+    assert fields["ARCHITECTURE"] == "x86-64"
+    # Lets systemd accept the versioned file name, not only /etc/extensions/gpunode.raw.
+    assert os.getxattr(release, "user.extension-release.strict") == b"0"
+
+
+def test_release_text_for_any_os_names_id_any() -> None:
+    text = load_build_script().release_text("_any")
+    assert text.splitlines()[:3] == ["ID=_any", "SYSEXT_LEVEL=1.0", "ARCHITECTURE=x86-64"]
+
+
+def test_units_in_the_image_are_those_of_units_byte_for_byte(built: Built) -> None:
+    system = built.tree / "usr/lib/systemd/system"
+    for unit in ("gpunode.service", "gpunode-label.service"):
+        assert (system / unit).read_bytes() == (UNITS / unit).read_bytes(), unit
+
+
+def test_drop_in_makes_multi_user_target_want_both_units(built: Built) -> None:
+    parser = configparser.ConfigParser()
+    parser.read_string((built.tree / "usr/lib/systemd/system/multi-user.target.d/"
+                        "10-gpunode.conf").read_text())
+    assert parser.sections() == ["Unit"]
+    assert dict(parser["Unit"]) == {"wants": "gpunode.service gpunode-label.service"}
+
+
+def test_sha512_file_names_the_image_and_its_digest(built: Built) -> None:
+    digest = hashlib.sha512(built.image.read_bytes()).hexdigest()
+    sha_file = built.image.with_name(built.image.name + ".sha512")
+    assert sha_file.read_text() == f"{digest}  {built.image.name}\n"
+    assert digest in built.stdout
+
+
+def test_bundle_holds_every_gpunode_module_and_each_lazy_import(built: Built) -> None:
+    script = load_build_script()
+    bundled = script.bundled_modules(built.tree / "usr/lib/gpunode")
+    ours = {"gpunode"} | {m.name for m in pkgutil.walk_packages(gpunode.__path__, "gpunode.")}
+    assert ours - bundled == set()
+    assert set(script.LAZY_IMPORTS) - bundled == set()
+
+
+def test_bundle_holds_no_test_support(built: Built) -> None:
+    """Fixture hosts and harnesses (gpunode_testing) and the test tools never reach a node."""
+    bundled = load_build_script().bundled_modules(built.tree / "usr/lib/gpunode")
+    test_support = {m for m in bundled if m == "gpunode.fixtures"
+                    or m.split(".")[0] in ("gpunode_testing", "pytest", "_pytest")}
+    assert test_support == set()
+    named = [p for p in built.tree.rglob("*") if "fixtures" in p.name or "gpunode_testing" in
+             p.name]
+    assert named == []
+
+
+def test_gpunode_never_imports_the_test_support_package() -> None:
+    """No module of gpunode imports gpunode_testing, so the bundle cannot need it."""
+    importers = []
+    for path in sorted(Path(gpunode.__path__[0]).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(name.split(".")[0] == "gpunode_testing" for name in names):
+                importers.append(str(path.relative_to(REPO)))
+    assert importers == []
+
+
+def test_bundle_holds_gpunode_package_data_where_importlib_resources_finds_it(
+        built: Built) -> None:
+    """Every file pyproject.toml ships as package data is in the bundle, byte for byte."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]
+    shipped = {f"{package.replace('.', '/')}/{name}" for package, names in declared.items()
+               for name in names}
+    assert shipped == set(load_build_script().PACKAGE_DATA) == {"gpunode/driver/build.sh"}
+    internal = built.tree / "usr/lib/gpunode/_internal"
+    for data in shipped:
+        assert (internal / data).read_bytes() == (REPO / data).read_bytes()
+
+
+def test_bundled_gpunode_prints_its_version_without_a_virtualenv(built: Built) -> None:
+    for program in ("usr/lib/gpunode/gpunode", "usr/bin/gpunode"):
+        done = subprocess.run([str(built.tree / program), "--version"], env=NO_VENV,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert (done.returncode, done.stdout) == (0, f"gpunode {gpunode.__version__}\n"), \
+            done.stderr
+
+
+def test_bundled_gpunode_status_says_ready_on_a_ready_fixture_node(
+    built: Built, tmp_path: Path
+) -> None:
+    root = tmp_path / "node"
+    fixtures.build(fixtures.MACHINES["nc4as-t4-v3"], root, fixtures.Options(state="ready"))
+    done = subprocess.run([str(built.tree / "usr/bin/gpunode"), "--root", str(root), "status",
+                           "--json"], env=NO_VENV, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verdict"] == "ready"
+
+
+# -- a Flatcar-style boot in a real systemd ----------------------------------------------------
+
+
+@pytest.fixture
+def workdir(built: Built) -> Iterator[Path]:
+    path = built.dir / f"ns-{secrets.token_hex(4)}"
+    path.mkdir()
+    yield path
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path)
+
+
+def flatcar_boot(built: Built, workdir: Path) -> SystemdNamespace:
+    """systemd with Flatcar's os-release, the image linked as /etc/extensions/gpunode.raw (as
+    gpunode's Ignition snippet installs it), systemd-sysext.service and Flatcar's
+    ensure-sysext.service enabled, and no PCI device (a CPU node: boot records no-gpu).
+    containerd.service (not started) runs workdir/containerd, which records its environment."""
+    (workdir / "os-release").write_text(fixtures.FLATCAR_OS_RELEASE)
+    (workdir / "no-pci-devices").mkdir()
+    containerd = workdir / "containerd"
+    containerd.write_text(f"#!/bin/sh\nenv > {workdir / 'containerd.env'}\n"
+                          "echo 'containerd github.com/containerd/containerd v1.7.20 0'\n")
+    containerd.chmod(0o755)
+    units = {"systemd-sysext.service": Path("/lib/systemd/system/systemd-sysext.service")
+             .read_text(), "ensure-sysext.service": FLATCAR_ENSURE_SYSEXT,
+             "containerd.service": f"[Service]\nExecStart={containerd} --config "
+                                   "/etc/containerd/config.toml\n"}
+    prepare = [
+        # systemd makes / shared when it boots a machine, not in a container (the harness's
+        # container=docker): systemd-sysext merges in a child mount namespace and relies on
+        # the overlay propagating back. The namespace's mounts are private copies of the
+        # machine's, so this shares them only within the namespace.
+        "mount -n --make-rshared /",
+        "rm -f /etc/os-release",  # Debian's is a link into /usr, which is not overlaid here
+        f"cp {workdir / 'os-release'} /etc/os-release",
+        "mkdir -p /etc/extensions",
+        f"ln -s {built.image} /etc/extensions/gpunode.raw",
+        f"mount -n --bind {workdir / 'no-pci-devices'} /sys/bus/pci/devices",
+    ]
+    # /var/lib copy-on-write: gpunode keeps its containerd ledger there (/usr must stay the
+    # machine's: systemd-sysext merges onto it).
+    return SystemdNamespace(units, workdir, prepare=prepare, overlays=("var/lib",),
+                            enable=("systemd-sysext.service", "ensure-sysext.service"))
+
+
+def test_flatcar_boot_merges_the_image_and_starts_gpunode_from_it(
+    built: Built, workdir: Path
+) -> None:
+    with flatcar_boot(built, workdir) as ns:
+        ns.wait_active("gpunode.service")
+        assert "gpunode" in ns.run(["systemd-sysext", "status"]).stdout
+        assert ns.run(["findmnt", "-n", "-o", "FSTYPE", "/usr"]).stdout.strip() == "overlay"
+        assert ns.run(["readlink", "-f", "/usr/bin/gpunode"]).stdout.strip() == \
+            "/usr/lib/gpunode/gpunode"
+        version = ns.run(["/usr/bin/gpunode", "--version"])
+        assert version.stdout == f"gpunode {gpunode.__version__}\n"
+
+        # The drop-in, not links in /etc, made multi-user.target want both units.
+        wants = ns.unit_property("multi-user.target", "Wants").split()
+        assert {"gpunode.service", "gpunode-label.service"} <= set(wants)
+        assert ns.run(["test", "-e", "/etc/systemd/system/multi-user.target.wants/"
+                       "gpunode.service"], check=False).returncode != 0
+        unit = ns.unit_properties("gpunode.service", "Result", "ExecMainStatus", "FragmentPath")
+        assert (unit["Result"], unit["ExecMainStatus"]) == ("success", "0")
+        assert ns.run(["cat", unit["FragmentPath"]]).stdout == \
+            (UNITS / "gpunode.service").read_text()
+        record = json.loads(ns.run(["cat", "/run/gpunode/state.json"]).stdout)
+        assert record["outcome"] == "no-gpu"
+        ns.wait_for(lambda: ns.unit_property("gpunode-label.service",
+                                             "ExecMainStartTimestampMonotonic") not in ("", "0"),
+                    30, "gpunode-label.service to have run", unit="gpunode-label.service")
+
+        # The versioned file name itself merges too (the release file's strict=0 xattr).
+        ns.run(["rm", "/etc/extensions/gpunode.raw"])
+        ns.run(["mkdir", "-p", "/run/extensions"])
+        ns.run(["cp", str(built.image), f"/run/extensions/{IMAGE_NAME}"])
+        ns.run(["systemd-sysext", "refresh"])
+        status = ns.run(["systemd-sysext", "status"]).stdout
+        assert IMAGE_NAME.removesuffix(".raw") in status
+        assert ns.run(["/usr/bin/gpunode", "--version"]).stdout.startswith("gpunode ")
+
+
+def test_programs_gpunode_runs_get_the_callers_library_path_not_the_bundles(
+    built: Built, workdir: Path
+) -> None:
+    with flatcar_boot(built, workdir) as ns:
+        ns.wait_active("gpunode.service")
+        # configure runs containerd (--version, config dump): here workdir/containerd.
+        ns.run(["/usr/bin/gpunode", "--log-format", "json", "containerd", "configure",
+                "--force"], env={"LD_LIBRARY_PATH": "/opt/callers"})
+        environment = (workdir / "containerd.env").read_text().splitlines()
+        # not /usr/lib/gpunode/_internal:/opt/callers, as the bootloader had set it
+        assert [v for v in environment if v.startswith(("LD_LIBRARY_PATH", "_PYI_"))] == [
+            "LD_LIBRARY_PATH=/opt/callers"]
+
+
+def test_restore_environment_gives_back_the_callers_library_path() -> None:
+    spec = importlib.util.spec_from_file_location("gpunode_main", ENTRY)
+    assert spec is not None and spec.loader is not None
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)  # not as __main__: gpunode does not start
+    bundle = "/usr/lib/gpunode/_internal"
+    cases = [({"LD_LIBRARY_PATH": bundle, "_PYI_ARCHIVE_FILE": "x", "PATH": "/bin"},
+              {"PATH": "/bin"}),
+             ({"LD_LIBRARY_PATH": f"{bundle}:/opt", "LD_LIBRARY_PATH_ORIG": "/opt"},
+              {"LD_LIBRARY_PATH": "/opt"})]
+    for environ, expected in cases:
+        entry.restore_environment(environ)
+        assert environ == expected

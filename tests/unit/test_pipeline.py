@@ -1,0 +1,267 @@
+"""plan ≡ boot: on every node the fixtures can build, `gpunode plan` names exactly the steps
+`gpunode boot` then changes and exactly the steps it then fails at (with the same error code),
+and the no-op stamp signs exactly the inputs the steps that ran declared.
+
+Both walk gpunode.boot.STEPS with the same fake adapters: no service manager (or one that says
+Flatcar's nvidia.service is enabled), and a fake kernel whose `modprobe nvidia` makes the
+fixture's /proc show a loaded driver, as tests/unit/test_driver.py's does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import HostFactory
+from gpunode import boot, flatcar
+from gpunode.config import AgentConfig, KubernetesConfig
+from gpunode.errors import GpunodeError
+from gpunode.host import Host
+from gpunode.systemd import NoSystemd
+from gpunode_testing import fixtures
+from hostile.support import Cli
+
+T4 = "nc4as-t4-v3"
+SYSEXT_RELEASE = "/usr/lib/extension-release.d/extension-release.flatcar-nvidia-drivers-570"
+KUBEADM_UNIT = {  # a kubeadm kubelet, for the registration step
+    "/etc/systemd/system/kubelet.service": "[Service]\nExecStart=/opt/bin/kubelet\n",
+    "/etc/systemd/system/kubelet.service.d/10-kubeadm.conf":
+        "[Service]\nExecStart=\nExecStart=/opt/bin/kubelet $KUBELET_KUBEADM_ARGS\n"}
+
+
+@dataclass
+class FakeKernel:
+    """kmod as a kernel would answer it: `modprobe nvidia` loads the fixture's driver."""
+
+    root: Path
+    machine: fixtures.Machine
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def depends(self, path: str) -> list[str]:
+        return [] if Path(path).name.startswith("nvidia.ko") else ["nvidia"]
+
+    def run(self, argv: tuple[str, ...]) -> None:
+        self.calls.append(argv)
+        if Path(argv[-1]).name.split(".ko")[0] == "nvidia":
+            fixtures.load_driver(self.root, self.machine)
+
+
+class FlatcarNvidiaEnabled(NoSystemd):
+    def enabled(self, unit: str) -> bool:
+        return unit == flatcar.NVIDIA_UNIT
+
+
+@dataclass(frozen=True)
+class Case:
+    machine: str
+    state: str
+    extra: dict[str, str] = field(default_factory=dict)
+    runtime: bool = False  # the NVIDIA container runtime is installed
+    register_with: str = "none"
+    nvidia_service: bool = False  # Flatcar's nvidia.service is enabled
+    dev_nodes: str = "auto"  # "plain": the device nodes are plain files (boot remakes them)
+
+    def host(self, make_host: HostFactory) -> Host:
+        host = make_host(self.machine, self.state, extra=self.extra, dev_nodes=self.dev_nodes)
+        if self.runtime:
+            binary = host.root / "usr/bin/nvidia-container-runtime"
+            binary.write_text("#!/bin/sh\n")
+            binary.chmod(0o755)
+        return host
+
+    def config(self) -> AgentConfig:
+        return AgentConfig(kubernetes=KubernetesConfig(register_with=self.register_with))
+
+    def adapters(self, host: Host) -> boot.Adapters:
+        systemd = FlatcarNvidiaEnabled() if self.nvidia_service else NoSystemd()
+        return boot.Adapters(systemd=systemd,
+                             kmod=FakeKernel(host.root, fixtures.MACHINES[self.machine]))
+
+
+CASES = {f"{name}-{state}": Case(name, state)
+         for name, machine in fixtures.MACHINES.items() for state in machine.states}
+CASES |= {
+    "t4-driver-with-runtime": Case(T4, "driver", runtime=True),
+    "t4-ready-device-nodes-plain-files": Case(T4, "ready", dev_nodes="plain"),
+    "t4-bare-sysext-with-runtime": Case(T4, "bare", {SYSEXT_RELEASE: "ID=flatcar\n"},
+                                        runtime=True),
+    "t4-ready-kubelet-registration": Case(T4, "ready", KUBEADM_UNIT, register_with="kubelet"),
+    "t4-bare-kubelet-registration": Case(T4, "bare", KUBEADM_UNIT, runtime=True,
+                                         register_with="kubelet"),
+    "t4-ready-nvidia-service-enabled": Case(T4, "ready", nvidia_service=True),
+    "cpu-nvidia-service-enabled": Case("azure-d4s-v5", "bare", nvidia_service=True),
+}
+
+
+def files(root: Path) -> dict[str, Any]:
+    """Every path under root but the boot record and stamp, with what a change would alter."""
+    state: dict[str, Any] = {}
+    for path in sorted(root.rglob("*")):
+        relative = "/" + str(path.relative_to(root))
+        if relative in ("/run", "/run/gpunode") or relative.startswith("/run/gpunode/"):
+            continue
+        st = path.lstat()
+        state[relative] = (st.st_mode, st.st_rdev, path.readlink() if path.is_symlink()
+                           else path.read_bytes() if path.is_file() else None)
+    return state
+
+
+def walk(case: Case, make_host: HostFactory) -> tuple[Host, boot.Plan, boot.BootRun]:
+    host = case.host(make_host)
+    config, adapters = case.config(), case.adapters(host)
+    the_plan = boot.plan(host, config, adapters)
+    return host, the_plan, boot.boot(host, config, adapters)
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_plan_names_exactly_the_steps_boot_changes_and_fails_at(
+    case: Case, make_host: HostFactory
+) -> None:
+    host = case.host(make_host)
+    config, adapters = case.config(), case.adapters(host)
+    the_plan = boot.plan(host, config, adapters)
+    before = files(host.root)
+    run = boot.boot(host, config, adapters)
+
+    planned = {a.step for a in the_plan.actions}
+    would_fail = {p.step: (p.code, p.error, p.hint) for p in the_plan.problems}
+    changed = {s["name"] for s in run.steps if s.get("changed")}
+    failed = {s["name"]: (s["code"], s["error"], s["hint"]) for s in run.steps
+              if s["outcome"] == "failed"}
+    assert changed == planned - set(failed), (the_plan, run.steps)
+    assert failed == would_fail, (the_plan, run.steps)
+    assert all(isinstance(code, str) and code for code, _, _ in failed.values())
+    assert all(s["code"] is None for s in run.steps if s["outcome"] == "ok")
+    if not planned:
+        assert files(host.root) == before  # "nothing to change" and boot changed nothing
+
+
+@pytest.mark.parametrize("case", [c for c in CASES.values() if c.state != "bare" or c.runtime],
+                         ids=[k for k, c in CASES.items() if c.state != "bare" or c.runtime])
+def test_after_a_boot_plan_has_nothing_left_to_do_where_boot_succeeded(
+    case: Case, make_host: HostFactory
+) -> None:
+    host, _, run = walk(case, make_host)
+    again = boot.plan(host, case.config(), case.adapters(host))
+    ok = {s["name"] for s in run.steps if s["outcome"] == "ok"}
+    assert not {a.step for a in again.actions} & ok, again.actions
+
+
+def test_plan_names_flatcars_nvidia_service_as_the_problem_boot_stops_at(
+    make_host: HostFactory,
+) -> None:
+    _, the_plan, run = walk(CASES["t4-ready-nvidia-service-enabled"], make_host)
+    (problem,) = the_plan.problems
+    assert (problem.step, problem.code, the_plan.actions) == ("preflight", run.steps[0]["code"], [])
+    assert "Flatcar's nvidia.service is inactive and enabled" in problem.error
+    assert problem.hint and problem.hint.startswith("mask it: 'systemctl mask nvidia.service'")
+    assert [s["name"] for s in run.steps] == ["preflight"]
+
+
+def test_plan_names_the_kubelet_drop_in_that_boot_then_writes(make_host: HostFactory) -> None:
+    _, the_plan, run = walk(CASES["t4-ready-kubelet-registration"], make_host)
+    assert [a.step for a in the_plan.actions] == ["registration"]
+    step = next(s for s in run.steps if s["name"] == "registration")
+    assert (step["outcome"], step["changed"]) == ("ok", True)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES.values() if c.state != "bare" or c.runtime],
+                         ids=[k for k, c in CASES.items() if c.state != "bare" or c.runtime])
+def test_the_stamp_signs_exactly_the_inputs_the_steps_that_ran_declared(
+    case: Case, make_host: HostFactory
+) -> None:
+    host, _, run = walk(case, make_host)
+    stamp_path = host.root / "run/gpunode/inputs.json"
+    if run.outcome == "failed":
+        assert not stamp_path.exists()
+        return
+    ran = {s["name"] for s in run.steps} | {"preflight"}  # a check, recorded when it fails
+    assert set(run.inputs) == ran
+    declared = {path for paths in run.inputs.values() for path in paths}
+    assert set(json.loads(stamp_path.read_text())["inputs"]) == declared
+    assert all(run.inputs[step] for step in ran)  # every step that ran depends on something
+
+
+def test_every_step_declares_its_inputs_through_the_one_list(make_host: HostFactory) -> None:
+    """The stamp's inputs are the union of what each step of boot.STEPS says it reads."""
+    case = CASES["t4-ready-kubelet-registration"]
+    host, _, run = walk(case, make_host)
+    ctx = boot.Context(host, case.config(), case.adapters(host))
+    for step in boot.STEPS:
+        assert step.applies(ctx)
+        step.apply(ctx, {})
+        assert run.inputs[step.name] == step.inputs(ctx), step.name
+    assert [s.name for s in boot.STEPS] == list(run.inputs)
+
+
+def test_a_failed_detection_is_a_refusal_for_plan_and_the_failed_step_for_boot(
+    make_host: HostFactory,
+) -> None:
+    host = make_host(T4, "bare")
+    (host.root / "sys/devices/pci0001:00/0001:00:00.0/vendor").write_text("0xzzzz\n")
+    adapters = boot.Adapters(systemd=NoSystemd(), kmod=None)  # type: ignore[arg-type]
+    with pytest.raises(GpunodeError) as refused:
+        boot.plan(host, AgentConfig(), adapters)
+    run = boot.boot(host, AgentConfig(), adapters)
+    assert [(s["name"], s["code"]) for s in run.steps] == [("detect", refused.value.code)]
+
+
+def test_plans_json_problems_carry_the_code_boots_record_then_carries(
+    make_host: HostFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpunode.cli import main
+
+    host = make_host(T4, "bare")
+    assert main(["--log-format", "json", "--root", str(host.root), "plan", "--json"]) == 0
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert main(["--log-format", "json", "--root", str(host.root), "boot"]) == 1
+    record = json.loads((host.root / "run/gpunode/state.json").read_text())
+    assert [(p["step"], p["code"]) for p in problems] == [
+        (s["name"], s["code"]) for s in record["steps"] if s["outcome"] == "failed"]
+    assert all(p["code"] for p in problems)
+
+
+def test_the_record_read_back_gives_each_step_boot_ran_by_name(make_host: HostFactory) -> None:
+    from gpunode.state import read_record
+
+    host, _, _ = walk(CASES["t4-bare-sysext-with-runtime"], make_host)
+    record = read_record(host)
+    assert record is not None
+    driver = record.step("driver")
+    assert driver is not None
+    assert (driver["strategy"], driver["changed"]) == ("flatcar-sysext", True)
+    assert record.step("registration") is None  # not asked for: boot did not run it
+
+
+def test_plan_names_the_rollback_of_an_interrupted_change_that_boot_then_does(
+    make_host: HostFactory, cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`containerd configure --enable-cdi` killed before its ledger write leaves a journal:
+    plan says boot rolls it back, and boot's record says containerd changed the node."""
+    from gpunode.containerd import journal, ledger
+
+    case = CASES["t4-driver-with-runtime"]
+    host = case.host(make_host)
+    assert cli("--root", str(host.root), "containerd", "configure").code == 0
+    real = Host.write_atomic
+
+    def killed(self: Host, path: str, *args: Any, **kwargs: Any) -> None:
+        if path == ledger.LEDGER:
+            raise SystemExit(137)  # nothing after this runs, as after a SIGKILL
+        real(self, path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Host, "write_atomic", killed)
+        cli("--root", str(host.root), "containerd", "configure", "--enable-cdi")
+    assert journal.pending(host)
+    config, adapters = case.config(), case.adapters(host)
+    the_plan = boot.plan(host, config, adapters)
+    run = boot.boot(host, config, adapters)
+    assert [a.step for a in the_plan.actions] == ["containerd"]
+    assert "roll back the interrupted change" in the_plan.actions[0].description
+    assert {s["name"] for s in run.steps if s.get("changed")} == {"containerd"}
+    assert not journal.pending(host)
