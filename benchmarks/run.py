@@ -139,7 +139,9 @@ def warm_boot_fixture(parent: Path) -> Path:
 def bench_label(parent: Path, env: dict[str, str]) -> tuple[dict[str, list[float]], list[str]]:
     """`gpunode label` with nothing to change against the tests' local HTTPS API server;
     returns the samples and the requests the timed runs made (one GET each, no PATCH)."""
-    from gpunode_testing.kube_api import FakeApiServer, make_node, make_pki
+    from gpunode_testing.kube_api import FakeApiServer
+    from gpunode_testing.kube_objects import make_node
+    from gpunode_testing.pki import make_pki
 
     node = "nc4as-t4-v3-vmss000000"
     pki = make_pki(parent / "pki", node_name=node)

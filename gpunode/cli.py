@@ -256,16 +256,9 @@ def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) ->
 
     facts = status.observe(host, config, contact_api=False)
     report = status.driver_report(status.evaluate(facts))
-    plan_lines: list[str] = []
-    # The detection status made, refused as `driver load` refuses it (detect.detect_decided).
-    plan_error = facts.undecided
-    if plan_error is None and facts.detection is not None:
-        try:
-            the_plan = step.plan(host, config.driver, facts.detection,
-                                 boot.adapters_for(host, config).kmod)
-            plan_lines = the_plan.describe()
-        except GpunodeError as exc:
-            plan_error = str(exc)
+    kmod = boot.adapters_for(host, config).kmod
+    plan_lines, plan_error = step.load_preview(host, config.driver, facts.detection,
+                                               facts.undecided, kmod)
     if args.json:
         _print_json({"schema_version": 1, "root": str(host.root), "ready": report.ready,
                      "plan": plan_lines, "plan_error": plan_error,

@@ -30,10 +30,13 @@ import re
 import stat
 from collections.abc import Iterator
 
-from gpunode import log
+from gpunode import flatcar, log
+from gpunode.containerd.journal import JOURNAL
+from gpunode.containerd.ledger import BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER, WRITABLE_CONFIG
 from gpunode.errors import GpunodeError, HostError, LockBusy, LockTimeout
 from gpunode.host import TEMP_SUFFIX, Host
 from gpunode.integers import parse_uint
+from gpunode.kube.registration import KUBELET_DROPIN
 
 LOCK_PATH = "/run/gpunode/lock"
 BOOT_WAIT_SECONDS = 300.0
@@ -74,18 +77,19 @@ def _holder(note: str) -> str:
 # make_char_device, symlink), with the names it writes there (a pattern), besides the
 # containerd config's own directory (from the ledger). Another program's temp file that happens
 # to end in .gpunode-tmp is never gpunode's to remove.
+def _file(path: str, suffix: str = "") -> tuple[str, str]:
+    """(its directory, a pattern for its name) of one file gpunode writes."""
+    directory, _, name = path.rpartition("/")
+    return directory, re.escape(name) + (f"(?:{re.escape(suffix)})?" if suffix else "")
+
+
 WRITTEN = (
     ("/dev", r"nvidia[\w-]*"),  # device nodes (driver.devices)
     ("/dev/nvidia-caps", r"nvidia-cap\d+"),
     ("/dev/char", r"\d+:\d+"),  # their /dev/char links
     ("/run/gpunode", r"[\w.-]+"),  # gpunode's own: the boot record, the fast path's stamp
-    ("/var/lib", r"gpunode\.containerd-journal"),
-    ("/var/lib/gpunode", r"containerd\.json"),  # the ledger
-    ("/etc/containerd", r"config\.toml(\.gpunode-orig)?"),
-    ("/etc/containerd/conf.d", r"99-gpunode-nvidia\.toml"),
-    ("/etc/systemd/system/containerd.service.d", r"10-gpunode\.conf"),
-    ("/etc/systemd/system/kubelet.service.d", r"20-gpunode-registration\.conf"),
-    ("/etc/flatcar", r"enabled-sysext\.conf"),
+    _file(JOURNAL), _file(LEDGER), _file(WRITABLE_CONFIG, BACKUP_SUFFIX), _file(IMPORT_FILE),
+    _file(DROPIN), _file(KUBELET_DROPIN), _file(flatcar.ENABLED_SYSEXT),
 )
 
 

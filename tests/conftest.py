@@ -106,14 +106,15 @@ KUBE_NODE = "nc4as-t4-v3-vmss000000"
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from gpunode_testing.kube_api import make_pki
+    from gpunode_testing.pki import make_pki
 
     return make_pki(tmp_path_factory.mktemp("pki"), node_name=KUBE_NODE)
 
 
 @pytest.fixture
 def api(pki: Any) -> Iterator[Any]:
-    from gpunode_testing.kube_api import FakeApiServer, make_node
+    from gpunode_testing.kube_api import FakeApiServer
+    from gpunode_testing.kube_objects import make_node
 
     with FakeApiServer(pki, nodes=[make_node(KUBE_NODE, gpus=1)]) as server:
         yield server

@@ -14,7 +14,7 @@ from gpunode import command, driverinfo, flatcar, kernelinfo, log
 from gpunode.config import DriverConfig
 from gpunode.detect import Detection, PciFunction, loaded_modules
 from gpunode.driver import devices, flavour, modules, nouveau, strategy
-from gpunode.errors import CommandFailed, DriverError
+from gpunode.errors import CommandFailed, DriverError, GpunodeError
 from gpunode.host import Host
 
 if TYPE_CHECKING:
@@ -150,6 +150,18 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
     return Plan(kernel=kernel, flavour=chosen, choice=choice, modules=wanted, load=load,
                 sysext_line=sysext_line, node_fixes=node_fixes,
                 gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"))
+
+
+def load_preview(host: Host, config: DriverConfig, detection: Detection | None,
+                 undecided: str | None, kmod: modules.Kmod) -> tuple[list[str], str | None]:
+    """What `driver load` would do, for `driver status`: the plan's lines, or why it could not
+    plan — the refusal driver load itself would give (an undecided detection among them)."""
+    if undecided is not None or detection is None:
+        return [], undecided or "no detection"
+    try:
+        return plan(host, config, detection, kmod).describe(), None
+    except GpunodeError as exc:
+        return [], str(exc)
 
 
 def directory_load(host: Host, directory: str, wanted: tuple[str, ...], config: DriverConfig,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpunode import flatcar
+
 STRATEGIES = ("auto", "flatcar-sysext", "prebuilt", "build", "external")
 
 
@@ -63,7 +65,7 @@ def _sysext(facts: DriverFacts) -> Choice:
         return Choice("flatcar-sysext", "load", f"the Flatcar driver sysext {name} is merged",
                       source=name)
     return Choice("flatcar-sysext", "fail", "no flatcar-nvidia-drivers sysext is merged",
-                  hint="it is enabled in /etc/flatcar/enabled-sysext.conf and the initramfs "
+                  hint=f"it is enabled in {flatcar.ENABLED_SYSEXT} and the initramfs "
                   "fetches it at the next boot; reboot the node")
 
 

@@ -148,7 +148,7 @@ def _bindings(by_driver: dict[str, list[str]]) -> str:
 def _driver(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
     if facts.driver_error is not None:
         return Check("driver", FAIL, f"cannot read what the driver reports: {facts.driver_error}",
-                     "/proc/driver/nvidia and /proc/devices are the kernel's; under --root, "
+                     f"{driverinfo.PROC_NVIDIA} and /proc/devices are the kernel's; under --root, "
                      "check the tree (is /proc the node's?)", facts.driver_error.code)
     if facts.driver_version_text is None:
         return Check("driver", FAIL, f"{driverinfo.PROC_NVIDIA}/version is missing: the NVIDIA "
@@ -261,8 +261,9 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
 
 def _last_boot_check(facts: StatusFacts) -> Check:
     if facts.last_boot_error is not None:
-        return Check("last_boot", WARN, f"boot record unreadable: {facts.last_boot_error}",
-                     "run 'gpunode boot' again to rewrite it", facts.last_boot_error.code)
+        failure = facts.last_boot_error
+        return Check("last_boot", WARN, f"boot record unreadable: {failure}",
+                     failure.hint or "run 'gpunode boot' again to rewrite it", failure.code)
     record = facts.last_boot
     if record is None:
         return Check("last_boot", SKIP, "no boot record: gpunode boot has not run since this "

@@ -192,9 +192,10 @@ def _containerd_runtime_as_written(facts: StatusFacts) -> Check:
     c = facts.containerd
     name = facts.runtime_name
     if c.error is not None:
+        # The error's own hint, as boot's record and `containerd configure` give it.
         return Check("containerd_runtime", FAIL, c.error.message,
-                     "fix or restore containerd's config file; containerd will not start with it "
-                     "either", c.error.code)
+                     c.error.hint or "fix or restore containerd's config file; containerd will "
+                     "not start with it either", c.error.code)
     where = f"{c.config_path} ({c.config_reason})"
     if c.problem is not None:
         return Check("containerd_runtime", FAIL, f"{c.problem} (judged by {c.judge})",

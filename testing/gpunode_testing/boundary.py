@@ -157,11 +157,12 @@ def _check(policy: Policy, event: str, args: tuple[object, ...]) -> None:
     if event in PROCESS_EVENTS:
         if not policy.processes:
             policy.refuse(f"started a process ({event} {_show(args)})",
-                          "mark it @pytest.mark.integration, or give the code a fake runner")
+                          "give the code a fake runner, or move it to tests/integration/")
     elif event in HOST_EVENTS:
         if not policy.processes:
             policy.refuse(f"asked the machine ({event} {_show(args)})",
-                          "pass the name in (a fixture's etc/hostname) or mark it integration")
+                          "pass the name in (a fixture's etc/hostname), or move it to "
+                          "tests/integration/")
     elif event.startswith("socket."):
         _check_socket(policy, event, args)
     elif event == "ctypes.dlopen":
@@ -189,7 +190,7 @@ def _check_socket(policy: Policy, event: str, args: tuple[object, ...]) -> None:
     elif not policy.processes:
         policy.refuse(f"opened a connection ({event} {address!r})",
                       "a unit test talks to no socket outside its tmp_path (D-Bus, network); "
-                      "mark it integration")
+                      "move it to tests/integration/")
 
 
 def _check_path(policy: Policy, what: str, path: str, write: bool, follow: bool = True) -> None:
@@ -260,8 +261,8 @@ def _show(args: tuple[object, ...]) -> str:
 
 def _no_bus(*args: object, **kwargs: object) -> None:
     policy = _active[-1]
-    policy.refuse("asked systemd over D-Bus", "use a fake Systemd, or mark it integration and "
-                  "start a systemd (gpunode_testing.systemd_ns)")
+    policy.refuse("asked systemd over D-Bus", "use a fake Systemd, or move it to "
+                  "tests/integration/ and start a systemd (gpunode_testing.systemd_ns)")
 
 
 # -- the pytest plugin ------------------------------------------------------------------------

@@ -7,6 +7,9 @@ use the kernel's exact formats, so the same readers run against a fixture and a 
 
     python -m gpunode_testing.fixtures build nc4as-t4-v3 --state ready DIR
     python -m gpunode_testing.fixtures list
+
+Longer than 450 lines because a quarter of it is data (the machines and their PCI functions)
+kept next to the writers that turn it into files, so a reader sees both at once.
 """
 
 from __future__ import annotations

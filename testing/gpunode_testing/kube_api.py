@@ -39,11 +39,9 @@ import copy
 import http.server
 import json
 import re
-import secrets
 import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import traceback
@@ -55,358 +53,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpunode_testing.kube_objects import (
+    Refused,
+    bad_request,
+    check_string_map,
+    forbidden,
+    forbidden_labels,
+    label_errors,
+    make_node,
+    merge_patch,
+    status_object,
+    strategic_merge_patch,
+)
+from gpunode_testing.pki import Pki
+
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 DROP = "drop-connection"  # queue_failures status: close the connection without an answer
 TIMEOUT = 5.0  # seconds for any socket operation of the server
-
-# k8s.io/kubelet/pkg/apis/well_known_labels.go: labels a kubelet may set on its own Node.
-KUBELET_LABELS = frozenset({
-    "kubernetes.io/hostname", "topology.kubernetes.io/zone", "topology.kubernetes.io/region",
-    "failure-domain.beta.kubernetes.io/zone", "failure-domain.beta.kubernetes.io/region",
-    "beta.kubernetes.io/instance-type", "node.kubernetes.io/instance-type",
-    "kubernetes.io/os", "kubernetes.io/arch", "beta.kubernetes.io/os", "beta.kubernetes.io/arch",
-})
-KUBELET_LABEL_NAMESPACES = ("kubelet.kubernetes.io", "node.kubernetes.io")
-_MERGE_KEYS = {("status", "conditions"): "type", ("status", "addresses"): "type"}
-
-
-# --- PKI -------------------------------------------------------------------------------------
-
-_OPENSSL_CNF = """\
-[req]
-distinguished_name = dn
-[dn]
-[v3_ca]
-basicConstraints = critical, CA:TRUE
-keyUsage = critical, keyCertSign, cRLSign, digitalSignature
-subjectKeyIdentifier = hash
-[v3_server]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1, DNS:localhost
-authorityKeyIdentifier = keyid
-[v3_client]
-basicConstraints = critical, CA:FALSE
-keyUsage = critical, digitalSignature, keyEncipherment
-extendedKeyUsage = clientAuth
-authorityKeyIdentifier = keyid
-"""
-_EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
-
-
-@dataclass(frozen=True)
-class Pki:
-    directory: Path
-    node_name: str
-    ca_cert: Path
-    ca_key: Path
-    ca_pem: bytes
-    server_cert: Path
-    server_key: Path
-    client_cert: Path  # CN=system:node:<node_name>, O=system:nodes
-    client_key: Path  # SEC1 "EC PRIVATE KEY", as the kubelet writes it
-    kubelet_client_current: Path  # client cert + key in one file, like /var/lib/kubelet/pki/
-    untrusted_ca_cert: Path
-    untrusted_client_cert: Path  # same subject as client_cert, signed by untrusted_ca_cert
-    untrusted_client_key: Path
-
-    def client_context(self, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
-        """A client TLS context trusting the CA, presenting `cert` (default: the kubelet's)."""
-        context = ssl.create_default_context(cadata=self.ca_pem.decode())
-        context.load_cert_chain(cert or self.kubelet_client_current, key)
-        return context
-
-
-def _openssl(directory: Path, *args: str) -> None:
-    try:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True,
-                       text=True, timeout=30)
-    except subprocess.CalledProcessError as exc:
-        raise RuntimeError(f"openssl {' '.join(args)}: {exc.stderr.strip()}") from exc
-
-
-def _make_ca(directory: Path, stem: str, subject: str) -> None:
-    _openssl(directory, "req", "-x509", "-new", "-config", "openssl.cnf", "-extensions", "v3_ca",
-             *_EC, "-keyout", f"{stem}.key", "-out", f"{stem}.crt", "-days", "1", "-subj", subject)
-
-
-def _issue(directory: Path, ca: str, stem: str, subject: str, extensions: str,
-           key_args: Iterable[str] = _EC) -> tuple[Path, Path]:
-    _openssl(directory, "req", "-new", "-config", "openssl.cnf", *key_args,
-             "-out", f"{stem}.csr", "-subj", subject)
-    _openssl(directory, "x509", "-req", "-in", f"{stem}.csr", "-CA", f"{ca}.crt", "-CAkey",
-             f"{ca}.key", "-set_serial", str(secrets.randbits(63)), "-days", "1",
-             "-extfile", "openssl.cnf", "-extensions", extensions, "-out", f"{stem}.crt")
-    (directory / f"{stem}.csr").unlink()
-    return directory / f"{stem}.crt", directory / f"{stem}.key"
-
-
-def issue_client_cert(pki: Pki, stem: str, subject: str) -> tuple[Path, Path]:
-    """Another client certificate from the trusted CA, e.g. "/O=system:masters/CN=admin"."""
-    return _issue(pki.directory, "ca", stem, subject, "v3_client",
-                  [*_EC, "-keyout", f"{stem}.key"])
-
-
-def make_pki(directory: Path, node_name: str = "gpu-node-1") -> Pki:
-    """CA, API server certificate for 127.0.0.1, the kubelet's client certificate, and a client
-    certificate of another CA. EC P-256, valid one day."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "openssl.cnf").write_text(_OPENSSL_CNF)
-    _make_ca(directory, "ca", "/CN=kubernetes")
-    _make_ca(directory, "untrusted-ca", "/CN=someone-else")
-    server = _issue(directory, "ca", "apiserver", "/CN=kube-apiserver", "v3_server",
-                    [*_EC, "-keyout", "apiserver.key"])
-    node_subject = f"/O=system:nodes/CN=system:node:{node_name}"
-    _openssl(directory, "ecparam", "-name", "prime256v1", "-genkey", "-noout",
-             "-out", "kubelet-client.key")
-    client = _issue(directory, "ca", "kubelet-client", node_subject, "v3_client",
-                    ["-key", "kubelet-client.key"])
-    untrusted = _issue(directory, "untrusted-ca", "untrusted-client", node_subject, "v3_client",
-                       [*_EC, "-keyout", "untrusted-client.key"])
-    combined = directory / "kubelet-client-current.pem"
-    combined.write_bytes(client[0].read_bytes() + client[1].read_bytes())
-    for key in directory.glob("*.key"):
-        key.chmod(0o600)
-    combined.chmod(0o600)
-    return Pki(directory=directory, node_name=node_name,
-               ca_cert=directory / "ca.crt", ca_key=directory / "ca.key",
-               ca_pem=(directory / "ca.crt").read_bytes(),
-               server_cert=server[0], server_key=server[1],
-               client_cert=client[0], client_key=client[1], kubelet_client_current=combined,
-               untrusted_ca_cert=directory / "untrusted-ca.crt",
-               untrusted_client_cert=untrusted[0], untrusted_client_key=untrusted[1])
-
-
-# --- Node objects ----------------------------------------------------------------------------
-
-def make_node(name: str, *, gpus: int = 0, labels: dict[str, str] | None = None,
-              taints: list[dict[str, Any]] | None = None, ready: bool = True) -> dict[str, Any]:
-    """A Node as a kubeadm cluster shows a freshly joined worker (containerd, amd64)."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    resources = {"cpu": "8", "memory": "57629892Ki", "pods": "110", "hugepages-1Gi": "0",
-                 "hugepages-2Mi": "0", "ephemeral-storage": "129886128Ki"}
-    if gpus:
-        resources["nvidia.com/gpu"] = str(gpus)
-
-    def condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
-        return {"type": kind, "status": status, "lastHeartbeatTime": now,
-                "lastTransitionTime": now, "reason": reason, "message": message}
-
-    if taints is None and not ready:
-        taints = [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
-    spec: dict[str, Any] = {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]}
-    if taints:
-        spec["taints"] = taints
-    return {
-        "kind": "Node", "apiVersion": "v1",
-        "metadata": {
-            "name": name, "uid": str(uuid.uuid4()), "resourceVersion": "0",
-            "creationTimestamp": now,
-            "labels": {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
-                       "kubernetes.io/arch": "amd64", "kubernetes.io/hostname": name,
-                       "kubernetes.io/os": "linux", **(labels or {})},
-            "annotations": {
-                "kubeadm.alpha.kubernetes.io/cri-socket":
-                    "unix:///var/run/containerd/containerd.sock",
-                "node.alpha.kubernetes.io/ttl": "0",
-                "volumes.kubernetes.io/controller-managed-attach-detach": "true"},
-        },
-        "spec": spec,
-        "status": {
-            "capacity": resources, "allocatable": dict(resources),
-            "conditions": [
-                condition("MemoryPressure", "False", "KubeletHasSufficientMemory",
-                          "kubelet has sufficient memory available"),
-                condition("DiskPressure", "False", "KubeletHasNoDiskPressure",
-                          "kubelet has no disk pressure"),
-                condition("PIDPressure", "False", "KubeletHasSufficientPID",
-                          "kubelet has sufficient PID available"),
-                condition("Ready", "True", "KubeletReady", "kubelet is posting ready status")
-                if ready else condition("Ready", "False", "KubeletNotReady",
-                                        "container runtime network not ready"),
-            ],
-            "addresses": [{"type": "InternalIP", "address": "10.0.0.4"},
-                          {"type": "Hostname", "address": name}],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
-            "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                         "containerRuntimeVersion": "containerd://1.7.20",
-                         "kubeletVersion": "v1.31.2", "kubeProxyVersion": "v1.31.2",
-                         "osImage": "Flatcar Container Linux by Kinvolk 3975.2.2 (Oklo)"},
-        },
-    }
-
-
-# --- Patches, rules, Status objects ----------------------------------------------------------
-
-class _Refused(Exception):
-    def __init__(self, code: int, body: dict[str, Any] | str) -> None:
-        self.code, self.body = code, body
-
-
-def status_object(code: int, reason: str, message: str, name: str | None = None,
-                  kind: str | None = None) -> dict[str, Any]:
-    """A metav1.Status as the API server answers errors."""
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                            "status": "Failure", "message": message, "reason": reason}
-    details = {key: value for key, value in (("name", name), ("kind", kind)) if value}
-    if details:
-        body["details"] = details
-    body["code"] = code
-    return body
-
-
-def _forbidden(name: str | None, why: str) -> _Refused:
-    subject = f'nodes "{name}"' if name else "nodes"
-    return _Refused(403, status_object(403, "Forbidden", f"{subject} is forbidden: {why}", name,
-                                       "nodes"))
-
-
-def _bad_request(message: str) -> _Refused:
-    return _Refused(400, status_object(400, "BadRequest", message))
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (returns a new value; `target` is not changed)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
-
-
-def strategic_merge_patch(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
-    """Strategic merge patch for Node: maps merge, lists of _MERGE_KEYS merge by key (an item
-    with "$patch": "delete" removes its match), other lists are replaced."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if key.startswith("$setElementOrder/"):
-            continue
-        if key.startswith("$"):
-            raise _bad_request(f"fake API server: strategic merge directive {key} not supported")
-        here = (*path, key)
-        if value is None:
-            out.pop(key, None)
-        elif here in _MERGE_KEYS and isinstance(value, list):
-            out[key] = _merge_list(out.get(key) or [], value, _MERGE_KEYS[here], here)
-        else:
-            out[key] = strategic_merge_patch(out.get(key), value, here)
-    return out
-
-
-def _merge_list(items: list[Any], patch: list[Any], merge_key: str,
-                path: tuple[str, ...]) -> list[Any]:
-    out = list(items)
-    for item in patch:
-        if not isinstance(item, dict) or merge_key not in item:
-            raise _bad_request(f"{'.'.join(path)}: item {item!r} lacks merge key {merge_key!r}")
-        where = [i for i, old in enumerate(out) if old.get(merge_key) == item[merge_key]]
-        directive = item.get("$patch")
-        if directive == "delete":
-            out = [old for old in out if old.get(merge_key) != item[merge_key]]
-        elif directive is not None:
-            raise _bad_request(f"fake API server: $patch: {directive} not supported in lists")
-        elif where:
-            out[where[0]] = strategic_merge_patch(out[where[0]], item, path)
-        else:
-            out.append(strategic_merge_patch({}, item, path))
-    return out
-
-
-def _namespace(key: str) -> str:
-    return key.split("/", 1)[0] if "/" in key else ""
-
-
-def _in(namespace: str, domain: str) -> bool:
-    return namespace == domain or namespace.endswith("." + domain)
-
-
-def forbidden_labels(new: dict[str, str], old: dict[str, str]) -> list[str]:
-    """NodeRestriction's getForbiddenLabels(getModifiedLabels(new, old)), sorted."""
-    modified = {k for k in new.keys() | old.keys() if new.get(k) != old.get(k)}
-    forbidden = set()
-    for key in modified:
-        namespace = _namespace(key)
-        kubelet_label = key in KUBELET_LABELS or any(
-            _in(namespace, allowed) for allowed in KUBELET_LABEL_NAMESPACES)
-        if _in(namespace, "node-restriction.kubernetes.io") or (
-                (_in(namespace, "kubernetes.io") or _in(namespace, "k8s.io"))
-                and not kubelet_label):
-            forbidden.add(key)
-    return sorted(forbidden)
-
-
-_NAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
-_VALUE_FMT = f"({_NAME_FMT})?"
-_DNS1123_FMT = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_ALNUM = ("consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-          "alphanumeric character")
-_NAME_MSG = (f"must {_ALNUM} (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for "
-             f"validation is '{_NAME_FMT}')")
-_VALUE_MSG = (f"a valid label must be an empty string or {_ALNUM} (e.g. 'MyValue',  or "
-              f"'my_value',  or '12345', regex used for validation is '{_VALUE_FMT}')")
-_PREFIX_MSG = (f"a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
-               f"characters, '-' or '.', and must start and end with an alphanumeric character "
-               f"(e.g. 'example.com', regex used for validation is '{_DNS1123_FMT}')")
-
-
-def _key_problems(key: str) -> list[str]:
-    """apimachinery's IsQualifiedName."""
-    parts = key.split("/")
-    if len(parts) > 2:
-        return [f"a qualified name {_NAME_MSG} with an optional DNS subdomain prefix and '/' "
-                "(e.g. 'example.com/MyName')"]
-    problems = []
-    if len(parts) == 2:
-        prefix = parts[0]
-        if not prefix:
-            problems.append("prefix part must be non-empty")
-        elif len(prefix) > 253:
-            problems.append("prefix part must be no more than 253 characters")
-        elif not re.fullmatch(_DNS1123_FMT, prefix):
-            problems.append(f"prefix part {_PREFIX_MSG}")
-    name = parts[-1]
-    if not name:
-        problems.append("name part must be non-empty")
-    elif len(name) > 63:
-        problems.append("name part must be no more than 63 characters")
-    elif not re.fullmatch(_NAME_FMT, name):
-        problems.append(f"name part {_NAME_MSG}")
-    return problems
-
-
-def label_errors(labels: dict[str, str]) -> list[str]:
-    """apimachinery's ValidateLabels, as field errors of metadata.labels."""
-    errors = []
-    for key, value in sorted(labels.items()):
-        errors += [f'metadata.labels: Invalid value: "{key}": {p}' for p in _key_problems(key)]
-        if len(value) > 63:
-            errors.append(f'metadata.labels: Invalid value: "{value}": '
-                          "must be no more than 63 characters")
-        if not re.fullmatch(_VALUE_FMT, value):
-            errors.append(f'metadata.labels: Invalid value: "{value}": {_VALUE_MSG}')
-    return errors
-
-
-def _check_string_map(meta: dict[str, Any], field_name: str) -> None:
-    values = meta.get(field_name)
-    if values is None:
-        return
-    if not isinstance(values, dict):
-        raise _bad_request(f"json: cannot unmarshal into Go struct field ObjectMeta.metadata."
-                           f"{field_name} of type map[string]string")
-    for value in values.values():
-        if not isinstance(value, str):
-            kind = {bool: "bool", dict: "object", list: "array"}.get(type(value), "number")
-            raise _bad_request(f"json: cannot unmarshal {kind} into Go struct field ObjectMeta."
-                               f"metadata.{field_name} of type string")
 
 
 # --- The server ------------------------------------------------------------------------------
@@ -563,7 +227,7 @@ class FakeApiServer:
         with self._lock:
             old = self._nodes.get(name)
             if old is None:
-                raise _Refused(404, status_object(404, "NotFound", f'nodes "{name}" not found',
+                raise Refused(404, status_object(404, "NotFound", f'nodes "{name}" not found',
                                                   name, "nodes"))
             if method == "GET":
                 return 200, copy.deepcopy(old)
@@ -577,7 +241,7 @@ class FakeApiServer:
             errors = label_errors(new["metadata"].get("labels") or {})
             if errors:
                 message = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
-                raise _Refused(422, status_object(422, "Invalid", f'Node "{name}" is invalid: '
+                raise Refused(422, status_object(422, "Invalid", f'Node "{name}" is invalid: '
                                                   f"{message}", name, kind="Node"))
             if new != old:
                 self._store(new)
@@ -586,39 +250,39 @@ class FakeApiServer:
     def _patched(self, old: dict[str, Any], content_type: str, body: bytes,
                  name: str) -> dict[str, Any]:
         if content_type not in (MERGE_PATCH, STRATEGIC_PATCH):
-            raise _Refused(415, status_object(
+            raise Refused(415, status_object(
                 415, "UnsupportedMediaType", "the body of the request was in an unknown format "
                 f"- accepted media types include: {MERGE_PATCH}, {STRATEGIC_PATCH} (fake API "
                 "server; the real one also takes json-patch and apply-patch)"))
         try:
             patch = json.loads(body)
         except ValueError as exc:
-            raise _bad_request(f"error decoding patch: {exc}") from exc
+            raise bad_request(f"error decoding patch: {exc}") from exc
         if not isinstance(patch, dict):
-            raise _bad_request("error decoding patch: the patch is not a JSON object")
+            raise bad_request("error decoding patch: the patch is not a JSON object")
         apply = merge_patch if content_type == MERGE_PATCH else strategic_merge_patch
         new = apply(old, patch)
         meta, old_meta = new.get("metadata"), old["metadata"]
         if not isinstance(meta, dict):
-            raise _bad_request("fake API server: the patch removes metadata")
+            raise bad_request("fake API server: the patch removes metadata")
         wanted = (patch.get("metadata") or {}) if isinstance(patch.get("metadata"), dict) else {}
         if wanted.get("resourceVersion") not in (None, old_meta["resourceVersion"]):
-            raise _Refused(409, status_object(
+            raise Refused(409, status_object(
                 409, "Conflict", f'Operation cannot be fulfilled on nodes "{name}": the object '
                 "has been modified; please apply your changes to the latest version and try "
                 "again", name, "nodes"))
         if wanted.get("uid") not in (None, old_meta["uid"]):
-            raise _Refused(409, status_object(
+            raise Refused(409, status_object(
                 409, "Conflict", f"Precondition failed: UID in precondition: {wanted['uid']}, "
                 f"UID in object meta: {old_meta['uid']}", name, "nodes"))
         if meta.get("name") != name:
-            raise _bad_request(f"the name of the object ({meta.get('name')}) does not match the "
+            raise bad_request(f"the name of the object ({meta.get('name')}) does not match the "
                                f"name on the URL ({name})")
         for key in ("uid", "resourceVersion", "creationTimestamp"):
             meta[key] = old_meta[key]
         new["kind"], new["apiVersion"] = old.get("kind", "Node"), old.get("apiVersion", "v1")
-        _check_string_map(meta, "labels")
-        _check_string_map(meta, "annotations")
+        check_string_map(meta, "labels")
+        check_string_map(meta, "annotations")
         return new
 
     @staticmethod
@@ -628,26 +292,26 @@ class FakeApiServer:
         denied = f'User "{user.name}" cannot {verb} resource "{resource}" in API group "" at ' \
             "the cluster scope"
         if user.node is None or (verb != "patch" and resource != "nodes"):
-            raise _forbidden(name, denied)
+            raise forbidden(name, denied)
         if verb == "list":
-            raise _forbidden(name, f"{denied}: node '{user.node}' cannot read all nodes, only "
+            raise forbidden(name, f"{denied}: node '{user.node}' cannot read all nodes, only "
                              "its own Node object")
         if verb == "get" and name != user.node:
-            raise _forbidden(name, f"{denied}: node '{user.node}' cannot read '{name}', only its "
+            raise forbidden(name, f"{denied}: node '{user.node}' cannot read '{name}', only its "
                              "own Node object")
 
     @staticmethod
     def _admit(node: str, name: str, new: dict[str, Any], old: dict[str, Any]) -> None:
         """NodeRestriction's admitNode for an update."""
         if name != node:
-            raise _forbidden(name, f'node "{node}" is not allowed to modify node "{name}"')
+            raise forbidden(name, f'node "{node}" is not allowed to modify node "{name}"')
         old_taints = (old.get("spec") or {}).get("taints") or []
         if ((new.get("spec") or {}).get("taints") or []) != old_taints:
-            raise _forbidden(name, f'node "{node}" is not allowed to modify taints')
+            raise forbidden(name, f'node "{node}" is not allowed to modify taints')
         labels = forbidden_labels(new["metadata"].get("labels") or {},
                                   old["metadata"].get("labels") or {})
         if labels:
-            raise _forbidden(name, f"is not allowed to modify labels: {', '.join(labels)}")
+            raise forbidden(name, f"is not allowed to modify labels: {', '.join(labels)}")
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -697,7 +361,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             try:
                 status, answer = api._handle(self.command, url.path, content_type.lower(), body,
                                              _User(cn or "", tuple(groups)))
-            except _Refused as refusal:
+            except Refused as refusal:
                 status, answer = refusal.code, refusal.body
             except Exception:
                 api.errors.append(traceback.format_exc())

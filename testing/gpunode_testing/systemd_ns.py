@@ -38,6 +38,10 @@ work directory must be outside them: /var/lib/gpunode-tests/<something> is a goo
 
 Every start() puts a canary file in the machine's /tmp and /var/tmp and close() checks it is still
 there; if it is gone close() raises HostDamaged: stop and find out why.
+
+This module is longer than 450 lines because a fifth of it is the explanation above, and the
+rest is one lifecycle (prepare, start, run, stop, check the machine is untouched) whose parts
+only make sense together.
 """
 
 from __future__ import annotations

@@ -14,13 +14,8 @@ import yaml
 
 from conftest import HostFactory
 from gpunode.host import Host
-from gpunode_testing.kube_api import (
-    KUBELET_CLIENT,
-    KUBELET_KUBECONFIG,
-    FakeApiServer,
-    Pki,
-    join,
-)
+from gpunode_testing.kube_api import KUBELET_CLIENT, KUBELET_KUBECONFIG, FakeApiServer, join
+from gpunode_testing.pki import Pki
 from hostile.support import Cli, check_refusal
 
 NODE = "nc4as-t4-v3-vmss000000"  # the fixture's hostname

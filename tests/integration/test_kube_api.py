@@ -14,15 +14,9 @@ from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.host import Host
 from gpunode.kube import label as step
 from gpunode.kube.client import ApiError
-from gpunode_testing.kube_api import (
-    DROP,
-    KUBELET_CLIENT,
-    KUBELET_KUBECONFIG,
-    FakeApiServer,
-    Pki,
-    join,
-    make_node,
-)
+from gpunode_testing.kube_api import DROP, KUBELET_CLIENT, KUBELET_KUBECONFIG, FakeApiServer, join
+from gpunode_testing.kube_objects import make_node
+from gpunode_testing.pki import Pki
 
 NODE = "nc4as-t4-v3-vmss000000"  # the fixture's hostname
 KUBECONFIG, CLIENT = KUBELET_KUBECONFIG, KUBELET_CLIENT

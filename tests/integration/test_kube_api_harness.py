@@ -15,16 +15,9 @@ from typing import Any
 
 import pytest
 
-from gpunode_testing.kube_api import (
-    DROP,
-    MERGE_PATCH,
-    STRATEGIC_PATCH,
-    FakeApiServer,
-    Pki,
-    issue_client_cert,
-    make_node,
-    make_pki,
-)
+from gpunode_testing.kube_api import DROP, MERGE_PATCH, STRATEGIC_PATCH, FakeApiServer
+from gpunode_testing.kube_objects import make_node
+from gpunode_testing.pki import Pki, issue_client_cert, make_pki
 
 NODE = "/api/v1/nodes/gpu-node-1"
 

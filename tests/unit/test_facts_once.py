@@ -22,6 +22,15 @@ FACTS = {
     "the timestamp format": "%Y-%m-%dT%H:%M:%S",
     "systemd's ExecStart prefixes": "-@+!:",
     "the kubelet's flag file": "/var/lib/kubelet/kubeadm-flags.env",
+    "the running kernel's release": "/proc/sys/kernel/osrelease",
+    "this boot's id": "/proc/sys/kernel/random/boot_id",
+    "Flatcar's own driver unit": "nvidia.service",
+    "Flatcar's sysext enablement file": "/etc/flatcar/enabled-sysext.conf",
+    "the temporary-file suffix": ".gpunode-tmp",
+    "the NVIDIA modules' load order": "nvidia_peermem",
+    "the driver's /proc directory": "/proc/driver/nvidia",
+    "gpunode's containerd drop-in": "10-gpunode.conf",
+    "gpunode's kubelet drop-in": "20-gpunode-registration.conf",
 }
 
 
