@@ -184,7 +184,7 @@ def _import_refusal(probe: Probe, binary: str, copied_from: str | None) -> str |
     version = probe.version(binary)
     if version is None:
         return f"the version of {binary} is unknown (it cannot be run here)"
-    if version < (2, 1):
+    if version < schema.MERGES_FROM:
         return (f"containerd {version[0]}.{version[1]} lets an imported file replace the main "
                 "file's whole CRI plugin table instead of merging it (containerd#5837, fixed in "
                 "2.1): the main file's CRI settings and runc would be lost")

@@ -27,7 +27,8 @@ from gpunode.status.facts import (
 )
 
 
-def config_facts(host: Host, config: AgentConfig) -> ContainerdFacts:
+def config_facts(host: Host, config: AgentConfig,
+                 manager: systemd.Systemd | None = None) -> ContainerdFacts:
     """The runtime as containerd sees it: its own `config dump` on a live host where the binary
     runs; else gpunode's model of its merge of the file and its imports, for each containerd
     behaviour that reads this config version (1.x replaces imported plugin tables, 2.1+ merges
@@ -38,7 +39,7 @@ def config_facts(host: Host, config: AgentConfig) -> ContainerdFacts:
             active = discover.ActiveConfig(config.containerd.config_path,
                                            f"containerd.config_path in {config.source}")
         else:
-            active = discover.active_config(host, systemd.for_host(host.is_live))
+            active = discover.active_config(host, manager or systemd.for_host(host.is_live))
         doc = discover.load_config(host, active.path)
         version = discover.schema.config_version(doc)
         views, judge = _containerd_views(host, active, doc, version)
@@ -78,11 +79,11 @@ def config_facts(host: Host, config: AgentConfig) -> ContainerdFacts:
     )
 
 
-def daemon_start(host: Host) -> DaemonStart:
+def daemon_start(host: Host, manager: systemd.Systemd | None = None) -> DaemonStart:
     if not host.is_live:
         return DaemonStart(unknown=f"under --root {host.root} no service manager says when "
                            "containerd started")
-    manager = systemd.for_host(True)
+    manager = manager or systemd.for_host(True)
     try:
         main = manager.main_process(CONTAINERD_UNIT)
     except GpunodeError as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 
-from gpunode import driverinfo
+from gpunode import driverinfo, systemd
 from gpunode.config import AgentConfig
 from gpunode.detect import Detection, detect, module_loaded
 from gpunode.driver import devices
@@ -38,6 +38,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
     except GpunodeError as exc:
         modeset, version_error = False, version_error or Failure.of(exc)
     last_boot, last_boot_error = _last_boot(host)
+    manager = systemd.for_host(host.is_live)  # one service manager connection for the reading
     name = nodename.observe(host, config.kubernetes.node_name)
     return StatusFacts(
         root=str(host.root),
@@ -46,7 +47,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         driver_version_text=version_text,
         gpu_infos=gpu_infos,
         device_nodes=_device_nodes_now(host, gpu_infos, devices_text or "", modeset),
-        containerd=containerd.config_facts(host, config),
+        containerd=containerd.config_facts(host, config, manager),
         device_plugin_socket=_dev_node(host, config.kubelet.device_plugin_socket),
         processes=observe_processes(host, ("containerd", "kubelet")),
         last_boot=last_boot,
@@ -58,7 +59,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         machine=(_read(host, "/sys/class/dmi/id/product_name")[0] or "").strip() or None,
         user_labels=dict(config.kubernetes.labels),
         driver_error=version_error or devices_error,
-        containerd_start=containerd.daemon_start(host),
+        containerd_start=containerd.daemon_start(host, manager),
         containerd_interrupted=containerd.pending_change(host),
         driver_flavour=config.driver.flavour,
         node_name=name,
