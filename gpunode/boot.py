@@ -53,15 +53,18 @@ class Adapters:
     systemd: Systemd
     kmod: Kmod
     build: Any = None  # (fetcher, builder) for the build strategy
+    probe: Any = None  # what the containerd binary says (containerd.probe); None: by the host
 
 
 def adapters_for(host: Host, config: AgentConfig) -> Adapters:
+    from gpunode.containerd.probe import CommandProbe, NoProbe
     from gpunode.driver import builders
     from gpunode.driver.modules import KmodTools
     from gpunode.systemd import for_host
 
     return Adapters(systemd=for_host(host.is_live), kmod=KmodTools(may_load=host.is_live),
-                    build=builders.default_adapters(config.driver.build, host))
+                    build=builders.default_adapters(config.driver.build, host),
+                    probe=CommandProbe() if host.is_live else NoProbe())
 
 
 @dataclass(frozen=True)
@@ -224,7 +227,8 @@ def _containerd_plan(ctx: Context) -> list[str]:
     from gpunode.containerd import step as containerd
 
     # While an interrupted change is pending, boot rolls it back first: say so.
-    the_plan = containerd.preview(ctx.host, ctx.config.containerd, ctx.adapters.systemd)
+    the_plan = containerd.preview(ctx.host, ctx.config.containerd, ctx.adapters.systemd,
+                                  probe=ctx.adapters.probe)
     return the_plan.describe() if the_plan.changed else []
 
 
@@ -238,7 +242,8 @@ def _containerd_apply(ctx: Context, fields: dict[str, Any]) -> bool:
     c = ctx.config.containerd
     rolls_back = journal.pending(ctx.host)
     the_plan, outcome = containerd.configure(ctx.host, c, ctx.adapters.systemd,
-                                             c.restart_timeout, report=fields)
+                                             c.restart_timeout, report=fields,
+                                             probe=ctx.adapters.probe)
     fields.update(restarted=outcome.restarted)
     ctx.found["containerd"] = the_plan
     return outcome.changed or rolls_back

@@ -13,7 +13,6 @@ everything back (the directories it made included) if containerd does not come b
 from __future__ import annotations
 
 import contextlib
-import difflib
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -80,27 +79,15 @@ class Plan:
     def diff(self) -> str:
         """A unified diff; a new writable copy is shown against the original it copies."""
         before = self.before if self.before is not None else self.source_text
-        text = _unified(before, self.edit.text, self.copied_from or self.target, self.target)
+        text = tomltext.unified_diff(before, self.edit.text, self.copied_from or self.target,
+                                     self.target)
         if self.import_changed and self.import_text is not None:
-            text += _unified(self.import_before or "", self.import_text,
-                             IMPORT_FILE if self.import_before else "/dev/null", IMPORT_FILE)
+            text += tomltext.unified_diff(self.import_before or "", self.import_text,
+                                          IMPORT_FILE if self.import_before else "/dev/null",
+                                          IMPORT_FILE)
         if self.dropin_text is not None:
-            text += _unified("", self.dropin_text, "/dev/null", DROPIN)
+            text += tomltext.unified_diff("", self.dropin_text, "/dev/null", DROPIN)
         return text
-
-
-def _unified(before: str, after: str, fromfile: str, tofile: str) -> str:
-    """difflib's unified diff, with GNU diff's marker after a last line that has no newline
-    (without it `patch` refuses the diff, or adds a newline the file never had)."""
-    lines = difflib.unified_diff(_lines(before), _lines(after), fromfile=fromfile, tofile=tofile)
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-                   for line in lines)
-
-
-def _lines(text: str) -> list[str]:
-    """Lines as `patch` counts them: split at newlines only (not at \\r, \\f, ...)."""
-    parts = text.split("\n")
-    return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
 
 @dataclass(frozen=True)
@@ -282,12 +269,13 @@ def _known_targets(host: Host, systemd: Systemd | None, explicit: str | None) ->
 
 def configure(host: Host, config: ContainerdConfig, systemd: Systemd, restart_timeout: float,
               explicit: str | None = None, force: bool = False,
-              report: dict[str, Any] | None = None) -> tuple[Plan, Outcome]:
+              report: dict[str, Any] | None = None,
+              probe: Probe | None = None) -> tuple[Plan, Outcome]:
     """`containerd configure` and boot's containerd step: roll back an interrupted change,
     plan from the files as that leaves them, apply. `report` (the step's log fields) says
     what happened as it happens, so a failure's event is as true as a success's (apply)."""
     recover(host, systemd, explicit or config.config_path)
-    the_plan = plan(host, config, systemd, explicit, force=force)
+    the_plan = plan(host, config, systemd, explicit, force=force, probe=probe)
     return the_plan, apply(host, the_plan, systemd, restart_timeout, report)
 
 
@@ -311,13 +299,14 @@ class PendingRollback:
 
 
 def preview(host: Host, config: ContainerdConfig, systemd: Systemd | None,
-            explicit: str | None = None, force: bool = False) -> Plan | PendingRollback:
+            explicit: str | None = None, force: bool = False,
+            probe: Probe | None = None) -> Plan | PendingRollback:
     """What configure (and boot) would do: the plan, or, while an interrupted change is
     pending, the rollback they start with. Nothing is written."""
     targets = _known_targets(host, systemd, explicit or config.config_path)
     pending = journal.preview(host, targets)
     if pending is None:
-        return plan(host, config, systemd, explicit, force=force)
+        return plan(host, config, systemd, explicit, force=force, probe=probe)
     target = pending[0] or explicit or config.config_path or WRITABLE_CONFIG
     return PendingRollback(target, tuple(pending[1]))
 

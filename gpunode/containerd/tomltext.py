@@ -193,7 +193,18 @@ def unapply(text: str, runs: tuple[tuple[Hunk, ...], ...]) -> str | None:
     return "".join(lines)
 
 
+def unified_diff(before: str, after: str, fromfile: str, tofile: str) -> str:
+    """difflib's unified diff, with GNU diff's marker after a last line that has no newline
+    (without it `patch` refuses the diff, or adds a newline the file never had)."""
+    from difflib import unified_diff as diff
+
+    lines = diff(split_lines(before), split_lines(after), fromfile=fromfile, tofile=tofile)
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                   for line in lines)
+
+
 def split_lines(text: str) -> list[str]:
+    """Lines as `patch` counts them: split at newlines only (not at \\r, \\f, ...)."""
     parts = text.split("\n")
     return [part + "\n" for part in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
 
