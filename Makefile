@@ -6,12 +6,14 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 DEMO   ?= demo-host
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids \
-                systemd dbus containerd kmod binutils ignition squashfs-tools openssl shellcheck
+                systemd dbus containerd kmod binutils ignition squashfs-tools openssl shellcheck \
+                podman crun busybox-static
 
 .PHONY: setup demo test lint fetch-containerd fetch-kmod-tree bench clean
 
 # pystemd builds from source against libsystemd; pci.ids gives detect real product names;
-# shellcheck checks gpunode/driver/build.sh in the tests.
+# shellcheck checks gpunode/driver/build.sh in the tests; podman (run by crun) starts containers
+# from a busybox-static root file system as a second CDI consumer (gpunode_testing.podman).
 $(VENV)/.apt-done:
 	@if command -v dpkg >/dev/null && ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
