@@ -10,6 +10,7 @@ script. The default layout is the Flatcar driver sysext's (/usr/lib64, /usr/bin,
 from __future__ import annotations
 
 import hashlib
+import shlex
 from pathlib import Path
 
 # name → SONAME suffix, as the driver's libraries carry them (libnvidia-gpucomp and the
@@ -59,3 +60,14 @@ def _link(link: Path, target: str) -> None:
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(target)
+
+
+def install_lines(fixture: Path) -> list[str]:
+    """Shell lines that put a fixture's user-space (the sysext layout) on the live root of a
+    namespace whose /usr is a copy-on-write overlay (never the machine's own /usr)."""
+    lines = []
+    for directory in ("usr/lib64", "usr/bin", "lib/firmware/nvidia"):
+        if (fixture / directory).is_dir():
+            source = shlex.quote(f"{fixture}/{directory}/.")
+            lines += [f"mkdir -p /{directory}", f"cp -a {source} /{directory}/"]
+    return lines
