@@ -3,18 +3,23 @@ its own version, and refused (never hung on) when what is there is no library.""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
 
 import pytest
 
-from conftest import HostFactory
+from conftest import HostFactory, with_runtime_binary
+from gpunode import __version__, boot, fastpath
+from gpunode.config import AgentConfig
 from gpunode.driver import userspace
 from gpunode.errors import DriverError
 from gpunode.host import Host
+from gpunode.systemd import NoSystemd
 from gpunode_testing import fixtures
 from gpunode_testing.driver_files import ELF64_LIBRARY, write_userspace
+from hostile.support import Cli
 
 VERSION = "550.127.08"
 KERNEL = fixtures.KERNEL
@@ -161,3 +166,59 @@ def test_every_gpu_has_a_distinct_uuid_in_the_drivers_format(make_host: HostFact
              for line in host.read_text(path).splitlines() if line.startswith("GPU UUID:")]
     assert len(set(uuids)) == 8
     assert all(len(u) == 40 and u.startswith("GPU-") and u.count("-") == 5 for u in uuids)
+
+
+# -- the driver step, the boot record, the no-op stamp, driver status ---------------------------
+
+
+class NoKernel:
+    """A loaded driver needs no modprobe."""
+
+    def depends(self, path: str) -> list[str]:
+        return []
+
+    def run(self, argv: tuple[str, ...]) -> None:
+        raise AssertionError(f"boot loaded a module on a loaded node: {argv}")
+
+
+def _boot(host: Host) -> boot.BootRun:
+    return boot.boot(host, AgentConfig(), boot.Adapters(systemd=NoSystemd(), kmod=NoKernel()))
+
+
+def test_boot_records_the_driver_root_and_a_removed_libcuda_makes_the_next_boot_run(
+        make_host: HostFactory) -> None:
+    host = with_runtime_binary(make_host("nc24ads-a100-v4", "ready"))
+    run = _boot(host)
+    assert run.outcome == "ok", run.steps
+    driver = next(s for s in run.steps if s["name"] == "driver")
+    assert driver["driver_root"] == {"root": "/", "libraries": 10, "binaries": 5, "firmware": 2,
+                                     "persistenced_socket": False}
+    assert fastpath.unchanged(str(host.root), __version__, None)
+    (host.root / f"usr/lib64/libcuda.so.{VERSION}").unlink()
+    assert not fastpath.unchanged(str(host.root), __version__, None)
+    again = _boot(host)
+    driver = next(s for s in again.steps if s["name"] == "driver")
+    assert (again.outcome, driver["code"]) == ("failed", "driver-unavailable")
+    assert f"libcuda.so.{VERSION}" in driver["error"] and "Flatcar driver sysext" in driver["hint"]
+
+
+def test_driver_status_says_where_the_user_space_is(make_host: HostFactory, cli: Cli) -> None:
+    host = make_host("nc24ads-a100-v4", "ready")
+    result = cli("--root", str(host.root), "driver", "status")
+    assert "user-space: / (10 libraries, 5 binaries, 2 firmware files)" in result.out
+    result = cli("--root", str(host.root), "driver", "status", "--json")
+    document = json.loads(result.out)
+    assert document["driver_root"]["root"] == "/" and document["driver_root_error"] is None
+    assert f"/usr/lib64/libcuda.so.{VERSION}" in document["driver_root"]["libraries"]
+
+
+def test_driver_status_says_why_there_is_no_user_space(make_host: HostFactory, cli: Cli) -> None:
+    host = make_host("nc4as-t4-v3", "ready")
+    (host.root / f"usr/lib64/libnvidia-ml.so.{VERSION}").unlink()
+    result = cli("--root", str(host.root), "driver", "status")
+    assert f"user-space: not found: NVIDIA {VERSION} is loaded, but its user-space is missing" \
+        in result.out
+    bare_host = make_host("nc4as-t4-v3", "bare")
+    document = json.loads(cli("--root", str(bare_host.root), "driver", "status", "--json").out)
+    assert (document["driver_root"], document["driver_root_error"]) == (
+        None, "no NVIDIA driver is loaded")
