@@ -63,11 +63,15 @@ def _link(link: Path, target: str) -> None:
 
 
 def install_lines(fixture: Path) -> list[str]:
-    """Shell lines that put a fixture's user-space (the sysext layout) on the live root of a
-    namespace whose /usr is a copy-on-write overlay (never the machine's own /usr)."""
+    """Shell lines that put a fixture's driver user-space (the sysext layout: only the files
+    write_userspace makes, never the fixture's other stand-ins such as /usr/bin/containerd) on
+    the live root of a namespace whose /usr is a copy-on-write overlay."""
+    names = {"usr/lib64": lambda n: n.startswith(tuple(LIBRARIES)),
+             "usr/bin": BINARIES.__contains__, "lib/firmware/nvidia": lambda n: True}
     lines = []
-    for directory in ("usr/lib64", "usr/bin", "lib/firmware/nvidia"):
-        if (fixture / directory).is_dir():
-            source = shlex.quote(f"{fixture}/{directory}/.")
-            lines += [f"mkdir -p /{directory}", f"cp -a {source} /{directory}/"]
+    for directory, wanted in names.items():
+        files = sorted(p for p in (fixture / directory).glob("*") if wanted(p.name))
+        if files:
+            lines += [f"mkdir -p /{directory}",
+                      f"cp -a {' '.join(shlex.quote(str(f)) for f in files)} /{directory}/"]
     return lines
