@@ -38,7 +38,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from gpunode import kernelinfo
+from gpunode import flatcar, kernelinfo
 from gpunode.config import DriverConfig
 from gpunode.errors import DriverError, GpunodeError
 from gpunode.host import Host
@@ -86,7 +86,7 @@ class Layout:
 LAYOUTS = (
     Layout("system", "/", ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib"),
            ("/usr/bin", "/usr/sbin")),
-    Layout("nvidia.service", "/opt/nvidia/{version}/{kernel}", ("usr/lib64",), ("/opt/bin",)),
+    Layout(flatcar.NVIDIA_UNIT, "/opt/nvidia/{version}/{kernel}", ("usr/lib64",), ("/opt/bin",)),
     Layout("prebuilt", "{prebuilt}/{kernel}", ("lib", "lib64"), ("bin",),
            ("firmware/nvidia/{version}",)),
 )
@@ -126,7 +126,7 @@ def find(host: Host, version: str, *,
         f"of {', '.join(host.display(d) for d in looked)}"
         + (f" ({'; '.join(dict.fromkeys(notes))})" if notes else ""),
         f"install the user-space of driver {version} with its modules: the Flatcar driver "
-        "sysext ships it in /usr/lib64, Flatcar's nvidia.service in /opt/nvidia/<version>/"
+        f"sysext ships it in /usr/lib64, Flatcar's {flatcar.NVIDIA_UNIT} in /opt/nvidia/<version>/"
         "<kernel>/usr/lib64, a driver.prebuilt_dirs directory in <dir>/<kernel>/lib; a "
         "library of another version means the user-space and the loaded modules differ "
         "(reboot after a driver update)")
