@@ -201,15 +201,17 @@ def _driver_apply(ctx: Context, fields: dict[str, Any]) -> bool:
     outcome = driver.apply(ctx.host, the_plan, ctx.config.driver, ctx.adapters.kmod,
                            ctx.adapters.build)
     fields.update(outcome.fields())
+    ctx.found["driver_root"] = outcome.driver_root
     return (bool(outcome.loaded or outcome.nodes) or the_plan.sysext_line is not None
             or the_plan.choice.action == "build")
 
 
 def _driver_inputs(ctx: Context) -> list[str]:
     """What the driver step found right: the loaded modules, what the driver says about itself
-    and its GPUs and capabilities, the majors, and every device node with its /dev/char link."""
+    and its GPUs and capabilities, the majors, every device node with its /dev/char link, and
+    the directories of the driver's user-space (a removed libcuda makes the next boot run)."""
     from gpunode import driverinfo
-    from gpunode.driver import devices
+    from gpunode.driver import devices, userspace
     from gpunode.driver import step as driver
 
     nodes = driver.wanted_nodes(ctx.host)
@@ -217,7 +219,8 @@ def _driver_inputs(ctx: Context) -> list[str]:
             f"{driverinfo.PROC_NVIDIA}/gpus/",
             *driverinfo.gpu_information_files(ctx.host).values(),
             f"{devices.CAPS_DIR}/config", f"{devices.CAPS_DIR}/monitor",
-            *(node.path for node in nodes), *(node.char_link for node in nodes)]
+            *(node.path for node in nodes), *(node.char_link for node in nodes),
+            *(userspace.watched(found) if (found := ctx.found.get("driver_root")) else [])]
 
 
 # -- containerd -----------------------------------------------------------------------------------

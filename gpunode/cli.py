@@ -13,12 +13,15 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from gpunode import cliargs, log
 from gpunode.config import AgentConfig, check_flag, load_config, with_flags
 from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
 from gpunode.host import Host
+
+if TYPE_CHECKING:
+    from gpunode.driver.userspace import DriverRoot
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -252,23 +255,44 @@ def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> 
 
 def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot, status
-    from gpunode.driver import step
+    from gpunode.driver import step, userspace
 
     facts = status.observe(host, config, contact_api=False)
     report = status.driver_report(status.evaluate(facts))
     kmod = boot.adapters_for(host, config).kmod
     plan_lines, plan_error = step.load_preview(host, config.driver, facts.detection,
                                                facts.undecided, kmod)
+    found, userspace_error = _driver_userspace(host, config)
     if args.json:
         _print_json({"schema_version": 1, "root": str(host.root), "ready": report.ready,
                      "plan": plan_lines, "plan_error": plan_error,
+                     "driver_root": dataclasses.asdict(found) if found else None,
+                     "driver_root_error": userspace_error,
                      "checks": [dataclasses.asdict(c) for c in report.checks]})
     else:
         from gpunode import render
 
         print(render.status(report, str(host.root), colour=sys.stdout.isatty()))
         print("plan: " + ("; ".join(plan_lines) if plan_lines else f"cannot plan: {plan_error}"))
+        print("user-space: " + (userspace.describe(found) if found else
+                                f"not found: {userspace_error}"))
     return EXIT_OK if report.ready else EXIT_FAILED
+
+
+def _driver_userspace(host: Host, config: AgentConfig) -> tuple[DriverRoot | None, str | None]:
+    """The loaded driver's user-space (gpunode.driver.userspace), or why there is none."""
+    from gpunode import driverinfo
+    from gpunode.driver import userspace
+
+    try:
+        version = driverinfo.parse_version(
+            host.read_optional(f"{driverinfo.PROC_NVIDIA}/version") or "")
+        if version is None:
+            return None, "no NVIDIA driver is loaded"
+        return userspace.find(host, version.version,
+                              prebuilt_dirs=config.driver.prebuilt_dirs), None
+    except GpunodeError as exc:
+        return None, f"{exc}" + (f" ({exc.hint})" if exc.hint else "")
 
 
 def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gpunode import command, driverinfo, flatcar, kernelinfo, log
 from gpunode.config import DriverConfig
 from gpunode.detect import Detection, PciFunction, loaded_modules
-from gpunode.driver import devices, flavour, modules, nouveau, strategy
+from gpunode.driver import devices, flavour, modules, nouveau, strategy, userspace
 from gpunode.errors import CommandFailed, DriverError, GpunodeError
 from gpunode.host import Host
 
@@ -60,11 +60,13 @@ class Outcome:
     loaded: tuple[str, ...]
     nodes: tuple[str, ...]
     source: str | None
+    driver_root: userspace.DriverRoot | None = None  # where the loaded driver's user-space is
 
     def fields(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "flavour": self.flavour, "driver_version": self.version,
                 "modules_loaded": list(self.loaded), "device_nodes": list(self.nodes),
-                "source": self.source}
+                "source": self.source, "driver_root": (
+                    userspace.record_fields(self.driver_root) if self.driver_root else None)}
 
 
 # -- observation ---------------------------------------------------------------------------------
@@ -219,9 +221,12 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
         raise DriverError("; ".join(problems), "see 'dmesg | grep NVRM'")
     version = driverinfo.parse_version(host.read_optional(f"{driverinfo.PROC_NVIDIA}/version")
                                        or "")
+    assert version is not None  # verify() said it parses
+    # The loaded driver's user-space, found once: the CDI spec and status read this record.
+    found = userspace.find(host, version.version, prebuilt_dirs=config.prebuilt_dirs)
     return Outcome(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
-                   version=version.version if version else None, loaded=loaded,
-                   nodes=tuple(nodes), source=source)
+                   version=version.version, loaded=loaded, nodes=tuple(nodes), source=source,
+                   driver_root=found)
 
 
 def _add_sysext_line(host: Host, name: str) -> None:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from gpunode_testing import fixtures
+from gpunode_testing.driver_files import install_lines
 
 # The repository's units/ (this package is installed editable from testing/).
 UNITS = Path(__file__).resolve().parents[2] / "units"
@@ -33,15 +34,17 @@ WantedBy=multi-user.target
 
 
 def node_prepare(fixture: Path) -> list[str]:
-    """Shell lines run inside before systemd starts: the fixture's PCI functions and driver files
-    over the real ones, gpunode on /usr/bin, Flatcar's containerd config on /usr."""
+    """Shell lines run inside before systemd starts (with /usr a copy-on-write overlay): the
+    fixture's PCI functions and driver files over the real ones, its driver user-space, gpunode
+    on /usr/bin, Flatcar's containerd config on /usr."""
     gpunode = Path(sys.executable).with_name("gpunode")
     lines = [f"mount -n --bind {fixture}/sys/bus/pci/devices /sys/bus/pci/devices"]
     if (fixture / "proc/driver/nvidia").exists():
         lines.append(f"mount -n --bind {fixture}/proc/driver /proc/driver")
     # This kernel has no /proc/modules (no module support): gpunode then reads /sys/module.
     lines += [f"mount -n --bind {fixture}/sys/module /sys/module",
-              f"mount -n --bind {fixture}/proc/devices /proc/devices"]
+              f"mount -n --bind {fixture}/proc/devices /proc/devices",
+              *install_lines(fixture)]  # the driver's user-space, onto the /usr overlay
     lines += [
         f"printf '#!/bin/sh\\nexec {gpunode} \"$@\"\\n' > /usr/bin/gpunode",
         "chmod 755 /usr/bin/gpunode",

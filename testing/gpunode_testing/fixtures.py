@@ -251,9 +251,10 @@ def _devices(loaded: bool) -> str:
 
 
 def load_driver(root: Path, machine: Machine, flat: bool = False) -> None:
-    """What the kernel shows once the NVIDIA modules are loaded: the GPUs bound to nvidia,
-    the modules in /proc/modules, their majors in /proc/devices, /proc/driver/nvidia. Device
-    nodes are not made (udev does not make them all; gpunode does)."""
+    """What the kernel shows once the NVIDIA modules are loaded (GPUs bound to nvidia, modules,
+    majors, /proc/driver/nvidia) and their user-space (driver_files). No device nodes: udev
+    does not make them all; gpunode does."""
+    from gpunode_testing.driver_files import gpu_uuid, write_userspace
     for fn in machine.functions:
         _write_function(root, fn, True, flat)
     _write(root, "/proc/modules", _modules(machine, True))
@@ -270,10 +271,11 @@ def load_driver(root: Path, machine: Machine, flat: bool = False) -> None:
     for minor, g in enumerate(_usable(machine)):
         _write(root, f"/proc/driver/nvidia/gpus/{g.address}/information",
                f"Model: \t\t {names.get(g.device, 'NVIDIA Graphics Device')}\nIRQ:   \t\t 0\n"
-               f"GPU UUID: \t GPU-{minor:08x}-0000-0000-0000-000000000000\n"
+               f"GPU UUID: \t {gpu_uuid(machine.name, g.address)}\n"
                f"Video BIOS: \t 92.00.00.00.01\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
                f"DMA Mask: \t 0x7fffffffffff\nBus Location: \t {g.address}\n"
                f"Device Minor: \t {minor}\nGPU Excluded:\t No\n")
+    write_userspace(root, machine.driver_version, machine.open_modules)
 
 
 def _usable(machine: Machine) -> list[Fn]:

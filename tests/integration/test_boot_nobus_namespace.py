@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from gpunode_testing import fixtures
+from gpunode_testing.driver_files import install_lines
 
 GPUNODE = Path(sys.executable).with_name("gpunode")
 OVERLAYS = ("etc", "usr", "var/lib", "dev")
@@ -148,6 +149,7 @@ def test_boot_on_the_live_root_without_a_bus_configures_and_notes_what_it_skippe
         f"mount -n --bind {f}/sys/module /sys/module",
         f"mount -n --bind {f}/proc/driver /proc/driver",
         f"mount -n --bind {f}/proc/devices /proc/devices",
+        *install_lines(fixture),  # the driver's user-space, onto the /usr overlay
         "mkdir -p /usr/share/containerd /etc/gpunode /etc/systemd/system",
         f"cp {f}/usr/share/containerd/config.toml /usr/share/containerd/config.toml",
         f"cp {f}/usr/lib/systemd/system/containerd.service /etc/systemd/system/",

@@ -1,0 +1,77 @@
+"""The NVIDIA driver's user-space in a fixture tree: libraries with their SONAME links,
+binaries, GSP firmware, laid out as a real install puts them (gpunode/driver/userspace.py
+names the layouts and their sources), and each GPU's UUID.
+
+The files are stand-ins: a library is a 64-bit ELF header and a few bytes, a binary a shell
+script. The default layout is the Flatcar driver sysext's (/usr/lib64, /usr/bin,
+/lib/firmware/nvidia/<version>).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from pathlib import Path
+
+# name → SONAME suffix, as the driver's libraries carry them (libnvidia-gpucomp and the
+# versioned-SONAME ones have no separate link)
+LIBRARIES = {
+    "libcuda": "1", "libnvidia-ml": "1", "libnvidia-ptxjitcompiler": "1", "libnvidia-nvvm": "4",
+    "libnvidia-opencl": "1", "libnvidia-cfg": "1", "libnvidia-allocator": "1",
+    "libcudadebugger": "1", "libnvidia-gpucomp": None, "libnvidia-pkcs11-openssl3": None,
+}
+BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
+            "nvidia-cuda-mps-server")
+OPEN_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+ELF64_LIBRARY = b"\x7fELF\x02\x01\x01\x00" + b"\x00" * 8 + b"\x03\x00\x3e\x00"  # ET_DYN x86-64
+
+
+def write_userspace(root: Path, version: str, open_modules: bool, lib_dir: str = "/usr/lib64",
+                    bin_dir: str = "/usr/bin",
+                    firmware_dir: str | None = "/lib/firmware/nvidia/{version}") -> None:
+    """The versioned libraries and their links in `lib_dir`, the binaries in `bin_dir`, and
+    for the open modules the GSP firmware in `firmware_dir` (None: none)."""
+    libs = root / lib_dir.lstrip("/")
+    libs.mkdir(parents=True, exist_ok=True)
+    for name, soname in LIBRARIES.items():
+        (libs / f"{name}.so.{version}").write_bytes(ELF64_LIBRARY)
+        if soname is not None:
+            _link(libs / f"{name}.so.{soname}", f"{name}.so.{version}")
+    _link(libs / "libcuda.so", "libcuda.so.1")
+    bins = root / bin_dir.lstrip("/")
+    bins.mkdir(parents=True, exist_ok=True)
+    for name in BINARIES:
+        (bins / name).write_text("#!/bin/sh\n")
+        (bins / name).chmod(0o755)
+    if open_modules and firmware_dir is not None:
+        firmware = root / firmware_dir.format(version=version).lstrip("/")
+        firmware.mkdir(parents=True, exist_ok=True)
+        for name in OPEN_FIRMWARE:
+            (firmware / name).write_bytes(b"GSP firmware stand-in\n")
+
+
+def gpu_uuid(machine: str, address: str) -> str:
+    """A GPU UUID as the driver prints it (GPU-8-4-4-4-12 hex), fixed per machine and GPU."""
+    h = hashlib.sha256(f"{machine}/{address}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _link(link: Path, target: str) -> None:
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
+def install_lines(fixture: Path) -> list[str]:
+    """Shell lines that put a fixture's driver user-space (the sysext layout: only the files
+    write_userspace makes, never the fixture's other stand-ins such as /usr/bin/containerd) on
+    the live root of a namespace whose /usr is a copy-on-write overlay."""
+    names = {"usr/lib64": lambda n: n.startswith(tuple(LIBRARIES)),
+             "usr/bin": BINARIES.__contains__, "lib/firmware/nvidia": lambda n: True}
+    lines = []
+    for directory, wanted in names.items():
+        files = sorted(p for p in (fixture / directory).glob("*") if wanted(p.name))
+        if files:
+            lines += [f"mkdir -p /{directory}",
+                      f"cp -a {' '.join(shlex.quote(str(f)) for f in files)} /{directory}/"]
+    return lines
