@@ -145,6 +145,11 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
             load = directory_load(host, directory, wanted, config, kmod)
         else:
             load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
+    if version is not None:
+        # The loaded driver's user-space: apply ends by finding it, so a plan that cannot is a
+        # refusal now, not a surprise after the modules and nodes (a driver not loaded yet is
+        # judged once it is).
+        userspace.find(host, version.version, prebuilt_dirs=config.prebuilt_dirs)
     node_fixes: tuple[str, ...] = ()
     if choice.action == "verify" and not load.steps:  # all loaded: its nodes can be checked
         node_fixes = tuple(f"{n.path} ({n.major}:{n.minor}): {why}" for n in wanted_nodes(host)

@@ -222,3 +222,14 @@ def test_driver_status_says_why_there_is_no_user_space(make_host: HostFactory, c
     document = json.loads(cli("--root", str(bare_host.root), "driver", "status", "--json").out)
     assert (document["driver_root"], document["driver_root_error"]) == (
         None, "no NVIDIA driver is loaded")
+
+
+def test_plan_names_missing_user_space_as_the_driver_problem_boot_then_fails_with(
+        make_host: HostFactory) -> None:
+    host = with_runtime_binary(make_host("nc4as-t4-v3", "ready"))
+    (host.root / f"usr/lib64/libcuda.so.{VERSION}").unlink()
+    adapters = boot.Adapters(systemd=NoSystemd(), kmod=NoKernel())
+    (problem,) = boot.plan(host, AgentConfig(), adapters).problems
+    driver = next(s for s in _boot(host).steps if s["name"] == "driver")
+    assert (problem.step, problem.code, problem.error) == ("driver", driver["code"],
+                                                            driver["error"])
