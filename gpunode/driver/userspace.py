@@ -129,7 +129,8 @@ def find(host: Host, version: str, *,
         f"sysext ships it in /usr/lib64, Flatcar's {flatcar.NVIDIA_UNIT} in /opt/nvidia/<version>/"
         "<kernel>/usr/lib64, a driver.prebuilt_dirs directory in <dir>/<kernel>/lib; a "
         "library of another version means the user-space and the loaded modules differ "
-        "(reboot after a driver update)")
+        "(reboot after a driver update); driver.strategy = \"build\" compiles the modules "
+        "only, so its node needs the user-space from one of those places for now")
 
 
 def record_fields(found: DriverRoot) -> dict[str, Any]:
