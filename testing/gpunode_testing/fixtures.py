@@ -142,11 +142,14 @@ def build(machine: Machine, root: Path, options: Options | None = None) -> Path:
     if options.pci_ids:
         _write(root, "/usr/share/misc/pci.ids", PCI_IDS_EXCERPT)
     _write_containerd_base(root)
+    if machine.gpus:
+        _write_userspace(root, machine)
     if loaded:
         load_driver(root, machine, options.flat_sysfs)
         _write_nodes(root, machine, options)
     if options.state == "ready":
         _write_ready(root, machine)
+        _write_cdi_spec(root)
     if options.state in ("driver", "ready"):
         _write_process(root, 812, "containerd", "/usr/bin/containerd --config "
                        "/etc/containerd/config.toml")
@@ -274,6 +277,29 @@ def load_driver(root: Path, machine: Machine, flat: bool = False) -> None:
                f"Video BIOS: \t 92.00.00.00.01\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
                f"DMA Mask: \t 0x7fffffffffff\nBus Location: \t {g.address}\n"
                f"Device Minor: \t {minor}\nGPU Excluded:\t No\n")
+
+
+USERSPACE_LIBS = ("libcuda", "libnvidia-ml", "libnvidia-ptxjitcompiler", "libnvidia-nvvm")
+
+
+def _write_userspace(root: Path, machine: Machine) -> None:
+    """The driver's user-space as the Flatcar driver sysext ships it (placeholder files):
+    the compute libraries, nvidia-smi and the GSP firmware."""
+    version = machine.driver_version
+    for name in USERSPACE_LIBS:
+        _write(root, f"/usr/lib64/{name}.so.{version}", f"{name} {version}\n")
+    _write(root, "/usr/bin/nvidia-smi", "#!/bin/sh\n", mode=0o755)
+    for firmware in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
+        _write(root, f"/lib/firmware/nvidia/{version}/{firmware}", "firmware\n")
+
+
+def _write_cdi_spec(root: Path) -> None:
+    """The CDI spec gpunode boot writes, made by gpunode itself from the tree."""
+    from gpunode import cdi, cdinode
+    from gpunode.host import Host
+
+    host = Host(root)
+    cdinode.write(host, cdi.SPEC_PATH, cdi.render(cdinode.generate(host)))
 
 
 def _usable(machine: Machine) -> list[Fn]:
