@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import stat
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -328,6 +329,46 @@ def _containerd_revert(host: Host, config: AgentConfig, args: argparse.Namespace
     return EXIT_OK
 
 
+def _cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    """The spec on stdout, or written to --output (a host path) only when its bytes change."""
+    from gpunode import cdi, cdinode, nodelock
+    from gpunode.detect import detect_decided
+
+    output = _cdi_output(host, args.output)
+    with log.step("cdi", output=output) as fields:
+        if not detect_decided(host, use_udev=config.detect.use_udev).gpus:
+            fields.update(devices=0, changed=False)
+            log.get().info("cdi.no_gpu", note="no NVIDIA GPU on this node: no CDI spec, "
+                           "nothing written")
+            return EXIT_OK
+        document = cdinode.generate(host)
+        data = cdi.render(document, args.format)
+        fields.update(devices=len(document["devices"]), cdi_version=document["cdiVersion"])
+        if output is None:
+            sys.stdout.write(data.decode())
+            return EXIT_OK
+        with nodelock.held(host, "cdi generate", nodelock.WAIT_SECONDS):
+            fields.update(changed=cdinode.write(host, output, data))
+    return EXIT_OK
+
+
+def _cdi_output(host: Host, output: str | None) -> str | None:
+    """--output names a file under --root: absolute, and not something other than a file."""
+    if output is None:
+        return None
+    if not output.startswith("/") or output.endswith("/") or "\0" in output:
+        raise UsageError(f"--output {output!r}: name an absolute file path on the node "
+                         "(under --root), e.g. /var/run/cdi/nvidia.yaml",
+                         hint="gpunode cdi generate --output /var/run/cdi/nvidia.yaml")
+    try:
+        st = host.stat(output)
+    except GpunodeError as exc:
+        raise UsageError(f"--output {output}: {exc}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"--output {output}: not a regular file; name the spec file to write")
+    return output
+
+
 def _print_json(document: object) -> None:
     print(json.dumps(document, indent=2, sort_keys=False))
 
@@ -409,7 +450,7 @@ COMMANDS: dict[str, Command] = {
     "detect": _detect, "status": _status, "plan": _plan, "boot": _boot, "label": _label,
     "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
     "driver status": _driver_status, "containerd configure": _containerd_configure,
-    "containerd revert": _containerd_revert,
+    "containerd revert": _containerd_revert, "cdi generate": _cdi_generate,
 }
 
 
