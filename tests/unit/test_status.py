@@ -15,8 +15,8 @@ from gpunode.status import Report, evaluate, observe
 from gpunode_testing import fixtures
 
 CHECKS = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
-          "cdi_spec", "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin",
-          "node", "last_boot")
+          "cdi_spec", "containerd_runtime", "containerd_running", "kubelet_running",
+          "device_plugin", "node", "last_boot")
 
 # Checks that are not "ok" in each (machine, state); every other check must be ok.
 NODE = {"node": "skip"}  # no fixture has a kubeconfig: the kubelet has not joined
