@@ -46,6 +46,10 @@ def gpus(host: Host) -> list[tuple[int, str, int]]:
                 f"names the GPU UUID {info.uuid[:80]!r}, which is no CDI device name"
             raise DriverError(f"no CDI spec: {shown} {what}",
                               "look for NVRM errors in 'dmesg'; reload the modules or reboot")
+        if info.uuid.isdigit() or info.uuid == "all" or info.uuid in {u for _, u, _ in found}:
+            raise DriverError(f"no CDI spec: {shown} names the GPU UUID {info.uuid!r}, which "
+                              "another device of the spec is named already",
+                              "look for NVRM errors in 'dmesg'; reload the modules or reboot")
         found.append((index, info.uuid, info.minor))
     return found
 
