@@ -27,10 +27,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpunode.driver.devices import Node
-from gpunode.driver.userspace import DriverRoot
+if TYPE_CHECKING:  # cheap to import: nodelock names SPEC_PATH
+    from gpunode.driver.devices import Node
+    from gpunode.driver.userspace import DriverRoot
 
 KIND = "nvidia.com/gpu"
 SPEC_PATH = "/var/run/cdi/nvidia.yaml"  # in CDI's and containerd's default spec dirs

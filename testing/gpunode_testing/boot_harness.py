@@ -42,6 +42,10 @@ def node_prepare(fixture: Path) -> list[str]:
     # This kernel has no /proc/modules (no module support): gpunode then reads /sys/module.
     lines += [f"mount -n --bind {fixture}/sys/module /sys/module",
               f"mount -n --bind {fixture}/proc/devices /proc/devices"]
+    if (fixture / "usr/lib64").is_dir():  # the driver's user-space (boot's CDI spec mounts it)
+        lines += [f"mkdir -p /usr/lib64 /usr/lib/firmware && cp {fixture}/usr/lib64/* /usr/lib64/",
+                  f"cp -r {fixture}/lib/firmware/nvidia /usr/lib/firmware/",
+                  f"cp {fixture}/usr/bin/nvidia-smi /usr/bin/nvidia-smi"]
     lines += [
         f"printf '#!/bin/sh\\nexec {gpunode} \"$@\"\\n' > /usr/bin/gpunode",
         "chmod 755 /usr/bin/gpunode",
