@@ -21,7 +21,7 @@ from gpunode import flatcar, kernelinfo, log, records
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
 from gpunode.detect import SYSFS_PCI_DEVICES, Detection, detect, require_decided
 from gpunode.driver.modules import Kmod
-from gpunode.errors import ConflictError, GpunodeError
+from gpunode.errors import ConflictError, DriverError, GpunodeError
 from gpunode.host import Host
 from gpunode.state import SCHEMA_VERSION, STATE_PATH
 from gpunode.systemd import Systemd
@@ -93,6 +93,7 @@ class Context:
     adapters: Adapters
     detection: Detection | None = None
     found: dict[str, Any] = field(default_factory=dict)  # a step's apply → its inputs
+    failed: set[str] = field(default_factory=set)  # the steps that failed (or would) so far
 
 
 def _has_gpus(ctx: Context) -> bool:
@@ -188,6 +189,7 @@ def _driver_plan(ctx: Context) -> list[str]:
 
     assert ctx.detection is not None  # detect ran: the GPU steps apply only after it
     the_plan = driver.plan(ctx.host, ctx.config.driver, ctx.detection, ctx.adapters.kmod)
+    ctx.found["driver_changes"] = the_plan.changed
     return the_plan.describe() if the_plan.changed else []
 
 
@@ -221,6 +223,43 @@ def _driver_inputs(ctx: Context) -> list[str]:
             f"{devices.CAPS_DIR}/config", f"{devices.CAPS_DIR}/monitor",
             *(node.path for node in nodes), *(node.char_link for node in nodes),
             *(userspace.watched(found) if (found := ctx.found.get("driver_root")) else [])]
+
+
+# -- cdi: the node's CDI spec, from the driver as the driver step left it -------------------------
+def _cdi_applies(ctx: Context) -> bool:
+    """With GPUs; without, only to remove a spec gpunode wrote (a GPU gone since)."""
+    from gpunode import cdinode
+
+    return _has_gpus(ctx) or (ctx.detection is not None and cdinode.written_by_gpunode(ctx.host))
+
+
+def _cdi_plan(ctx: Context) -> list[str]:
+    from gpunode import cdi, cdinode
+
+    if "driver" in ctx.failed:
+        raise DriverError(*cdinode.NO_DRIVER)
+    try:
+        line, _ = cdinode.preview(ctx.host, _has_gpus(ctx), ctx.config.driver.prebuilt_dirs)
+    except DriverError:
+        if not ctx.found.get("driver_changes"):
+            raise
+        # the driver step loads the driver first: the spec is made from it then
+        return [f"write {cdi.SPEC_PATH} once the driver step has loaded the driver"]
+    return [line] if line else []
+
+
+def _cdi_apply(ctx: Context, fields: dict[str, Any]) -> bool:
+    from gpunode import cdinode
+
+    if "driver" in ctx.failed:
+        raise DriverError(*cdinode.NO_DRIVER)
+    return cdinode.apply(ctx.host, _has_gpus(ctx), fields, ctx.config.driver.prebuilt_dirs)
+
+
+def _cdi_inputs(ctx: Context) -> list[str]:
+    from gpunode import cdinode
+
+    return cdinode.step_inputs(ctx.host, _has_gpus(ctx))
 
 
 # -- containerd -----------------------------------------------------------------------------------
@@ -319,6 +358,7 @@ STEPS: tuple[Step, ...] = (
     Step("detect", _detect_plan, _detect_apply, lambda ctx: [f"{SYSFS_PCI_DEVICES}/"], gate=True,
          observes=True),
     Step("driver", _driver_plan, _driver_apply, _driver_inputs, applies=_has_gpus),
+    Step("cdi", _cdi_plan, _cdi_apply, _cdi_inputs, applies=_cdi_applies),
     Step("containerd", _containerd_plan, _containerd_apply, _containerd_inputs,
          applies=_has_gpus),
     Step("registration", _registration_plan, _registration_apply, _registration_inputs,
@@ -346,6 +386,7 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
             if step.observes:
                 raise
             problems.append(Problem(step.name, str(exc), exc.hint or None, exc.code))
+            ctx.failed.add(step.name)
             if step.gate:
                 break
     return Plan(ctx.detection, actions, problems)
@@ -365,6 +406,7 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
                 run.inputs[step.name] = step.inputs(ctx)
         except GpunodeError:
             run.outcome = "failed"  # recorded and logged by _recorded
+            ctx.failed.add(step.name)
             if step.gate:
                 break
     if run.outcome != "failed" and not _has_gpus(ctx):

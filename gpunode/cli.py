@@ -13,17 +13,15 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from gpunode import cliargs, log
 from gpunode.config import AgentConfig, check_flag, load_config, with_flags
 from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
 from gpunode.host import Host
 
-if TYPE_CHECKING:
-    from gpunode.driver.userspace import DriverRoot
-
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a refused command line is raised (main() logs it in the chosen format)
@@ -262,7 +260,7 @@ def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) ->
     kmod = boot.adapters_for(host, config).kmod
     plan_lines, plan_error = step.load_preview(host, config.driver, facts.detection,
                                                facts.undecided, kmod)
-    found, userspace_error = _driver_userspace(host, config)
+    found, userspace_error = userspace.loaded_root(host, config.driver.prebuilt_dirs)
     if args.json:
         _print_json({"schema_version": 1, "root": str(host.root), "ready": report.ready,
                      "plan": plan_lines, "plan_error": plan_error,
@@ -277,22 +275,6 @@ def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) ->
         print("user-space: " + (userspace.describe(found) if found else
                                 f"not found: {userspace_error}"))
     return EXIT_OK if report.ready else EXIT_FAILED
-
-
-def _driver_userspace(host: Host, config: AgentConfig) -> tuple[DriverRoot | None, str | None]:
-    """The loaded driver's user-space (gpunode.driver.userspace), or why there is none."""
-    from gpunode import driverinfo
-    from gpunode.driver import userspace
-
-    try:
-        version = driverinfo.parse_version(
-            host.read_optional(f"{driverinfo.PROC_NVIDIA}/version") or "")
-        if version is None:
-            return None, "no NVIDIA driver is loaded"
-        return userspace.find(host, version.version,
-                              prebuilt_dirs=config.driver.prebuilt_dirs), None
-    except GpunodeError as exc:
-        return None, f"{exc}" + (f" ({exc.hint})" if exc.hint else "")
 
 
 def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:
@@ -349,6 +331,29 @@ def _containerd_revert(host: Host, config: AgentConfig, args: argparse.Namespace
                                 config.containerd.restart_timeout, args.containerd_config)
         fields.update(changed=outcome.changed, restarted=outcome.restarted)
     print("\n".join(outcome.descriptions))
+    return EXIT_OK
+
+
+def _cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    """The spec on stdout, or written to --output (a host path) only when its bytes change."""
+    from gpunode import cdi, cdinode, nodelock
+    from gpunode.detect import detect_decided
+
+    output = cdinode.check_output(host, args.output)
+    with log.step("cdi", output=output) as fields:
+        if not detect_decided(host, use_udev=config.detect.use_udev).gpus:
+            fields.update(devices=0, changed=False)
+            log.get().info("cdi.no_gpu", note="no NVIDIA GPU on this node: no CDI spec, "
+                           "nothing written")
+            return EXIT_OK
+        document = cdinode.generate(host, config.driver.prebuilt_dirs)
+        data = cdi.render(document, args.format)
+        fields.update(devices=len(document["devices"]), cdi_version=document["cdiVersion"])
+        if output is None:
+            sys.stdout.write(data.decode())
+            return EXIT_OK
+        with nodelock.held(host, "cdi generate", nodelock.WAIT_SECONDS):
+            fields.update(changed=cdinode.write(host, output, data))
     return EXIT_OK
 
 
@@ -433,7 +438,7 @@ COMMANDS: dict[str, Command] = {
     "detect": _detect, "status": _status, "plan": _plan, "boot": _boot, "label": _label,
     "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
     "driver status": _driver_status, "containerd configure": _containerd_configure,
-    "containerd revert": _containerd_revert,
+    "containerd revert": _containerd_revert, "cdi generate": _cdi_generate,
 }
 
 

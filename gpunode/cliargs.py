@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from gpunode import __version__, ignition, log
+from gpunode import __version__, cdi, ignition, log
 from gpunode.config import DEFAULT_CONFIG_PATH
 from gpunode.kube import registration
 
@@ -47,6 +47,14 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
                               "the cache (once per kernel, driver and flavour)")
     _json_flag(driver_actions.add_parser("status", help="what the driver step would do, "
                                          "and the driver checks"))
+
+    cdi_parser = commands.add_parser("cdi", help="the node's CDI spec (nvidia.com/gpu)")
+    generate = cdi_parser.add_subparsers(dest="action", required=True, metavar="ACTION") \
+        .add_parser("generate", help="print the CDI spec for the GPUs the driver sees")
+    generate.add_argument("--output", metavar="PATH", help="write it to this host path "
+                          f"(under --root; e.g. {cdi.SPEC_PATH}) instead of stdout, only when "
+                          "its bytes change")
+    generate.add_argument("--format", choices=cdi.FORMATS, default="yaml")
 
     containerd = commands.add_parser("containerd", help="the container runtime step alone")
     _containerd(containerd.add_subparsers(dest="action", required=True, metavar="ACTION"))

@@ -27,6 +27,7 @@ class GpuInfo:
     # why the GPU's minor is not known: the file is missing or empty, has no 'Device Minor'
     # line, or one that is not a device minor; /dev/nvidiaN can then be neither made nor checked
     minor_problem: str | None = None
+    uuid: str | None = None  # 'GPU UUID:', e.g. GPU-5a4f…; the CDI spec names the GPU by it
 
 
 def parse_version(text: str) -> DriverVersion | None:
@@ -62,7 +63,7 @@ def parse_information(address: str, text: str | None) -> GpuInfo:
         problem = (f"{shown}: 'Device Minor' is {raw[:80]!r}, expected an integer from 0 to "
                    f"{MAX_MINOR}")
     return GpuInfo(address=address, model=fields.get("Model") or None, minor=minor,
-                   minor_problem=problem)
+                   minor_problem=problem, uuid=fields.get("GPU UUID") or None)
 
 
 def parse_char_majors(text: str, problems: list[str] | None = None) -> dict[str, int]:

@@ -31,6 +31,7 @@ import stat
 from collections.abc import Iterator
 
 from gpunode import flatcar, log
+from gpunode.cdi import SPEC_PATH as CDI_SPEC
 from gpunode.containerd.journal import JOURNAL
 from gpunode.containerd.ledger import BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER, WRITABLE_CONFIG
 from gpunode.errors import GpunodeError, HostError, LockBusy, LockTimeout
@@ -89,7 +90,7 @@ WRITTEN = (
     ("/dev/char", r"\d+:\d+"),  # their /dev/char links
     ("/run/gpunode", r"[\w.-]+"),  # gpunode's own: the boot record, the fast path's stamp
     _file(JOURNAL), _file(LEDGER), _file(WRITABLE_CONFIG, BACKUP_SUFFIX), _file(IMPORT_FILE),
-    _file(DROPIN), _file(KUBELET_DROPIN), _file(flatcar.ENABLED_SYSEXT),
+    _file(DROPIN), _file(KUBELET_DROPIN), _file(flatcar.ENABLED_SYSEXT), _file(CDI_SPEC),
 )
 
 

@@ -38,7 +38,7 @@ import stat
 from dataclasses import dataclass
 from typing import Any
 
-from gpunode import flatcar, kernelinfo
+from gpunode import driverinfo, flatcar, kernelinfo
 from gpunode.config import DriverConfig
 from gpunode.errors import DriverError, GpunodeError
 from gpunode.host import Host
@@ -131,6 +131,19 @@ def find(host: Host, version: str, *,
         "library of another version means the user-space and the loaded modules differ "
         "(reboot after a driver update); driver.strategy = \"build\" compiles the modules "
         "only, so its node needs the user-space from one of those places for now")
+
+
+def loaded_root(host: Host, prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
+                ) -> tuple[DriverRoot | None, str | None]:
+    """The loaded driver's user-space, or why there is none (for `driver status`)."""
+    try:
+        version = driverinfo.parse_version(
+            host.read_optional(f"{driverinfo.PROC_NVIDIA}/version") or "")
+        if version is None:
+            return None, "no NVIDIA driver is loaded"
+        return find(host, version.version, prebuilt_dirs=prebuilt_dirs), None
+    except GpunodeError as exc:
+        return None, f"{exc}" + (f" ({exc.hint})" if exc.hint else "")
 
 
 def record_fields(found: DriverRoot) -> dict[str, Any]:

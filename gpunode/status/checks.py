@@ -44,6 +44,7 @@ def evaluate(facts: StatusFacts) -> Report:
         _driver(facts, driver),
         _driver_gpus(facts, detection, driver),
         _device_nodes(facts, driver),
+        _cdi_spec(facts, driver),
         containerd.runtime_check(facts),
         containerd.process_check(facts, "containerd"),
         containerd.process_check(facts, "kubelet"),
@@ -55,7 +56,7 @@ def evaluate(facts: StatusFacts) -> Report:
     return Report(tuple(checks), verdict)
 
 
-_GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
+_GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes", "cdi_spec",
                "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin",
                "node")
 
@@ -206,6 +207,34 @@ def _device_nodes(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -
                      "run 'gpunode driver load', which makes them (majors from /proc/devices; "
                      "gpunode boot does this at boot)", nodes.error.code if nodes.error else None)
     return Check("device_nodes", OK, f"{_count(len(nodes.problems), 'device node')} present")
+
+
+_CDI_HINT = ("run 'gpunode cdi generate --output /var/run/cdi/nvidia.yaml' (gpunode boot writes "
+             "it after the driver step)")
+
+
+def _cdi_spec(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
+    """The CDI spec pods ask for devices by (nvidia.com/gpu=0, =all): there, readable, one
+    device per GPU the driver sees, and every host path it names on the node."""
+    spec = facts.cdi_spec
+    if driver is None or spec is None:
+        return Check("cdi_spec", SKIP, "driver not loaded")
+    if not spec.present:
+        return Check("cdi_spec", WARN, f"{spec.path} missing: pods cannot request GPUs "
+                     "through CDI (the nvidia runtime does not need it)", _CDI_HINT)
+    if spec.error is not None:
+        return Check("cdi_spec", FAIL, f"{spec.path}: {spec.error}", _CDI_HINT)
+    seen = len(facts.gpu_infos)
+    if len(spec.gpu_devices) != seen:
+        devices = _count(len(spec.gpu_devices), "GPU device")
+        return Check("cdi_spec", FAIL, f"{spec.path} has {devices}, the driver sees "
+                     f"{_count(seen, 'GPU')}", _CDI_HINT)
+    if spec.missing:
+        shown = ", ".join(spec.missing[:5]) + (", …" if len(spec.missing) > 5 else "")
+        return Check("cdi_spec", FAIL, f"{spec.path} names what is not on the node: {shown}",
+                     _CDI_HINT)
+    return Check("cdi_spec", OK, f"{spec.path}: {_count(seen, 'GPU')} by index and UUID, and "
+                 "all; every path it names is there")
 
 
 def _node_problem(path: str, why: str) -> str:

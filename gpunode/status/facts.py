@@ -62,6 +62,17 @@ class DeviceNodes:
 
 
 @dataclass(frozen=True)
+class CdiSpec:
+    """The CDI spec file as status read it (gpunode/cdi.py makes it)."""
+
+    path: str
+    present: bool = False
+    error: str | None = None  # why it is no CDI spec gpunode can read
+    gpu_devices: tuple[str, ...] = ()  # its devices by index
+    missing: tuple[str, ...] = ()  # host paths it names that are not on the node
+
+
+@dataclass(frozen=True)
 class ContainerdFacts:
     config_path: str | None
     config_reason: str
@@ -122,6 +133,7 @@ class StatusFacts:
     # the Node's name as the kubelet decides it (or why it cannot be told): status's node
     # check and `gpunode label` name the same Node
     node_name: nodename.NodeName = _NAME_NOT_OBSERVED
+    cdi_spec: CdiSpec | None = None  # None: not observed
 
     @property
     def undecided(self) -> str | None:

@@ -16,7 +16,7 @@ from gpunode.kube import nodename
 from gpunode.processes import observe as observe_processes
 from gpunode.state import BootRecord, read_record
 from gpunode.status import containerd
-from gpunode.status.facts import DeviceNodes, DevNode, Failure, NodeFacts, StatusFacts
+from gpunode.status.facts import CdiSpec, DeviceNodes, DevNode, Failure, NodeFacts, StatusFacts
 
 
 def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> StatusFacts:
@@ -63,6 +63,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         containerd_interrupted=containerd.pending_change(host),
         driver_flavour=config.driver.flavour,
         node_name=name,
+        cdi_spec=_cdi_spec(host) if detection and detection.gpus else None,
     )
 
 
@@ -135,3 +136,23 @@ def _last_boot(host: Host) -> tuple[BootRecord | None, Failure | None]:
         return read_record(host), None
     except GpunodeError as exc:  # RecordError among them
         return None, Failure.of(exc)
+
+
+def _cdi_spec(host: Host) -> CdiSpec:
+    """The spec file read and parsed, and which of the host paths it names are missing."""
+    from gpunode import cdi
+
+    path = cdi.SPEC_PATH
+    try:
+        data = host.read_optional_bytes(path)
+    except GpunodeError as exc:
+        return CdiSpec(path, True, str(exc))
+    if data is None:
+        return CdiSpec(path)
+    try:
+        document = cdi.parse(data)
+        paths = cdi.host_paths(document)
+        missing = tuple(p for p in paths if not p.startswith("/") or host.lstat(p) is None)
+    except (ValueError, GpunodeError) as exc:
+        return CdiSpec(path, True, str(exc))
+    return CdiSpec(path, True, None, tuple(cdi.gpu_devices(document)), missing)

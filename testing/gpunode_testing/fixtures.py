@@ -147,6 +147,7 @@ def build(machine: Machine, root: Path, options: Options | None = None) -> Path:
         _write_nodes(root, machine, options)
     if options.state == "ready":
         _write_ready(root, machine)
+        _write_cdi_spec(root)
     if options.state in ("driver", "ready"):
         _write_process(root, 812, "containerd", "/usr/bin/containerd --config "
                        "/etc/containerd/config.toml")
@@ -276,6 +277,15 @@ def load_driver(root: Path, machine: Machine, flat: bool = False) -> None:
                f"DMA Mask: \t 0x7fffffffffff\nBus Location: \t {g.address}\n"
                f"Device Minor: \t {minor}\nGPU Excluded:\t No\n")
     write_userspace(root, machine.driver_version, machine.open_modules)
+
+
+def _write_cdi_spec(root: Path) -> None:
+    """The CDI spec gpunode boot writes, made by gpunode itself from the tree."""
+    from gpunode import cdi, cdinode
+    from gpunode.host import Host
+
+    host = Host(root)
+    cdinode.write(host, cdi.SPEC_PATH, cdi.render(cdinode.generate(host)))
 
 
 def _usable(machine: Machine) -> list[Fn]:

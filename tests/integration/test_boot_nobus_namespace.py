@@ -159,11 +159,15 @@ def test_boot_on_the_live_root_without_a_bus_configures_and_notes_what_it_skippe
         "/etc/systemd/system/containerd.service.d /etc/systemd/system/kubelet.service.d",
         "printf '#!/bin/sh\\n' > /usr/bin/nvidia-container-runtime",
         "chmod 755 /usr/bin/nvidia-container-runtime",
+        # the driver's user-space, as the driver sysext ships it (the CDI spec mounts it)
+        f"mkdir -p /usr/lib64 /usr/lib/firmware && cp {f}/usr/lib64/lib*.so.* /usr/lib64/",
+        f"cp -r {f}/lib/firmware/nvidia /usr/lib/firmware/ && cp {f}/usr/bin/nvidia-smi /usr/bin/",
         f"printf '{agent}' > /etc/gpunode/config.toml",
         gpunode(tmp_path, "boot", "boot"),
         gpunode(tmp_path, "status", "status", "--json"),
         f"cp /run/gpunode/state.json {q(str(tmp_path / 'state.json'))}",
         f"cat /etc/containerd/config.toml > {q(str(tmp_path / 'containerd.toml'))}",
+        f"cat /var/run/cdi/nvidia.yaml > {q(str(tmp_path / 'nvidia.yaml'))}",
     ])
     assert done.returncode == 0, done.stderr
     code, _, events = result(tmp_path, "boot")
@@ -175,7 +179,8 @@ def test_boot_on_the_live_root_without_a_bus_configures_and_notes_what_it_skippe
     record = json.loads((tmp_path / "state.json").read_text())
     assert record["outcome"] == "ok"
     steps = {s["name"]: s for s in record["steps"]}
-    assert list(steps) == ["detect", "driver", "containerd", "registration"]
+    assert list(steps) == ["detect", "driver", "cdi", "containerd", "registration"]
+    assert "nvidia.com/gpu" in (tmp_path / "nvidia.yaml").read_text()
     assert steps["containerd"]["config"] == "/etc/containerd/config.toml"
     assert str(steps["registration"]["daemon_reload"]).startswith(
         "skipped: no systemd on the system bus")

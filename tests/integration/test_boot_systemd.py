@@ -86,7 +86,7 @@ def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runt
         events = [json.loads(e["MESSAGE"]) for e in ns.journal("gpunode.service")
                   if str(e.get("MESSAGE", "")).startswith("{")]
         steps = {e["step"]: e for e in events if e["event"] == "step.done"}
-        assert set(steps) == {"detect", "driver", "containerd"}
+        assert set(steps) == {"detect", "driver", "cdi", "containerd"}
         assert all(isinstance(e["duration_ms"], float) for e in steps.values())
 
         # A second boot of gpunode changes nothing and restarts nothing.

@@ -30,8 +30,9 @@ def test_plan_lists_the_changes_and_touches_nothing(
     doc = json.loads(out)
     assert code == 0
     assert doc["changes"] is True
-    assert [a["step"] for a in doc["actions"]] == ["containerd"] * 3
-    assert doc["actions"][0]["description"].startswith("copy /usr/share/containerd/config.toml")
+    assert [a["step"] for a in doc["actions"]] == ["cdi"] + ["containerd"] * 3
+    assert doc["actions"][0]["description"].startswith("write /var/run/cdi/nvidia.yaml: 1 GPU")
+    assert doc["actions"][1]["description"].startswith("copy /usr/share/containerd/config.toml")
     assert sorted(node.root.rglob("*")) == before
 
 
@@ -46,6 +47,7 @@ def test_plan_on_a_bare_node_exits_0_and_names_what_boot_would_fail_at(
     assert (doc["changes"], doc["would_fail"]) == (False, True)
     assert [(p["step"], p["error"].split(":")[0]) for p in doc["problems"]] == [
         ("driver", "nothing can provide the NVIDIA modules for kernel 6.6.60-flatcar"),
+        ("cdi", "no CDI spec"),  # it names the driver's nodes and files
         ("containerd", f"runtime binary {host.root}/usr/bin/nvidia-container-runtime is not "
                        "an executable file on this host")]
     assert all(p["hint"] for p in doc["problems"])
@@ -63,9 +65,9 @@ def test_boot_configures_records_and_a_second_boot_changes_nothing(
     assert code == 0
     record = json.loads((node.root / "run/gpunode/state.json").read_text())
     assert record["outcome"] == "ok"
-    assert [s["name"] for s in record["steps"]] == ["detect", "driver", "containerd"]
+    assert [s["name"] for s in record["steps"]] == ["detect", "driver", "cdi", "containerd"]
     assert record["steps"][1]["strategy"] == "external"  # the fixture's driver is loaded
-    assert record["steps"][2]["changed"] is True
+    assert record["steps"][2]["changed"] is record["steps"][3]["changed"] is True
     assert {e["event"] for e in events} >= {"step.done", "boot.done"}
 
     code, out, _ = run(capsys, "--root", str(node.root), "plan")

@@ -1,0 +1,74 @@
+"""The CDI spec gpunode itself generates (gpunode/cdi.py, from a fixture T4 node with its driver
+loaded) is one podman accepts and applies: the container sees the GPU's device node with the
+driver's numbers, the driver's libraries at the paths CUDA images look in, nvidia-smi on the
+bin path, and the GPU by its UUID as well as its index. The spec is made for the node mounted
+at the fixture root, so its host paths are re-rooted there before podman reads it; nothing else
+of it is changed. Harness: gpunode_testing.podman (and tests/integration/test_podman_cdi.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import HostFactory
+from gpunode import cdi, cdinode, driverinfo
+from gpunode_testing import podman
+
+pytestmark = pytest.mark.allow_paths(str(podman.BUSYBOX))
+LIB64 = "/usr/local/nvidia/lib64"
+
+
+@pytest.fixture
+def ready(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("podman's namespace, mounts and the fixture's mknod need root")
+    if missing := podman.missing_tools():
+        pytest.fail("missing " + ", ".join(missing) + ": make setup installs them")
+    if reason := podman.probe(tmp_path / "probe", podman.make_rootfs(tmp_path / "probe-rootfs")):
+        pytest.skip(reason)
+
+
+def rerooted(document: dict[str, Any], root: Path) -> dict[str, Any]:
+    """The spec as the machine running podman must read it: every host path under `root`."""
+    def edits(e: dict[str, Any]) -> None:
+        for node in e.get("deviceNodes", []):
+            node["hostPath"] = f"{root}{node.get('hostPath', node['path'])}"
+        for mount in e.get("mounts", []):
+            mount["hostPath"] = f"{root}{mount['hostPath']}"
+    edits(document["containerEdits"])
+    for device in document["devices"]:
+        edits(device["containerEdits"])
+    return document
+
+
+def run(tmp_path: Path, spec_dir: Path, device: str, script: str) -> str:
+    rootfs = podman.make_rootfs(tmp_path / f"rootfs-{device.replace('/', '_')}")
+    rc, out, err = podman.run_with_cdi(spec_dir, device, ["/bin/sh", "-c", script], rootfs,
+                                       tmp_path / "podman")
+    assert rc == 0, f"podman exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+    return out
+
+
+def test_podman_gives_a_container_the_gpu_gpunodes_spec_declares(
+        ready: None, make_host: HostFactory, tmp_path: Path) -> None:
+    host = make_host("nc4as-t4-v3", "driver")
+    document = cdinode.generate(host)
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "nvidia.yaml").write_text(yaml.safe_dump(rerooted(document, host.root)))
+    (uuid,) = [info.uuid for info in driverinfo.read_gpu_infos(host).values()]
+    version = driverinfo.parse_version(
+        (host.root / "proc/driver/nvidia/version").read_text())
+    assert version is not None
+    versioned = f"{LIB64}/libcuda.so.{version.version}"
+    out = run(tmp_path, spec_dir, f"{cdi.KIND}=0", f"ls -l /dev/nvidia0 /dev/nvidiactl; "
+              f"cmp {LIB64}/libcuda.so.1 {versioned} && echo same-library; "
+              "ls /usr/local/nvidia/bin/nvidia-smi")
+    assert "195,   0 " in out or "195, 0 " in out, out
+    assert "same-library" in out and "/usr/local/nvidia/bin/nvidia-smi" in out, out
+    by_uuid = run(tmp_path, spec_dir, f"{cdi.KIND}={uuid}", "ls -l /dev/nvidia0")
+    assert "195," in by_uuid, by_uuid
