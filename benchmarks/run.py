@@ -36,6 +36,7 @@ from gpunode_testing.fixtures import MACHINES, Options, build, with_extra_functi
 DETECT_BUDGET_MS = 20.0
 DETECT_WARMUP = 5
 DETECT_RUNS = 50
+CDI_BUDGET_MS = 10.0  # issue 12: gpunode cdi generate in-process on the ND96 fixture
 PROCESS_RUNS = 15
 EXTRA_FUNCTIONS = 200
 
@@ -59,6 +60,18 @@ def bench_detect_in_process(host: Host) -> list[float]:
     for _ in range(DETECT_WARMUP):
         detect(host)
     return [time_call(lambda: detect(host)) for _ in range(DETECT_RUNS)]
+
+
+def bench_cdi_in_process(host: Host) -> list[float]:
+    """Seconds per spec made and rendered as YAML (what boot's cdi step does), ND96 fixture."""
+    from gpunode import cdi, cdinode
+
+    def generate() -> None:
+        cdi.render(cdinode.generate(host), "yaml")
+
+    for _ in range(DETECT_WARMUP):
+        generate()
+    return [time_call(generate) for _ in range(DETECT_RUNS)]
 
 
 def gpunode_command() -> list[str]:
@@ -183,6 +196,10 @@ def main() -> int:
         print(f"  detect in-process (ND96 + {EXTRA_FUNCTIONS} other functions): median "
               f"{detect_ms:.1f} ms over {DETECT_RUNS} runs "
               f"(budget {DETECT_BUDGET_MS:.0f} ms: {verdict})")
+        cdi_ms = median_ms(bench_cdi_in_process(Host(root)))
+        print(f"  cdi generate in-process (ND96, YAML): median {cdi_ms:.1f} ms over "
+              f"{DETECT_RUNS} runs (budget {CDI_BUDGET_MS:.0f} ms: "
+              f"{'OK' if cdi_ms <= CDI_BUDGET_MS else 'OVER'})")
 
         gpunode = [*gpunode_command(), "--root", str(root)]
         samples = bench_processes({
