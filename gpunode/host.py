@@ -181,16 +181,21 @@ class Host:
             hasher.update(chunk)
         return hasher.hexdigest()
 
+    def _open_nonblocking(self, path: str, op: str) -> int:
+        """A read-only descriptor that never waits (a FIFO, a tty) and never leaks to children;
+        HostError 'Failed to <op> ...' when it cannot be had."""
+        try:
+            return os.open(self._real(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC |
+                           os.O_NOCTTY)
+        except OSError as exc:
+            raise HostError(op, self.display(path), _reason(exc, followed=True)) from exc
+
     def read_records(self, path: str, limit: int = safeio.DEFAULT_LIMIT) -> list[str]:
         """The text records of a kernel record device (/dev/kmsg: one record per read, up to
         the end of its buffer, never blocking) or the lines of a regular file in its place (a
         fixture); at most `limit` bytes. Anything else (a FIFO, a directory) is refused."""
         shown = self.display(path)
-        try:
-            fd = os.open(self._real(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC |
-                         os.O_NOCTTY)
-        except OSError as exc:
-            raise HostError("read", shown, _reason(exc, followed=True)) from exc
+        fd = self._open_nonblocking(path, "read")
         records: list[str] = []
         try:
             mode = os.fstat(fd).st_mode
@@ -492,11 +497,7 @@ class Host:
     def fsync(self, path: str) -> None:
         """Flush a file's or a directory's data to the disk (before a rename publishes it)."""
         shown = self.display(path)
-        try:
-            fd = os.open(self._real(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC |
-                         os.O_NOCTTY)
-        except OSError as exc:
-            raise HostError("sync", shown, _reason(exc, followed=True)) from exc
+        fd = self._open_nonblocking(path, "sync")
         try:
             os.fsync(fd)
         except OSError as exc:
