@@ -71,7 +71,13 @@ def generate(host: Host, prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_
         raise DriverError("no CDI spec: the driver sees no GPU",
                           "look for NVRM errors in 'dmesg'")
     root = userspace.find(host, version, prebuilt_dirs=prebuilt_dirs)
-    return cdi.spec(devices.for_host(host), the_gpus, root, hook(host))
+    # Not the MIG capability nodes: they grant MIG config and monitor rights (and, for MIG
+    # devices this spec does not have yet, per-instance access). The toolkit's own spec gives
+    # them only in its "management" mode; its control nodes are nvidiactl, nvidia-uvm,
+    # nvidia-uvm-tools and nvidia-modeset (nvidia-container-toolkit pkg/nvcdi/common-nvml.go).
+    nodes = [n for n in devices.for_host(host)
+             if not n.path.startswith(devices.CAPS_NODE_DIR + "/")]
+    return cdi.spec(nodes, the_gpus, root, hook(host))
 
 
 def inputs() -> list[str]:

@@ -19,6 +19,7 @@ from gpunode.integers import MAX_MINOR, parse_uint
 
 MODE = 0o666  # every node but the MIG capabilities: what nvidia-modprobe and udev rules give
 CAPS_DIR = f"{driverinfo.PROC_NVIDIA}/capabilities/mig"
+CAPS_NODE_DIR = "/dev/nvidia-caps"
 # A capability file that states no DeviceFileMode: read-only for everyone, never wider than the
 # driver could have meant.
 CAP_DEFAULT_MODE = 0o444
@@ -75,7 +76,7 @@ def wanted(majors: dict[str, int], gpu_minors: list[int], modeset: bool,
     nodes += [Node("/dev/nvidia-uvm", uvm, 0), Node("/dev/nvidia-uvm-tools", uvm, 1)]
     caps_major = majors.get("nvidia-caps")
     if caps_major is not None:
-        nodes += [Node(f"/dev/nvidia-caps/nvidia-cap{cap.minor}", caps_major, cap.minor, cap.mode)
+        nodes += [Node(f"{CAPS_NODE_DIR}/nvidia-cap{cap.minor}", caps_major, cap.minor, cap.mode)
                   for cap in sorted(caps.values(), key=lambda c: c.minor)]
     return nodes
 

@@ -156,12 +156,21 @@ def test_a_gpu_without_a_uuid_is_refused_by_name(make_host: HostFactory) -> None
         spec_of(host)
 
 
-def test_mig_capability_nodes_are_common_edits(make_host: HostFactory) -> None:
+def test_mig_capability_nodes_are_not_given_to_every_gpu_container(
+    make_host: HostFactory,
+) -> None:
     caps = "/proc/driver/nvidia/capabilities/mig"
     host = make_host(T4, "driver", extra={f"{caps}/config": "DeviceFileMinor: 1\n"
-                                          "DeviceFileMode: 256\n"})
-    control = [n["path"] for n in spec_of(host)["containerEdits"]["deviceNodes"]]
-    assert "/dev/nvidia-caps/nvidia-cap1" in control
+                                          "DeviceFileMode: 256\n",
+                                          f"{caps}/monitor": "DeviceFileMinor: 2\n"
+                                          "DeviceFileMode: 292\n"})
+    doc = spec_of(host)
+    every = [n["path"] for n in doc["containerEdits"]["deviceNodes"]]
+    every += [n["path"] for d in doc["devices"] for n in d["containerEdits"]["deviceNodes"]]
+    assert not [p for p in every if "nvidia-caps" in p]
+    control = {n["path"] for n in doc["containerEdits"]["deviceNodes"]}
+    assert {"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl"} <= control <= {
+        "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidiactl", "/dev/nvidia-modeset"}
 
 
 def test_without_the_hook_libraries_and_their_sonames_are_mounted_where_cuda_images_look(
