@@ -11,14 +11,20 @@ What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4
    same interpreter. A boot that finds nothing to do is later budgeted at 3x `python -c pass`;
    `status` does the same observation, so its ratio is reported here for information.
 3. `gpunode --root <fixture> detect --json` as a whole process, with the same comparison.
+4. `cdi generate` in-process (budget 10 ms), and the cdi step's share of a whole
+   `gpunode --root <fixture> boot` of the same machine with its driver loaded and nothing
+   configured (a fresh copy per run, so every boot writes the spec and the runtime): the step's
+   own `duration_ms` from its `step.done` event against the boot process's wall time.
 
 Whole-process timings alternate the commands so drift on the machine hits both alike, and report
 medians rather than means so one slow run does not move the result. The subprocesses run without
 PYTHONDONTWRITEBYTECODE, so they use the bytecode `make setup` compiled, as a real install would.
+The last line printed is one JSON object with every median (milliseconds) and ratio, for tools.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import statistics
@@ -31,7 +37,7 @@ from pathlib import Path
 
 from gpunode.detect import detect
 from gpunode.host import Host
-from gpunode_testing.fixtures import MACHINES, Options, build, with_extra_functions
+from gpunode_testing.fixtures import MACHINES, Machine, Options, build, with_extra_functions
 
 DETECT_BUDGET_MS = 20.0
 DETECT_WARMUP = 5
@@ -72,6 +78,36 @@ def bench_cdi_in_process(host: Host) -> list[float]:
     for _ in range(DETECT_WARMUP):
         generate()
     return [time_call(generate) for _ in range(DETECT_RUNS)]
+
+
+def bench_boot_cdi_share(machine: Machine, parent: Path,
+                         env: dict[str, str]) -> list[dict[str, float]]:
+    """Per `gpunode --root <fresh copy> --log-format json boot` of `machine` with its driver
+    loaded and nothing configured: the whole process's milliseconds ("boot") and each step's
+    duration_ms from its step.done event."""
+    template = build(machine, parent / "boot-template", Options(state="driver"))
+    toolkit = template / "usr/bin/nvidia-container-runtime"  # the toolkit, so the step configures
+    toolkit.write_text("#!/bin/sh\n")
+    toolkit.chmod(0o755)
+    runs = []
+    for i in range(PROCESS_RUNS):
+        fresh = parent / f"boot-{i}"
+        # cp -a keeps the fixture's character devices (shutil.copytree would read them)
+        subprocess.run(["cp", "-a", str(template), str(fresh)], check=True)
+        argv = [*gpunode_command(), "--root", str(fresh), "--log-format", "json", "boot"]
+        start = time.perf_counter()
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              env=env, check=False)
+        wall = time.perf_counter() - start
+        events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+        steps = {e["step"]: e for e in events if e.get("event") == "step.done"}
+        if done.returncode != 0 or not steps.get("cdi", {}).get("changed"):
+            raise SystemExit(f"{' '.join(argv)} exited {done.returncode} without writing the "
+                             f"CDI spec, expected 0 and a written spec\nstderr:\n{done.stderr}")
+        runs.append({"boot": wall * 1000.0,
+                     **{name: float(e["duration_ms"]) for name, e in steps.items()}})
+        shutil.rmtree(fresh)
+    return runs
 
 
 def gpunode_command() -> list[str]:
@@ -200,6 +236,19 @@ def main() -> int:
         print(f"  cdi generate in-process (ND96, YAML): median {cdi_ms:.1f} ms over "
               f"{DETECT_RUNS} runs (budget {CDI_BUDGET_MS:.0f} ms: "
               f"{'OK' if cdi_ms <= CDI_BUDGET_MS else 'OVER'})")
+        boots = bench_boot_cdi_share(machine, Path(tmp), subprocess_env())
+        share = statistics.median(run["cdi"] / run["boot"] for run in boots)
+        boot_ms = statistics.median(run["boot"] for run in boots)
+        step_ms = {name: statistics.median(run[name] for run in boots)
+                   for name in boots[0] if name != "boot"}
+        print(f"  cdi step's share of gpunode boot (same machine, driver loaded, nothing "
+              f"configured; {len(boots)} runs): median {share:.0%}, cdi step "
+              f"{step_ms['cdi']:.1f} ms of {boot_ms:.1f} ms for the whole process (steps: "
+              + ", ".join(f"{name} {ms:.1f}" for name, ms in step_ms.items()) + " ms)")
+        summary: dict[str, float] = {
+            "detect_in_process_ms": detect_ms, "cdi_generate_in_process_ms": cdi_ms,
+            "boot_nd96_ms": boot_ms, "boot_cdi_step_share": share,
+            **{f"boot_step_{name}_ms": ms for name, ms in step_ms.items()}}
 
         gpunode = [*gpunode_command(), "--root", str(root)]
         samples = bench_processes({
@@ -227,29 +276,37 @@ def main() -> int:
                                "configure"], subprocess_env())
 
     base = median_ms(samples["pass"])
+    summary["python_pass_ms"] = base
     print(f"  python -c pass: median {base:.1f} ms over {PROCESS_RUNS} runs")
     for name in ("status", "detect"):
         ms = median_ms(samples[name])
+        summary[f"{name}_process_ms"], summary[f"{name}_process_ratio"] = ms, ms / base
         print(f"  gpunode {name} --json (whole process): median {ms:.1f} ms, "
               f"{ms / base:.1f}x python -c pass")
     base = median_ms(boot["pass"])
     ms = median_ms(boot["boot"])
+    summary["boot_warm_ms"], summary["boot_warm_ratio"] = ms, ms / base
     print(f"  gpunode boot, warm node with nothing to do (driver loaded, runtime configured): "
           f"median {ms:.1f} ms, {ms / base:.1f}x python -c pass "
           f"(design budget 3x: {'OK' if ms <= 3 * base else 'OVER'})")
     ms = median_ms(boot["pipeline"])
+    summary["boot_pipeline_ms"], summary["boot_pipeline_ratio"] = ms, ms / base
     print(f"  gpunode boot, same node, whole pipeline (no stamp from an earlier boot): median "
           f"{ms:.1f} ms, {ms / base:.1f}x python -c pass")
     base = median_ms(labelled["pass"])
     ms = median_ms(labelled["label"])
+    summary["label_ms"], summary["label_ratio"] = ms, ms / base
     print(f"  gpunode label, nothing to change (local HTTPS API server): median {ms:.1f} ms, "
           f"{ms / base:.1f}x python -c pass; requests made: {', '.join(label_calls)}")
     base = median_ms(configure["pass"])
     print(f"  containerd configure, Flatcar default (python -c pass in this loop: {base:.1f} ms)")
     for name in ("change", "no-change"):
         ms = median_ms(configure[name])
+        summary[f"configure_{name.replace('-', '_')}_ms"] = ms
+        summary[f"configure_{name.replace('-', '_')}_ratio"] = ms / base
         print(f"    {name}: median {ms:.1f} ms, {ms / base:.1f}x python -c pass")
     print(f"    no-change run imports tomlkit/pystemd: {', '.join(heavy) or 'neither'}")
+    print(json.dumps({name: round(value, 4) for name, value in summary.items()}, sort_keys=True))
     return 0
 
 

@@ -52,7 +52,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 TOOLS = {"podman": "podman", "crun": "crun", "conmon": "conmon", "unshare": "util-linux",
@@ -103,6 +103,10 @@ UNRESOLVABLE = "unresolvable CDI devices"
 _LOG_LINE = re.compile(r'^time="[^"]*" level=\w+ msg="(?P<msg>.*)')
 _ABOUT_CDI = re.compile(r"\bCDI\b", re.IGNORECASE)
 
+# Runs podman's argv somewhere else than here, e.g. inside a SystemdNamespace (ns.run), given
+# only the variables podman needs; answers (exit code, stdout, stderr).
+Runner = Callable[[Sequence[str], Mapping[str, str], float], tuple[int, str, str]]
+
 
 def missing_tools() -> list[str]:
     """What this harness needs and the machine lacks, as "program (Debian package)"."""
@@ -134,24 +138,32 @@ def make_rootfs(directory: Path) -> Path:
 
 
 def run_with_cdi(spec_dir: Path, device: str | Sequence[str], command: Sequence[str],
-                 rootfs: Path, workdir: Path, *, timeout: float = 60.0) -> tuple[int, str, str]:
+                 rootfs: Path, workdir: Path, *, timeout: float = 60.0,
+                 runner: Runner | None = None) -> tuple[int, str, str]:
     """Run `command` in a container from `rootfs` given the CDI `device`(s) of `spec_dir`.
 
     Returns (exit code, stdout, stderr). Where podman finds a device in no spec it can load,
     stderr also holds the CDI library's debug lines saying why. A run past `timeout` is killed,
-    namespace and all, and answered (124, stdout so far, stderr so far + a line saying so)."""
+    namespace and all, and answered (124, stdout so far, stderr so far + a line saying so).
+    `runner` runs podman elsewhere (the paths given must exist there too); by default here."""
     devices = [device] if isinstance(device, str) else list(device)
-    rc, out, err = _run(command_line(spec_dir, devices, command, rootfs, workdir), workdir,
-                        timeout)
+    run = runner or _run_here
+    argv = command_line(spec_dir, devices, command, rootfs, workdir)
+    rc, out, err = run(argv, _podman_env(workdir), timeout)
     if rc != 0 and UNRESOLVABLE in err:
         argv = command_line(spec_dir, devices, command, rootfs, workdir, debug=True)
-        err += cdi_lines(_run(argv, workdir, timeout)[2])
+        err += cdi_lines(run(argv, _podman_env(workdir), timeout)[2])
     return rc, out, err
 
 
-def _run(argv: list[str], workdir: Path, timeout: float) -> tuple[int, str, str]:
-    env = {**os.environ, "CONTAINERS_CONF": str(workdir / "containers.conf"),
-           "CONTAINERS_STORAGE_CONF": str(_storage_conf(workdir))}
+def _podman_env(workdir: Path) -> dict[str, str]:
+    return {"CONTAINERS_CONF": str(workdir / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(_storage_conf(workdir))}
+
+
+def _run_here(argv: Sequence[str], podman_env: Mapping[str, str],
+              timeout: float) -> tuple[int, str, str]:
+    env = {**os.environ, **podman_env}
     try:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout,
                               stdin=subprocess.DEVNULL)
