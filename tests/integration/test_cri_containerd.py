@@ -15,22 +15,26 @@ containerd version); the tests of one node share it.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
 import shlex
+import subprocess
+import tomllib
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpunode_testing import cri
+from gpunode_testing import cri, cri_image, fixtures
 from gpunode_testing.cri import CriNode, Pod
 from gpunode_testing.systemd_ns import MACHINE_PATHS
 from real.containerd_bins import ensure_binary
 
-pytestmark = pytest.mark.allow_paths(*MACHINE_PATHS)
+pytestmark = pytest.mark.allow_paths(*MACHINE_PATHS, str(cri_image.BUSYBOX))
 
 T4, ND96 = "nc4as-t4-v3", "nd96amsr-a100-v4"
 NEEDS_ENABLE_CDI = pytest.mark.xfail(
@@ -243,3 +247,56 @@ def test_gpu_all_on_the_nd96_gives_eight_gpu_nodes_and_the_control_nodes(nd96: C
                                               cdi_devices=["nvidia.com/gpu=3"]), "3")
     assert {p for p in one if re.fullmatch(r"/dev/nvidia\d+", p)} == {"/dev/nvidia3"}
     assert_containerd_started_once(nd96)
+
+
+# The harness's own changes, each shown to be only what it says.
+
+def test_the_standin_runtime_changes_only_what_this_machine_cannot_apply(tmp_path: Path) -> None:
+    spec = {"ociVersion": "1.2.1", "process": {"oomScoreAdj": -998, "args": ["/pause"]},
+            "linux": {"resources": {"cpu": {"shares": 2}, "devices": [
+                {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rwm"}]},
+                "devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]},
+            "mounts": [{"destination": "/usr/local/nvidia/bin/nvidia-smi", "type": "bind"}]}
+    (tmp_path / "config.json").write_text(json.dumps(spec))
+    standin = tmp_path / "runtime"
+    standin.write_text(cri.standin_runtime("nvidia-container-runtime", tmp_path / "calls.jsonl",
+                                           runc="/bin/echo"))
+    standin.chmod(0o755)
+    argv = ["--root", "/run/r", "create", "--bundle", str(tmp_path), "id1"]
+    done = subprocess.run([str(standin), *argv], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, " ".join(argv) + "\n")  # then it is runc
+    assert [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()] \
+        == [{"runtime": "nvidia-container-runtime", "argv": argv}]
+    after = json.loads((tmp_path / "config.json").read_text())
+    controllers = cri.RESOURCE_CONTROLLERS
+    want = copy.deepcopy(spec)
+    want["process"]["oomScoreAdj"] = 0
+    if controllers["cpu"] not in _cgroup2_controllers():
+        del want["linux"]["resources"]["cpu"]
+    assert after == want  # device nodes, device rules and mounts untouched
+
+
+def _cgroup2_controllers() -> set[str]:
+    path = Path("/sys/fs/cgroup/cgroup.controllers")
+    return set(path.read_text().split()) if path.exists() else set()
+
+
+def test_the_base_config_gets_the_three_test_keys_in_either_shape_of_flatcars_file() -> None:
+    fixture_shape = fixtures.FLATCAR_CONTAINERD_CONFIG
+    flatcar_shape = fixture_shape.replace('[plugins."io.containerd.grpc.v1.cri".containerd]\n',
+                                          '[plugins."io.containerd.grpc.v1.cri".containerd.'
+                                          'runtimes.runc]\n')
+    for text in (fixture_shape, flatcar_shape):
+        cri_table = tomllib.loads(cri.adapt_config(text))["plugins"]["io.containerd.grpc.v1.cri"]
+        before = tomllib.loads(text)["plugins"]["io.containerd.grpc.v1.cri"]
+        assert cri_table["sandbox_image"] == cri_image.IMAGE
+        assert cri_table["containerd"]["snapshotter"] == "native"
+        options = cri_table["containerd"]["runtimes"]["runc"]["options"]
+        assert options == {**before["containerd"]["runtimes"]["runc"]["options"],
+                           "BinaryName": cri.TEST_RUNC}
+
+
+def test_the_local_image_is_the_same_bytes_every_build(tmp_path: Path) -> None:
+    first = cri_image.build_image(tmp_path / "a.tar")
+    assert cri_image.build_image(tmp_path / "b.tar") == first
+    assert (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
