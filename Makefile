@@ -9,7 +9,7 @@ APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 
                 systemd dbus containerd kmod binutils ignition squashfs-tools openssl shellcheck \
                 podman crun busybox-static
 
-.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree bench clean
+.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api bench clean
 
 # pystemd builds from source against libsystemd; pci.ids gives detect real product names;
 # shellcheck checks gpunode/driver/build.sh in the tests; podman (run by crun) starts containers
@@ -54,7 +54,12 @@ fetch-containerd: setup
 fetch-kmod-tree: setup
 	$(BIN)/python tests/real/fetch_kmod_tree.py
 
-test: lint fetch-containerd fetch-kmod-tree
+# The Kubernetes CRI API (api.proto from Debian's golang-k8s-cri-api-dev, sid), compiled with
+# grpcio-tools for the CRI tests' client (gpunode_testing.cri_api), into the same cache.
+fetch-cri-api: setup
+	$(BIN)/python -m gpunode_testing.cri_api
+
+test: lint fetch-containerd fetch-kmod-tree fetch-cri-api
 	$(BIN)/python -m pytest -q
 
 bench: setup fetch-containerd
