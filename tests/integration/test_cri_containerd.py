@@ -215,14 +215,11 @@ def test_a_container_sees_exactly_the_gpu_it_asks_for_by_cdi_devices_and_by_anno
     assert_containerd_started_once(t4)
 
 
-@pytest.mark.parametrize("t4", [CONTAINERD_2], indirect=True)
+@pytest.mark.parametrize("t4", [CONTAINERD_2, pytest.param("1.7", id="containerd-1.7",
+                                                            marks=NEEDS_ENABLE_CDI)],
+                         indirect=True)
 def test_cdi_needs_no_nvidia_runtime_a_default_runc_pod_gets_the_gpu(t4: CriNode) -> None:
     # The device plugin's cdi-cri strategy: the default handler (runc), the GPU by CDI alone.
-    # Not on 1.7 here: the fixture's Flatcar config has `runtime_type` in the `containerd`
-    # table, not in `runtimes.runc` as Flatcar's own file has it (flatcar/scripts,
-    # coreos-overlay/app-containers/containerd/files/config.toml), so on 1.x, where a runtime
-    # table replaces the built-in one, `runc` has no runtime_type and containerd refuses the
-    # pod ("container.Runtime.Name must be set").
     pod = gpu_pod(t4, "cdi-runc", handler="")
     assert t4.cri.pod_status(pod).runtime_handler in ("", "runc")
     output = run_probe(t4, pod, "probe", "0", cdi_devices=[GPU0])
