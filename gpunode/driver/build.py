@@ -256,11 +256,15 @@ def _build_entry(host: Host, plan: BuildPlan, fetcher: Fetcher, builder: Builder
         raise
     host.write_atomic(f"{work}/{WANTED_LIST}", wanted_list(plan.driver).encode())
     _run_builder(host, builder, plan, work, image, installer, staging)
-    modules = _collect_modules(host, plan, staging)
     from gpunode.driver import extracted  # only a build checks what the builder extracted
 
-    files, links = extracted.collect(host, staging, plan.driver, plan.flavour,
-                                     hint=f"see {host.display(work)}/{BUILD_LOG}")
+    try:
+        modules = _collect_modules(host, plan, staging)
+        files, links = extracted.collect(host, staging, plan.driver, plan.flavour,
+                                         hint=f"see {host.display(work)}/{BUILD_LOG}")
+    except GpunodeError:
+        _keep_only_the_log(host, staging, work)  # a refused result: nothing of it is kept
+        raise
     host.remove_tree(work)
     digests = {"dev_container": image_digest, "driver": installer_digest}
     manifest = cache.make_manifest(
@@ -364,13 +368,22 @@ def _run_builder(host: Host, builder: Builder, plan: BuildPlan, work: str, image
         builder.build(host.path(work), host.path(image), host.path(installer), plan.kernel,
                       plan.flavour, host.path(staging))
     except (GpunodeError, OSError) as exc:
-        for name in host.list_dir(work):
-            if name != BUILD_LOG:
-                host.remove_tree(f"{work}/{name}")
+        _keep_only_the_log(host, staging, work)
         raise DriverBuildError(
             "build", f"NVIDIA {plan.driver} ({plan.flavour}) for kernel {plan.kernel}", str(exc),
             hint=f"its log stays in {host.display(work)}/{BUILD_LOG} (if the builder wrote one) "
             "until the next 'gpunode driver build' or prune removes it") from exc
+
+
+def _keep_only_the_log(host: Host, staging: str, work: str) -> None:
+    """A failed or refused build: its log stays (until the next build or prune removes the
+    staging dir), its inputs and whatever it made go at once."""
+    for name in host.list_dir(staging):
+        if name != WORK_DIR:
+            host.remove_tree(f"{staging}/{name}")
+    for name in host.list_dir(work):
+        if name != BUILD_LOG:
+            host.remove_tree(f"{work}/{name}")
 
 
 def _collect_modules(host: Host, plan: BuildPlan, out: str) -> dict[str, str]:

@@ -16,14 +16,15 @@
 # in lib/ as ldconfig does on an installed system. gpunode checks and checksums all of it
 # before the entry is published.
 # Everything goes to /work/build.log; on failure its tail goes to stderr too.
-# GPUNODE_BUILD_ROOT (unset in the container) prefixes every path: tests run the script as
-# it is, outside a container, on a tree of their own.
+# GPUNODE_BUILD_ROOT (unset in the container) prefixes the kernel tree's paths, and
+# GPUNODE_BUILD_WORK and GPUNODE_BUILD_OUT replace /work and /out: tests run the script as it
+# is, outside a container, on trees of their own.
 set -euo pipefail
 kernel="$1"
 flavour="$2"
 root="${GPUNODE_BUILD_ROOT:-}"
-work="$root/work"
-out="$root/out"
+work="${GPUNODE_BUILD_WORK:-$root/work}"
+out="${GPUNODE_BUILD_OUT:-$root/out}"
 exec 3>&2 >"$work/build.log" 2>&1
 on_exit() {
   local rc=$?

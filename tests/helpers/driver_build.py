@@ -155,3 +155,76 @@ def build_config(host: Host, version: str) -> object:
         enabled=True, dev_container_url="file:///srv/mirror/dev.bin.bz2",
         dev_container_sha512=sha(bz2.compress(IMAGE), "sha512"),
         driver_url="/srv/mirror/driver.run", driver_sha256=sha(INSTALLER, "sha256")))
+
+
+# -- an installer for the real build.sh ----------------------------------------------------------
+
+KERNEL_MAKEFILE = """\
+# stand-in for the driver's kbuild: `make modules` writes the modules it would build
+modules:
+\tfor m in nvidia nvidia-uvm nvidia-modeset; do printf '\\177ELF %s\\n' "$$m" > "$$m.ko"; done
+"""
+
+
+def fake_installer(tmp: Path, version: str,
+                   mutate: Callable[[Path], None] | None = None) -> bytes:
+    """An NVIDIA installer stand-in for build.sh: a shell script that, given --extract-only,
+    unpacks NVIDIA-Linux-x86_64-<version>/ into the current directory, laid out as the real
+    one (gpunode/driver/extracted.py cites the layout): the 64-bit libraries at the top (real
+    shared objects with their SONAMEs, made by gcc, so `ldconfig -n` links them), 32-bit
+    copies in 32/, a library gpunode does not take, the binaries, firmware/gsp_*.bin, and
+    kernel/ and kernel-open/ whose Makefile writes stand-in modules. `mutate(tree)` changes
+    the tree before it is packed (a hostile installer). gcc must be installed."""
+    import base64
+    import shutil
+    import subprocess
+    import tarfile
+
+    from gpunode_testing import driver_files
+
+    tree = tmp / "installer-tree" / f"NVIDIA-Linux-x86_64-{version}"
+    (tree / "32").mkdir(parents=True)
+    (tree / "firmware").mkdir()
+    empty = tmp / "installer-tree" / "empty.c"
+    empty.write_text("int nvidia_stand_in;\n")
+    sonames = {**driver_files.LIBRARIES, "libnvidia-glcore": None}
+    for name, suffix in sonames.items():
+        file = f"{name}.so.{version}"
+        soname = f"{name}.so.{suffix}" if suffix else file
+        subprocess.run([shutil.which("gcc") or "gcc", "-shared", "-nostdlib",
+                        f"-Wl,-soname,{soname}", "-o", str(tree / file), str(empty)],
+                       check=True, timeout=60)
+        (tree / "32" / file).write_bytes(b"\x7fELF\x01\x01\x01" + b"\0" * 9 + b"\x03\x00\x03\x00")
+    for name in driver_files.BINARIES:
+        (tree / name).write_text("#!/bin/sh\necho stand-in\n")
+        (tree / name).chmod(0o755)
+    for name in driver_files.OPEN_FIRMWARE:
+        (tree / "firmware" / name).write_bytes(b"GSP firmware stand-in\n")
+    for directory in ("kernel", "kernel-open"):
+        (tree / directory).mkdir()
+        (tree / directory / "Makefile").write_text(KERNEL_MAKEFILE)
+    if mutate is not None:
+        mutate(tree)
+    archive = tmp / "installer-tree" / "tree.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname=tree.name)
+    return (b"#!/bin/sh\n# stand-in NVIDIA installer: --extract-only unpacks the tree here\n"
+            b"[ \"$1\" = --extract-only ] || exit 2\n"
+            b"sed '1,/^__ARCHIVE__$/d' \"$0\" | base64 -d | tar -xzf -\nexit 0\n__ARCHIVE__\n"
+            + base64.encodebytes(archive.read_bytes()))
+
+
+def kernel_tree(root: Path, kernel: str) -> Path:
+    """A prepared kernel build tree as build.sh looks for it, under `root`."""
+    release = root / f"lib/modules/{kernel}/build/include/config/kernel.release"
+    release.parent.mkdir(parents=True)
+    release.write_text(kernel + "\n")
+    return root
+
+
+def build_sh_command(kernel_root: Path) -> list[str]:
+    """driver.build.command running the real build.sh outside a container (build.sh's
+    GPUNODE_BUILD_* variables), in the work dir NspawnBuilder writes it into."""
+    return ["env", f"GPUNODE_BUILD_ROOT={kernel_root}", "GPUNODE_BUILD_WORK={workdir}",
+            "GPUNODE_BUILD_OUT={out_dir}", "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+            "bash", "{workdir}/build.sh", "{kernel}", "{flavour}"]

@@ -599,6 +599,6 @@ def test_nspawn_builder_writes_build_sh_and_runs_its_argv_with_a_long_timeout(
 
 def test_build_sh_is_the_package_data_file_and_expects_the_installer_build_names() -> None:
     assert builders.build_script() == BUILD_SH.read_text()
-    assert 'work="$root/work"' in builders.build_script()
+    assert 'work="${GPUNODE_BUILD_WORK:-$root/work}"' in builders.build_script()
     assert f'sh "$work/{b.INSTALLER_NAME}" --extract-only' in builders.build_script()
     assert f'"$work/{b.WANTED_LIST}"' in builders.build_script()
