@@ -37,6 +37,7 @@ from helpers.driver_build import (
     inputs,
     mirror_host,
 )
+from hostile.support import Cli
 
 PARAMETER = "/sys/module/firmware_class/parameters/path"
 
@@ -333,3 +334,20 @@ def test_the_firmware_path_is_written_without_a_newline_through_the_host(
     assert wanted == firmware.FirmwarePath("/opt/e/firmware", DRIVER)
     firmware.apply(Host(tmp_path), wanted)
     assert (tmp_path / PARAMETER.lstrip("/")).read_bytes() == b"/opt/e/firmware"
+
+
+def test_gpunode_plan_says_it_sets_the_firmware_path_for_the_open_modules_of_a_build(
+        make_host: HostFactory, cli: Cli) -> None:
+    host, config, _ = built_node(make_host, "nc24ads-a100-v4")
+    (host.root / "etc/gpunode").mkdir(parents=True, exist_ok=True)
+    (host.root / "etc/gpunode/config.toml").write_text(
+        f'[driver]\nstrategy = "build"\nversion = "{config.version}"\n\n[driver.build]\n'
+        f'enabled = true\ndev_container_url = "{config.build.dev_container_url}"\n'
+        f'dev_container_sha512 = "{config.build.dev_container_sha512}"\n'
+        f'driver_url = "{config.build.driver_url}"\n'
+        f'driver_sha256 = "{config.build.driver_sha256}"\n')
+    planned = cli("--root", str(host.root), "plan")
+    entry = cache.entry_path(fixtures.KERNEL, config.version, "open")
+    assert f"set the kernel's firmware search path ({PARAMETER}) to {entry}/firmware" \
+        in planned.out, planned.out + planned.err
+    assert (host.root / PARAMETER.lstrip("/")).read_text() == "\n"  # a plan writes nothing
