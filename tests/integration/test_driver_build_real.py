@@ -27,6 +27,7 @@ from gpunode.driver import build as b
 from gpunode.driver import builders, cache
 from gpunode.host import Host
 from gpunode_testing import fixtures
+from gpunode_testing.driver_files import write_build_userspace
 from helpers.driver_build import (
     BUILD_SH,
     DRIVER,
@@ -134,8 +135,12 @@ def test_build_sh_passes_shellcheck() -> None:
 
 
 def test_a_configured_builder_command_runs_for_real_through_the_whole_build(host: Host) -> None:
-    """The argv template with a stand-in program (cp) instead of systemd-nspawn."""
-    builder = builders.NspawnBuilder(command=["cp", "{driver_installer}", "{out_dir}/nvidia.ko"])
+    """The argv template with a stand-in program (sh and cp) instead of systemd-nspawn."""
+    extracted = host.root / "srv/extracted"
+    write_build_userspace(extracted, DRIVER)
+    builder = builders.NspawnBuilder(command=[
+        "sh", "-c", 'cp "$1" "$2/nvidia.ko" && cp -R "$3/." "$2/"', "sh", "{driver_installer}",
+        "{out_dir}", str(extracted)])
     result = b.build(host, inputs(), builders.UrlFetcher(host), builder, FACTS)
     assert (host.path(result.entry.path) / "nvidia.ko").read_bytes() == INSTALLER
     assert result.entry.manifest["modules"] == {"nvidia.ko": sha(INSTALLER, "sha256")}
