@@ -377,6 +377,9 @@ class Host:
         exist as a regular file (sysfs attributes are; under --root, the fixture's file), is
         never created, and a FIFO or link in its place is refused without blocking."""
         shown = self.display(path)
+        st = self.stat(path)
+        if st is not None and not stat.S_ISREG(st.st_mode):  # a FIFO would open as ENXIO
+            raise HostError("write", shown, safeio.kind(st.st_mode))
         try:
             fd = os.open(self._real(path), os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK |
                          os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)

@@ -230,9 +230,10 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
     if the_plan.choice.action == "build":
         source = _build(host, the_plan, config, build_adapters)
         load = directory_load(host, source, the_plan.modules, config, kmod)
-    if the_plan.firmware is not None and source is not None:
+    if the_plan.firmware is not None and source is not None and getattr(kmod, "may_load", True):
         # Planned again now that the entry exists: nothing changed it meanwhile, or the same
         # refusal; then the kernel can find the open modules' firmware when nvidia.ko asks.
+        # Not where the modules cannot be loaded anyway (under --root: KmodTools refuses).
         wanted = firmware.plan(host, source, config.version, the_plan.kernel)
         if wanted is not None:
             firmware.apply(host, wanted)

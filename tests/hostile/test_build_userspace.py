@@ -139,6 +139,50 @@ def test_a_modules_only_entry_is_not_loaded_when_building_is_off_and_the_warning
     assert "older gpunode with the modules only" in str(warning["reason"])
 
 
+# -- the kernel's firmware search path, for the open modules of a build --------------------------
+
+A100 = fixtures.MACHINES["nc24ads-a100-v4"]
+PARAMETER = "sys/module/firmware_class/parameters/path"
+
+
+def _parameter(make: Callable[[Path], None] | None) -> Callable[[Path], None]:
+    def mutate(root: Path) -> None:
+        if make is not None:
+            (root / PARAMETER).parent.mkdir(parents=True, exist_ok=True)
+            make(root / PARAMETER)
+    return mutate
+
+
+FIRMWARE_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
+    "set-by-someone-else": (_parameter(lambda p: p.write_text("/vendor/firmware\n")),
+                            r"already set to /vendor/firmware, which has no nvidia/.*gpunode "
+                            r"does not overwrite it .*clear it"),
+    "is-a-fifo": (_parameter(os.mkfifo),
+                  r"cannot read the kernel's firmware search path: .*is a FIFO"),
+    "is-a-directory": (_parameter(Path.mkdir),
+                       r"cannot read the kernel's firmware search path: .*directory"),
+    "missing": (_parameter(None), r"this kernel has no firmware search path parameter .*"
+                                  r"/lib/firmware/nvidia/"),
+}
+
+
+@pytest.mark.parametrize("case", FIRMWARE_CASES)
+def test_a_firmware_search_path_gpunode_cannot_use_refuses_the_open_build_before_anything(
+        make_host: HostFactory, cli: Cli, case: str) -> None:
+    mutate, pattern = FIRMWARE_CASES[case]
+    host = make_host(A100, "bare")
+    config = build_config(host, A100.driver_version)
+    (host.root / "etc/gpunode").mkdir(parents=True, exist_ok=True)
+    (host.root / "etc/gpunode/config.toml").write_text(
+        f'[driver]\nstrategy = "build"\nversion = "{A100.driver_version}"\n\n'
+        "[driver.build]\nenabled = true\n" + "".join(
+            f'{key} = "{getattr(config.build, key)}"\n'  # type: ignore[attr-defined]
+            for key in ("dev_container_url", "dev_container_sha512", "driver_url",
+                        "driver_sha256")))
+    mutate(host.root)
+    check_refusal(cli, host.root, ["--root", str(host.root), "driver", "load"], 1, pattern)
+
+
 # -- hostile installers, through the real build.sh ----------------------------------------------
 
 BUILD_CONFIG = """\

@@ -351,3 +351,31 @@ def test_gpunode_plan_says_it_sets_the_firmware_path_for_the_open_modules_of_a_b
     assert f"set the kernel's firmware search path ({PARAMETER}) to {entry}/firmware" \
         in planned.out, planned.out + planned.err
     assert (host.root / PARAMETER.lstrip("/")).read_text() == "\n"  # a plan writes nothing
+
+
+def test_writing_the_firmware_path_into_a_fifo_is_refused_without_blocking(
+        tmp_path: Path) -> None:
+    from gpunode.errors import HostError
+
+    (tmp_path / PARAMETER.lstrip("/")).parent.mkdir(parents=True)
+    os.mkfifo(tmp_path / PARAMETER.lstrip("/"))
+    with pytest.raises(HostError, match=r"Failed to write '.*/path': is a FIFO"):
+        firmware.apply(Host(tmp_path), firmware.FirmwarePath("/opt/e/firmware", DRIVER))
+
+
+def test_the_firmware_path_is_not_written_where_the_modules_cannot_be_loaded(
+        make_host: HostFactory) -> None:
+    """Under --root the real kmod tools refuse to load: the parameter stays as it was."""
+    from gpunode.driver.modules import KmodTools
+    from gpunode.errors import LoadError
+
+    class RootTools(KmodTools):
+        def depends(self, path: str) -> list[str]:
+            return []  # no modinfo of the fake modules
+
+    host, config, _ = built_node(make_host, "nc24ads-a100-v4")
+    tools = RootTools(may_load=False)
+    the_plan = step.plan(host, config, detect(host), tools)
+    with pytest.raises(LoadError):
+        step.apply(host, the_plan, config, tools, (builders.UrlFetcher(host), FakeBuilder()))
+    assert (host.root / PARAMETER.lstrip("/")).read_text() == "\n"
