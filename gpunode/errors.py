@@ -228,6 +228,20 @@ class DriverBuildError(GpunodeError):
         super().__init__(f"Failed to {verb} '{obj}': {cause}", hint)
 
 
+class ExtractedFileError(DriverBuildError):
+    """A build left driver user-space gpunode refuses to cache (a link out of the entry, a FIFO,
+    a file too large, no libcuda); names the file and what is wrong with it."""
+
+    code = "driver-build-userspace-refused"
+
+
+class FirmwarePathError(DriverError):
+    """The open modules of a build need their GSP firmware, and the kernel's firmware search
+    path (firmware_class.path) is set by someone else to a place without it."""
+
+    code = "driver-firmware-path-taken"
+
+
 class ContainerdStepError(GpunodeError):
     """The container runtime step cannot go on; the message says why."""
 

@@ -372,6 +372,29 @@ class Host:
                 close()
         _fsync_dir(target.parent, "write", shown)
 
+    def write_attribute(self, path: str, data: bytes) -> None:
+        """Write a kernel attribute (a /sys module parameter) in place, in one write: it must
+        exist as a regular file (sysfs attributes are; under --root, the fixture's file), is
+        never created, and a FIFO or link in its place is refused without blocking."""
+        shown = self.display(path)
+        st = self.stat(path)
+        if st is not None and not stat.S_ISREG(st.st_mode):  # a FIFO would open as ENXIO
+            raise HostError("write", shown, safeio.kind(st.st_mode))
+        try:
+            fd = os.open(self._real(path), os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK |
+                         os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
+        except OSError as exc:
+            raise HostError("write", shown, _reason(exc)) from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise HostError("write", shown, "is not a kernel attribute (a regular file)")
+            if os.write(fd, data) != len(data):
+                raise HostError("write", shown, "the kernel took only part of the value")
+        except OSError as exc:
+            raise HostError("write", shown, _reason(exc)) from exc
+        finally:
+            os.close(fd)
+
     def lstat(self, path: str) -> os.stat_result | None:
         """lstat() of the entry itself (a final symlink is not followed); None when absent."""
         try:

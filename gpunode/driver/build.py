@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 WORK_DIR = ".work"  # inside the staging dir: downloads, build.sh, build.log; gone on success
 INSTALLER_NAME = "nvidia-installer.run"
+WANTED_LIST = "userspace.list"  # in the work dir: the driver version and the files to extract
 DEV_CONTAINER_NAME = "flatcar_developer_container.bin"
 BUILD_LOG = "build.log"
 
@@ -96,8 +97,8 @@ class BuildPlan:
     installer: Download
 
     def describe(self) -> list[str]:
-        lines = [f"build NVIDIA {self.driver} ({self.flavour}) modules for kernel {self.kernel} "
-                 f"into {self.entry}"]
+        lines = [f"build NVIDIA {self.driver} ({self.flavour}) modules and user-space for kernel "
+                 f"{self.kernel} into {self.entry}"]
         for d in (self.dev_container, self.installer):
             check = f"{d.algorithm} {d.expected}" if d.expected else "UNVERIFIED"
             lines.append(f"download {d.url} ({check})")
@@ -253,25 +254,46 @@ def _build_entry(host: Host, plan: BuildPlan, fetcher: Fetcher, builder: Builder
     except BaseException:
         host.remove_tree(staging)  # refused or failed downloads: nothing worth keeping
         raise
+    host.write_atomic(f"{work}/{WANTED_LIST}", wanted_list(plan.driver).encode())
     _run_builder(host, builder, plan, work, image, installer, staging)
-    modules = _collect_modules(host, plan, staging)
+    from gpunode.driver import extracted  # only a build checks what the builder extracted
+
+    try:
+        modules = _collect_modules(host, plan, staging)
+        files, links = extracted.collect(host, staging, plan.driver, plan.flavour,
+                                         hint=f"see {host.display(work)}/{BUILD_LOG}")
+    except GpunodeError:
+        _keep_only_the_log(host, staging, work)  # a refused result: nothing of it is kept
+        raise
     host.remove_tree(work)
     digests = {"dev_container": image_digest, "driver": installer_digest}
     manifest = cache.make_manifest(
         plan.kernel, plan.driver, plan.flavour, facts.version, modules,
         {d.role: {"url": d.url, d.algorithm: digests[d.role], "verified": d.expected is not None}
          for d in (plan.dev_container, plan.installer)},
-        datetime.now(UTC), time.monotonic() - started)
-    for name in modules:  # the builder's files reach the disk before the rename publishes them
+        datetime.now(UTC), time.monotonic() - started, files, links)
+    for name in (*modules, *files):  # the builder's files reach the disk before the rename
         host.fsync(f"{staging}/{name}")
+    for directory in extracted.directories(files):
+        host.fsync(f"{staging}/{directory}")
     host.fsync(staging)
     host.write_atomic(f"{staging}/{cache.MANIFEST}",
                       (json.dumps(manifest, indent=2) + "\n").encode())  # last: marks it whole
     cache.publish(host, staging, plan.entry)
     log.get().info("driver.build.done", entry=host.display(plan.entry),
-                   modules=sorted(modules), build_seconds=manifest["build_seconds"])
+                   modules=sorted(modules), userspace_files=len(files),
+                   build_seconds=manifest["build_seconds"])
     return cache.CacheEntry(plan.entry, manifest,
                             tuple(f"{plan.entry}/{n}" for n in sorted(modules)))
+
+
+def wanted_list(driver: str) -> str:
+    """What build.sh extracts from the installer (driver/userspace.py's lists): `version V`,
+    then `lib <name>` and `bin <name>` lines."""
+    from gpunode.driver import userspace
+
+    return "".join([f"version {driver}\n", *(f"lib {name}\n" for name in userspace.LIBRARIES),
+                    *(f"bin {name}\n" for name in userspace.BINARIES)])
 
 
 def _fetch_verified(host: Host, fetcher: Fetcher, download: Download,
@@ -346,13 +368,22 @@ def _run_builder(host: Host, builder: Builder, plan: BuildPlan, work: str, image
         builder.build(host.path(work), host.path(image), host.path(installer), plan.kernel,
                       plan.flavour, host.path(staging))
     except (GpunodeError, OSError) as exc:
-        for name in host.list_dir(work):
-            if name != BUILD_LOG:
-                host.remove_tree(f"{work}/{name}")
+        _keep_only_the_log(host, staging, work)
         raise DriverBuildError(
             "build", f"NVIDIA {plan.driver} ({plan.flavour}) for kernel {plan.kernel}", str(exc),
             hint=f"its log stays in {host.display(work)}/{BUILD_LOG} (if the builder wrote one) "
             "until the next 'gpunode driver build' or prune removes it") from exc
+
+
+def _keep_only_the_log(host: Host, staging: str, work: str) -> None:
+    """A failed or refused build: its log stays (until the next build or prune removes the
+    staging dir), its inputs and whatever it made go at once."""
+    for name in host.list_dir(staging):
+        if name != WORK_DIR:
+            host.remove_tree(f"{staging}/{name}")
+    for name in host.list_dir(work):
+        if name != BUILD_LOG:
+            host.remove_tree(f"{work}/{name}")
 
 
 def _collect_modules(host: Host, plan: BuildPlan, out: str) -> dict[str, str]:

@@ -1,10 +1,22 @@
-"""The driver cache: one entry of built NVIDIA modules per kernel, driver and flavour.
+"""The driver cache: one entry of a built NVIDIA driver per kernel, driver and flavour.
 
-An entry is `<CACHE_ROOT>/<kernel>/<driver>-<flavour>/`: the built `*.ko` files, flat, and
-`manifest.json` (what was built, from which verified inputs, their digests). An entry is
-*usable* only when its manifest parses, names the same kernel, driver and flavour, and every
-module it lists is there with the recorded sha256: a half-copied or tampered entry is rebuilt,
-never loaded.
+An entry is `<CACHE_ROOT>/<kernel>/<driver>-<flavour>/`:
+- the built `*.ko` files, flat;
+- the driver's user-space from the same installer (build.sh extracts it): `lib/` (the
+  libraries of driver/userspace.py's list, `lib<name>.so.<driver>`, and their SONAME links as
+  `ldconfig -n` makes them), `bin/` (nvidia-smi and the other binaries) and
+  `firmware/nvidia/<driver>/gsp_*.bin` (the GSP firmware; the open modules ask the kernel for
+  `nvidia/<driver>/gsp_<chip>.bin`, so `firmware/` is the firmware search path of the entry);
+- `manifest.json`: what was built, from which verified inputs, and the sha256 of every module
+  (`modules`) and user-space file (`userspace`, by path relative to the entry), and every
+  SONAME link's target (`links`).
+
+An entry is *usable* only when its manifest parses, names the same kernel, driver and flavour,
+and every module and user-space file it lists is there, a regular file with the recorded
+sha256, and every link points where it says: a half-copied or tampered entry is rebuilt,
+never loaded. An entry of schema_version 1 (gpunode before builds carried the user-space) is
+unusable the same way: its node would have modules but no libcuda, so it is rebuilt (or, with
+building disabled, refused with that reason), never silently used.
 
 A build (driver/build.py) stages its entry in a directory next to it
 (`.staging-<driver>-<flavour>-<random>`) and publishes it by one rename (`publish`); staging
@@ -18,19 +30,23 @@ from __future__ import annotations
 import contextlib
 import re
 import stat
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from gpunode import kernelinfo, log, records
-from gpunode.errors import DriverBuildError
+from gpunode.errors import DriverBuildError, HostError
 from gpunode.host import Host
 
 CACHE_ROOT = "/opt/gpunode/drivers"
 LOCK_FILE = f"{CACHE_ROOT}/.lock"
 MANIFEST = "manifest.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+MODULES_ONLY_SCHEMA = 1  # manifests of builds that had no user-space
+USERSPACE_DIRS = ("lib", "bin", "firmware")
+REQUIRED_LIBRARIES = ("libcuda", "libnvidia-ml")  # driver/userspace.py's REQUIRED
 STAGING_PREFIX = ".staging-"
 
 # Flavour → the directory of the extracted installer whose modules it builds. GRID is the
@@ -39,6 +55,10 @@ FLAVOUR_SOURCES = {"open": "kernel-open", "proprietary": "kernel", "grid": "kern
 MODULE_DIRS = ("/lib/modules", "/usr/lib/modules")
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # a kernel release or driver version
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+# No file of a driver comes near this (libcuda, libnvidia-nvvm and gsp_ga10x.bin are ~100 MB);
+# a larger one is refused before it is hashed.
+MAX_FILE_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -46,6 +66,18 @@ class CacheEntry:
     path: str  # host path of the entry directory
     manifest: dict[str, Any]
     modules: tuple[str, ...]  # host paths of the .ko files, sorted by name
+
+    def userspace(self, directory: str) -> tuple[str, ...]:
+        """Host paths of the user-space files the manifest lists under `directory` ("lib",
+        "bin", "firmware/nvidia/<driver>"), sorted: only those, never what else is there."""
+        prefix = directory.rstrip("/") + "/"
+        return tuple(f"{self.path}/{rel}" for rel in sorted(self.manifest.get("userspace", {}))
+                     if rel.startswith(prefix) and "/" not in rel[len(prefix):])
+
+    @property
+    def firmware_dir(self) -> str:
+        """The entry's firmware search path: it holds nvidia/<driver>/gsp_*.bin."""
+        return f"{self.path}/firmware"
 
 
 # -- names and manifests (pure) ------------------------------------------------------------------
@@ -67,11 +99,23 @@ def is_module_name(name: str) -> bool:
     return bool(NAME_RE.fullmatch(name)) and name.endswith(".ko")
 
 
+def userspace_path_problem(rel: str, driver: str) -> str | None:
+    """Why `rel` is not a user-space path an entry may hold: lib/<name>, bin/<name> or
+    firmware/nvidia/<driver>/<name>, each name a plain file name."""
+    parts = rel.split("/")
+    if (len(parts) == 2 and parts[0] in ("lib", "bin")) or \
+            (len(parts) == 4 and parts[:3] == ["firmware", "nvidia", driver]):
+        return None if NAME_RE.fullmatch(parts[-1]) else f"{parts[-1]!r} is not a file name"
+    return f"not under lib/, bin/ or firmware/nvidia/{driver}/"
+
+
 def make_manifest(kernel: str, driver: str, flavour: str, flatcar_version: str | None,
                   modules: Mapping[str, str], inputs: Mapping[str, dict[str, Any]],
-                  built_at: datetime, seconds: float) -> dict[str, Any]:
-    """The manifest of a finished build: modules (name → sha256) and its inputs (role →
-    url, digest, whether it was verified)."""
+                  built_at: datetime, seconds: float, userspace: Mapping[str, str],
+                  links: Mapping[str, str]) -> dict[str, Any]:
+    """The manifest of a finished build: modules (name → sha256), user-space files (path in
+    the entry → sha256), SONAME links (path → target) and its inputs (role → url, digest,
+    whether it was verified)."""
     return {
         "schema_version": SCHEMA_VERSION,
         "kernel": kernel,
@@ -79,6 +123,8 @@ def make_manifest(kernel: str, driver: str, flavour: str, flatcar_version: str |
         "flavour": flavour,
         "flatcar_version": flatcar_version,
         "modules": dict(sorted(modules.items())),
+        "userspace": dict(sorted(userspace.items())),
+        "links": dict(sorted(links.items())),
         "inputs": dict(inputs),
         "built_at": records.utc_timestamp(built_at.timestamp()),
         "build_seconds": round(seconds, 3),
@@ -87,6 +133,9 @@ def make_manifest(kernel: str, driver: str, flavour: str, flatcar_version: str |
 
 def manifest_problem(manifest: Any, kernel: str, driver: str, flavour: str) -> str | None:
     """Why a parsed manifest does not describe this entry; None when its shape is right."""
+    if isinstance(manifest, dict) and manifest.get("schema_version") == MODULES_ONLY_SCHEMA:
+        return ("it was built by an older gpunode with the modules only, without the driver's "
+                "user-space (libcuda, nvidia-smi, GSP firmware)")
     if not isinstance(manifest, dict) or manifest.get("schema_version") != SCHEMA_VERSION:
         return f"not a schema_version {SCHEMA_VERSION} manifest"
     for key, want in (("kernel", kernel), ("driver", driver), ("flavour", flavour)):
@@ -98,6 +147,25 @@ def manifest_problem(manifest: Any, kernel: str, driver: str, flavour: str) -> s
     for name, digest in modules.items():
         if not is_module_name(name) or not isinstance(digest, str):
             return f"module entry {name!r} is malformed"
+    return _userspace_shape_problem(manifest.get("userspace"), manifest.get("links"), driver)
+
+
+def _userspace_shape_problem(files: Any, links: Any, driver: str) -> str | None:
+    if not isinstance(files, dict) or not isinstance(links, dict):
+        return "it lists no user-space"
+    for rel, digest in files.items():
+        problem = userspace_path_problem(rel, driver)
+        if problem is None and not (isinstance(digest, str) and _HEX64.fullmatch(digest)):
+            problem = "its sha256 is malformed"
+        if problem:
+            return f"user-space entry {rel!r} is malformed: {problem}"
+    for name in REQUIRED_LIBRARIES:
+        if f"lib/{name}.so.{driver}" not in files:
+            return f"it lists no lib/{name}.so.{driver}"
+    for rel, target in links.items():
+        if not (rel.startswith("lib/") and userspace_path_problem(rel, driver) is None
+                and isinstance(target, str) and f"lib/{target}" in files):
+            return f"link entry {rel!r} is malformed (a lib/ link to a listed library)"
     return None
 
 
@@ -130,23 +198,66 @@ def check_entry(host: Host, path: str, kernel: str, driver: str,
         return None, str(exc)
     problem = manifest_problem(manifest, kernel, driver, flavour)
     if problem is None:
-        problem = _modules_problem(host, path, manifest["modules"])
+        problem = (_files_problem(host, path, manifest["modules"])
+                   or _files_problem(host, path, manifest["userspace"])
+                   or _links_problem(host, path, manifest["links"]))
     if problem is not None:
         return None, problem
     names = sorted(manifest["modules"])
     return CacheEntry(path, manifest, tuple(f"{path}/{name}" for name in names)), None
 
 
-def _modules_problem(host: Host, path: str, modules: Mapping[str, str]) -> str | None:
-    for name, recorded in sorted(modules.items()):
-        module = f"{path}/{name}"
-        st = host.stat(module)
-        if st is None or not stat.S_ISREG(st.st_mode):
-            return f"{name} is missing"
-        actual = host.digest(module, "sha256")
+def _files_problem(host: Host, path: str, files: Mapping[str, str]) -> str | None:
+    """Why a listed module or user-space file is not as recorded: missing, not a regular file
+    (a link, a FIFO: never followed, never opened), too large, or another sha256."""
+    for name, recorded in sorted(files.items()):
+        file = f"{path}/{name}"
+        try:
+            st = host.lstat(file)
+            if st is None:
+                return f"{name} is missing"
+            if not stat.S_ISREG(st.st_mode):
+                return f"{name} is not a regular file"
+            if st.st_size > MAX_FILE_BYTES:
+                return f"{name} is {st.st_size} bytes, more than any driver file"
+            actual = digest(host, file, st)
+        except HostError as exc:
+            return f"{name} cannot be read ({exc})"
         if actual != recorded:
             return f"{name} has sha256 {actual}, the manifest says {recorded}"
     return None
+
+
+def _links_problem(host: Host, path: str, links: Mapping[str, str]) -> str | None:
+    for name, target in sorted(links.items()):
+        try:
+            actual = host.read_link(f"{path}/{name}")
+        except HostError as exc:
+            return f"{name} cannot be read ({exc})"
+        if actual != target:
+            return (f"{name} is missing" if actual is None
+                    else f"{name} points to {actual!r}, the manifest says {target!r}")
+    return None
+
+
+def digest(host: Host, path: str, st: Any = None) -> str:
+    """The sha256 of a cache file, hashed once per process while the file is unchanged (same
+    inode, size, mtime and ctime): a boot checks an entry in its plan, again when it finds
+    the user-space and when it writes the CDI spec, and hashes its hundreds of MB once.
+    A file changed in the last seconds is always hashed (as git treats "racily clean" files):
+    a second write within the clock's granularity can leave its times as they were."""
+    st = st if st is not None else host.lstat(path)
+    if st is None or time.time_ns() - st.st_ctime_ns < _SETTLED_NS:
+        return host.digest(path, "sha256")
+    key = (host.display(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
+           st.st_ctime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = host.digest(path, "sha256")
+    return _DIGESTS[key]
+
+
+_DIGESTS: dict[tuple[Any, ...], str] = {}
+_SETTLED_NS = 2_000_000_000
 
 
 def installed_kernels(host: Host) -> set[str]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from gpunode import command, driverinfo, flatcar, kernelinfo, log
 from gpunode.config import DriverConfig
 from gpunode.detect import Detection, PciFunction, loaded_modules
-from gpunode.driver import devices, flavour, modules, nouveau, strategy, userspace
+from gpunode.driver import devices, firmware, flavour, modules, nouveau, strategy, userspace
 from gpunode.errors import CommandFailed, DriverError, GpunodeError
 from gpunode.host import Host
 
@@ -33,11 +33,13 @@ class Plan:
     sysext_line: str | None = None  # to add to /etc/flatcar/enabled-sysext.conf
     gpu_addresses: tuple[str, ...] = ()  # GPUs the driver must see (not those on vfio-pci)
     node_fixes: tuple[str, ...] = ()  # device nodes a loaded driver lacks: "<path>: <why>"
+    firmware: firmware.FirmwarePath | None = None  # the open modules of a build: their GSP
 
     @property
     def changed(self) -> bool:
         return (bool(self.load.steps) or self.choice.action == "build"
-                or self.sysext_line is not None or bool(self.node_fixes))
+                or self.sysext_line is not None or bool(self.node_fixes)
+                or self.firmware is not None)
 
     def describe(self) -> list[str]:
         lines = [f"{self.choice.strategy}: {self.choice.reason} ({self.flavour.flavour} modules: "
@@ -47,6 +49,8 @@ class Plan:
                          "at the next boot)")
         if self.choice.action == "build":
             lines.append(f"build {', '.join(self.modules)} for {self.kernel}, then load them")
+        if self.firmware is not None:
+            lines.append(self.firmware.describe())
         lines += [f"run {step}" for step in self.load.describe()]
         lines += [f"make {fix}" for fix in self.node_fixes]
         return lines
@@ -150,12 +154,19 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
         # refusal now, not a surprise after the modules and nodes (a driver not loaded yet is
         # judged once it is).
         userspace.find(host, version.version, prebuilt_dirs=config.prebuilt_dirs)
+    fw = None
+    if chosen.flavour == "open" and choice.strategy == "build" and choice.action in ("build",
+                                                                                  "load"):
+        # Refused now when the kernel's firmware search path is someone else's.
+        fw = firmware.plan(host, choice.source or driver_cache.entry_path(
+            kernel, config.version, chosen.flavour), config.version, kernel,
+            built=choice.action == "load")
     node_fixes: tuple[str, ...] = ()
     if choice.action == "verify" and not load.steps:  # all loaded: its nodes can be checked
         node_fixes = tuple(f"{n.path} ({n.major}:{n.minor}): {why}" for n in wanted_nodes(host)
                            if (why := devices.problem(host, n) or devices.link_problem(host, n)))
     return Plan(kernel=kernel, flavour=chosen, choice=choice, modules=wanted, load=load,
-                sysext_line=sysext_line, node_fixes=node_fixes,
+                sysext_line=sysext_line, node_fixes=node_fixes, firmware=fw,
                 gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"))
 
 
@@ -219,6 +230,13 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
     if the_plan.choice.action == "build":
         source = _build(host, the_plan, config, build_adapters)
         load = directory_load(host, source, the_plan.modules, config, kmod)
+    if the_plan.firmware is not None and source is not None and getattr(kmod, "may_load", True):
+        # Planned again now that the entry exists: nothing changed it meanwhile, or the same
+        # refusal; then the kernel can find the open modules' firmware when nvidia.ko asks.
+        # Not where the modules cannot be loaded anyway (under --root: KmodTools refuses).
+        wanted = firmware.plan(host, source, config.version, the_plan.kernel)
+        if wanted is not None:
+            firmware.apply(host, wanted)
     loaded = tuple(modules.execute(host, load, kmod))
     nodes = make_nodes(host)
     problems = verify(host, the_plan.gpu_addresses)

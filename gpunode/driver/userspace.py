@@ -29,6 +29,12 @@ is the driver root):
   firmware (it builds the proprietary modules only).
 - `prebuilt` (<driver.prebuilt_dirs>/<kernel>): gpunode's own convention beside the modules:
   lib/ (or lib64/), bin/, firmware/nvidia/<version>/.
+- `build` (/opt/gpunode/drivers/<kernel>/<version>-<flavour>): the `build` strategy's cache
+  entry (driver/cache.py), which holds the user-space extracted from the same installer as its
+  modules (driver/extracted.py) in lib/, bin/, firmware/nvidia/<version>/. Only an entry the
+  cache finds usable counts (its manifest of this kernel and version, every file with its
+  recorded sha256: a tampered libcuda is never mounted into a container), and of it only the
+  files its manifest lists; an entry refused is named in the error.
 Every read goes through the Host, so `--root` holds and a link out of the root is refused.
 """
 
@@ -40,6 +46,7 @@ from typing import Any
 
 from gpunode import driverinfo, flatcar, kernelinfo
 from gpunode.config import DriverConfig
+from gpunode.driver import cache
 from gpunode.errors import DriverError, GpunodeError
 from gpunode.host import Host
 
@@ -89,6 +96,8 @@ LAYOUTS = (
     Layout(flatcar.NVIDIA_UNIT, "/opt/nvidia/{version}/{kernel}", ("usr/lib64",), ("/opt/bin",)),
     Layout("prebuilt", "{prebuilt}/{kernel}", ("lib", "lib64"), ("bin",),
            ("firmware/nvidia/{version}",)),
+    Layout("build", cache.CACHE_ROOT + "/{kernel}/{version}-{flavour}", ("lib",), ("bin",),
+           ("firmware/nvidia/{version}",)),
 )
 
 
@@ -105,14 +114,21 @@ def find(host: Host, version: str, *,
     notes: list[str] = []
     for layout, root in _roots(prebuilt_dirs, version, kernel):
         dirs = [_join(root, d) for d in layout.libraries]
+        listed: set[str] | None = None  # a cache entry: only the files its manifest lists
+        if layout.name == "build":
+            if not _exists(host, root):
+                continue
+            listed = _entry_files(host, root, kernel or "", version, notes)
+            if listed is None:
+                continue
         looked += dirs
-        libraries = _libraries(host, dirs, version, notes)
+        libraries = _libraries(host, dirs, version, notes, listed)
         if all(name in libraries for name in REQUIRED):
             return DriverRoot(
                 version=version, root=root, libraries=tuple(sorted(libraries.values())),
-                binaries=_binaries(host, [_join(root, d) for d in layout.binaries]),
+                binaries=_binaries(host, [_join(root, d) for d in layout.binaries], listed),
                 firmware=_firmware(host, [_join(root, d.format(version=version))
-                                          for d in layout.firmware], version, kernel),
+                                          for d in layout.firmware], version, kernel, listed),
                 persistenced_socket=_socket(host, PERSISTENCED_SOCKET))
         if libraries:
             notes.append(f"{host.display(root)} has {len(libraries)} of its libraries but not "
@@ -129,8 +145,10 @@ def find(host: Host, version: str, *,
         f"sysext ships it in /usr/lib64, Flatcar's {flatcar.NVIDIA_UNIT} in /opt/nvidia/<version>/"
         "<kernel>/usr/lib64, a driver.prebuilt_dirs directory in <dir>/<kernel>/lib; a "
         "library of another version means the user-space and the loaded modules differ "
-        "(reboot after a driver update); driver.strategy = \"build\" compiles the modules "
-        "only, so its node needs the user-space from one of those places for now")
+        "(reboot after a driver update); a driver.strategy = \"build\" node has it in its "
+        f"cache entry ({cache.CACHE_ROOT}/<kernel>/<version>-<flavour>/lib): an entry "
+        "refused or built by an older gpunode without it is rebuilt by 'gpunode driver "
+        "build'")
 
 
 def loaded_root(host: Host, prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
@@ -177,17 +195,43 @@ def _roots(prebuilt_dirs: tuple[str, ...], version: str,
         if "{kernel}" in layout.root and kernel is None:
             continue
         bases = prebuilt_dirs if "{prebuilt}" in layout.root else ("",)
-        roots += [(layout, layout.root.format(version=version, kernel=kernel,
-                                              prebuilt=base.rstrip("/"))) for base in bases]
+        flavours = cache.FLAVOUR_SOURCES if "{flavour}" in layout.root else ("",)
+        roots += [(layout, layout.root.format(version=version, kernel=kernel, flavour=flavour,
+                                              prebuilt=base.rstrip("/")))
+                  for base in bases for flavour in flavours]
     return roots
+
+
+def _entry_files(host: Host, root: str, kernel: str, version: str,
+                 notes: list[str]) -> set[str] | None:
+    """The host paths of the user-space a usable cache entry lists; None (and a note saying
+    why) for an entry the cache refuses: a tampered, missing or modules-only one."""
+    flavour = root.rpartition("-")[2]
+    try:
+        entry, problem = cache.check_entry(host, root, kernel, version, flavour)
+    except GpunodeError as exc:
+        entry, problem = None, str(exc)
+    if entry is None:
+        notes.append(f"the build cache entry {host.display(root)} is refused: {problem}")
+        return None
+    return {f"{root}/{rel}" for rel in entry.manifest["userspace"]}
+
+
+def _exists(host: Host, path: str) -> bool:
+    try:
+        return host.lstat(path) is not None
+    except GpunodeError:
+        return False
 
 
 def _join(root: str, path: str) -> str:
     return path if path.startswith("/") else f"{root.rstrip('/')}/{path}"
 
 
-def _libraries(host: Host, dirs: list[str], version: str, notes: list[str]) -> dict[str, str]:
-    """name → host path of lib<name>.so.<version>, the first directory's winning."""
+def _libraries(host: Host, dirs: list[str], version: str, notes: list[str],
+               listed: set[str] | None = None) -> dict[str, str]:
+    """name → host path of lib<name>.so.<version>, the first directory's winning (of those
+    in `listed`, when given)."""
     found: dict[str, str] = {}
     suffix = f".so.{version}"
     for directory in dirs:
@@ -198,9 +242,9 @@ def _libraries(host: Host, dirs: list[str], version: str, notes: list[str]) -> d
                     notes.append(f"{host.display(directory)} has {entry} ({other}, not "
                                  f"{version})")
                 continue
-            if name in found:
-                continue
             path = f"{directory}/{entry}"
+            if name in found or (listed is not None and path not in listed):
+                continue
             problem = _not_a_library(host, path)
             if problem:
                 notes.append(f"{host.display(path)} {problem}")
@@ -232,20 +276,23 @@ def _not_a_library(host: Host, path: str) -> str | None:
     return None
 
 
-def _binaries(host: Host, dirs: list[str]) -> tuple[str, ...]:
+def _binaries(host: Host, dirs: list[str], listed: set[str] | None = None) -> tuple[str, ...]:
     found: dict[str, str] = {}
     for directory in dirs:
         for entry in _entries(host, directory, []):
             path = f"{directory}/{entry}"
+            if listed is not None and path not in listed:
+                continue
             if entry in BINARIES and entry not in found and _executable(host, path):
                 found[entry] = path
     return tuple(sorted(found.values()))
 
 
-def _firmware(host: Host, own: list[str], version: str, kernel: str | None) -> tuple[str, ...]:
-    """gsp*.bin of the version: the layout's own directories, then the kernel's search path
-    (firmware_class.path first), each file name once, and a directory reached twice (/lib is
-    /usr/lib on Flatcar) once."""
+def _firmware(host: Host, own: list[str], version: str, kernel: str | None,
+              listed: set[str] | None = None) -> tuple[str, ...]:
+    """gsp*.bin of the version: the layout's own directories (only the `listed` files of
+    them, when given), then the kernel's search path (firmware_class.path first), each file
+    name once, and a directory reached twice (/lib is /usr/lib on Flatcar) once."""
     dirs = list(own)
     try:
         custom = (host.read_optional(FIRMWARE_CLASS_PATH) or "").strip()
@@ -267,6 +314,8 @@ def _firmware(host: Host, own: list[str], version: str, kernel: str | None) -> t
         seen.add(real)
         for entry in _entries(host, directory, []):
             path = f"{directory}/{entry}"
+            if listed is not None and directory in own and path not in listed:
+                continue
             if (entry.startswith("gsp") and entry.endswith(".bin") and entry not in found
                     and _regular(host, path)):
                 found[entry] = path

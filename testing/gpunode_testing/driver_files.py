@@ -28,16 +28,19 @@ ELF64_LIBRARY = b"\x7fELF\x02\x01\x01\x00" + b"\x00" * 8 + b"\x03\x00\x3e\x00"  
 
 def write_userspace(root: Path, version: str, open_modules: bool, lib_dir: str = "/usr/lib64",
                     bin_dir: str = "/usr/bin",
-                    firmware_dir: str | None = "/lib/firmware/nvidia/{version}") -> None:
+                    firmware_dir: str | None = "/lib/firmware/nvidia/{version}",
+                    dev_link: bool = True) -> None:
     """The versioned libraries and their links in `lib_dir`, the binaries in `bin_dir`, and
-    for the open modules the GSP firmware in `firmware_dir` (None: none)."""
+    for the open modules the GSP firmware in `firmware_dir` (None: none). `dev_link`: the
+    libcuda.so link an install adds (ldconfig makes only the SONAME links)."""
     libs = root / lib_dir.lstrip("/")
     libs.mkdir(parents=True, exist_ok=True)
     for name, soname in LIBRARIES.items():
         (libs / f"{name}.so.{version}").write_bytes(ELF64_LIBRARY)
         if soname is not None:
             _link(libs / f"{name}.so.{soname}", f"{name}.so.{version}")
-    _link(libs / "libcuda.so", "libcuda.so.1")
+    if dev_link:
+        _link(libs / "libcuda.so", "libcuda.so.1")
     bins = root / bin_dir.lstrip("/")
     bins.mkdir(parents=True, exist_ok=True)
     for name in BINARIES:
@@ -48,6 +51,13 @@ def write_userspace(root: Path, version: str, open_modules: bool, lib_dir: str =
         firmware.mkdir(parents=True, exist_ok=True)
         for name in OPEN_FIRMWARE:
             (firmware / name).write_bytes(b"GSP firmware stand-in\n")
+
+
+def write_build_userspace(entry: Path, version: str) -> None:
+    """The user-space of a build's cache entry (driver/cache.py) under `entry`: lib/ with the
+    SONAME links `ldconfig -n` makes, bin/, firmware/nvidia/<version>/."""
+    write_userspace(entry, version, True, lib_dir="/lib", bin_dir="/bin",
+                    firmware_dir="/firmware/nvidia/{version}", dev_link=False)
 
 
 def gpu_uuid(machine: str, address: str) -> str:

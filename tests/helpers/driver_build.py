@@ -9,12 +9,14 @@ import bz2
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from conftest import HostFactory
 from gpunode.driver import build as b
 from gpunode.host import Host
+from gpunode_testing.driver_files import write_build_userspace
 
 KERNEL = "6.6.95-flatcar"
 DRIVER = "570.195.03"
@@ -31,9 +33,13 @@ def sha(data: bytes, algorithm: str) -> str:
 
 @dataclass
 class FakeBuilder:
-    """Writes fake modules; `crash` raises after the first one, `sleep` holds the build."""
+    """Writes fake modules and the user-space build.sh extracts (for the version its
+    userspace.list names; `userspace=False`: none); `crash` raises after the first module,
+    `sleep` holds the build, `extra(out_dir)` changes what it left (a hostile build)."""
 
     modules: tuple[str, ...] = MODULES
+    userspace: bool = True
+    extra: Callable[[Path], None] | None = None
     crash: bool = False
     sleep: float = 0.0
     calls: int = 0
@@ -55,11 +61,22 @@ class FakeBuilder:
                 (out_dir / name).write_bytes(b"\x7fELF " + f"{name} {kernel} {flavour}".encode())
                 if self.crash:
                     raise RuntimeError("builder died half-way")
+            if self.userspace:
+                write_build_userspace(out_dir, wanted_version(workdir))
+            if self.extra is not None:
+                self.extra(out_dir)
         finally:
             self.running -= 1
 
 
 BUILD_SH = Path(b.__file__).with_name("build.sh")
+
+
+def wanted_version(workdir: Path) -> str:
+    """The driver version in the userspace.list build.py wrote for build.sh."""
+    first = (workdir / b.WANTED_LIST).read_text().splitlines()[0]
+    assert first.startswith("version "), first
+    return first.removeprefix("version ")
 
 
 def mirror_host(make_host: HostFactory) -> Host:
@@ -85,3 +102,129 @@ def inputs(**changes: object) -> b.BuildInputs:
         driver_url=f"{MIRROR}/NVIDIA-Linux-x86_64-{{driver}}.run",  # a plain path: a mirror
         driver_sha256=sha(INSTALLER, "sha256"))
     return replace(base, **changes)  # type: ignore[arg-type]
+
+
+# -- a node whose driver comes from a build ------------------------------------------------------
+
+
+def strip_system_userspace(root: Path) -> None:
+    """Remove the sysext-layout user-space the fixture's loaded driver has (driver_files): a
+    built node has only what its cache entry holds."""
+    import shutil
+
+    from gpunode_testing import driver_files
+
+    for path in (root / "usr/lib64").glob("lib*"):
+        if path.name.startswith(tuple(driver_files.LIBRARIES)):
+            path.unlink()
+    for name in driver_files.BINARIES:
+        (root / "usr/bin" / name).unlink(missing_ok=True)
+    shutil.rmtree(root / "lib/firmware/nvidia", ignore_errors=True)
+
+
+@dataclass
+class BuiltKernel:
+    """Records kmod calls; loading nvidia makes the fixture's /proc show the loaded driver, as
+    a built node has it: no user-space outside the cache entry."""
+
+    root: Path
+    machine: object
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def depends(self, path: str) -> list[str]:
+        return [] if Path(path).name == "nvidia.ko" else ["nvidia"]
+
+    def run(self, argv: tuple[str, ...]) -> None:
+        from gpunode_testing import fixtures
+
+        self.calls.append(argv)
+        if Path(argv[1]).name == "nvidia.ko":
+            fixtures.load_driver(self.root, self.machine)  # type: ignore[arg-type]
+            strip_system_userspace(self.root)
+
+
+def build_config(host: Host, version: str) -> object:
+    """driver.build enabled, downloading from a mirror inside the node's root."""
+    from gpunode.config import BuildConfig, DriverConfig
+
+    mirror = host.root / "srv/mirror"
+    mirror.mkdir(parents=True, exist_ok=True)
+    (mirror / "dev.bin.bz2").write_bytes(bz2.compress(IMAGE))
+    (mirror / "driver.run").write_bytes(INSTALLER)
+    return DriverConfig(version=version, build=BuildConfig(
+        enabled=True, dev_container_url="file:///srv/mirror/dev.bin.bz2",
+        dev_container_sha512=sha(bz2.compress(IMAGE), "sha512"),
+        driver_url="/srv/mirror/driver.run", driver_sha256=sha(INSTALLER, "sha256")))
+
+
+# -- an installer for the real build.sh ----------------------------------------------------------
+
+KERNEL_MAKEFILE = """\
+# stand-in for the driver's kbuild: `make modules` writes the modules it would build
+modules:
+\tfor m in nvidia nvidia-uvm nvidia-modeset; do printf '\\177ELF %s\\n' "$$m" > "$$m.ko"; done
+"""
+
+
+def fake_installer(tmp: Path, version: str,
+                   mutate: Callable[[Path], None] | None = None) -> bytes:
+    """An NVIDIA installer stand-in for build.sh: a shell script that, given --extract-only,
+    unpacks NVIDIA-Linux-x86_64-<version>/ into the current directory, laid out as the real
+    one (gpunode/driver/extracted.py cites the layout): the 64-bit libraries at the top (real
+    shared objects with their SONAMEs, made by gcc, so `ldconfig -n` links them), 32-bit
+    copies in 32/, a library gpunode does not take, the binaries, firmware/gsp_*.bin, and
+    kernel/ and kernel-open/ whose Makefile writes stand-in modules. `mutate(tree)` changes
+    the tree before it is packed (a hostile installer). gcc must be installed."""
+    import base64
+    import shutil
+    import subprocess
+    import tarfile
+
+    from gpunode_testing import driver_files
+
+    tree = tmp / "installer-tree" / f"NVIDIA-Linux-x86_64-{version}"
+    (tree / "32").mkdir(parents=True)
+    (tree / "firmware").mkdir()
+    empty = tmp / "installer-tree" / "empty.c"
+    empty.write_text("int nvidia_stand_in;\n")
+    sonames = {**driver_files.LIBRARIES, "libnvidia-glcore": None}
+    for name, suffix in sonames.items():
+        file = f"{name}.so.{version}"
+        soname = f"{name}.so.{suffix}" if suffix else file
+        subprocess.run([shutil.which("gcc") or "gcc", "-shared", "-nostdlib",
+                        f"-Wl,-soname,{soname}", "-o", str(tree / file), str(empty)],
+                       check=True, timeout=60)
+        (tree / "32" / file).write_bytes(b"\x7fELF\x01\x01\x01" + b"\0" * 9 + b"\x03\x00\x03\x00")
+    for name in driver_files.BINARIES:
+        (tree / name).write_text("#!/bin/sh\necho stand-in\n")
+        (tree / name).chmod(0o755)
+    for name in driver_files.OPEN_FIRMWARE:
+        (tree / "firmware" / name).write_bytes(b"GSP firmware stand-in\n")
+    for directory in ("kernel", "kernel-open"):
+        (tree / directory).mkdir()
+        (tree / directory / "Makefile").write_text(KERNEL_MAKEFILE)
+    if mutate is not None:
+        mutate(tree)
+    archive = tmp / "installer-tree" / "tree.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname=tree.name)
+    return (b"#!/bin/sh\n# stand-in NVIDIA installer: --extract-only unpacks the tree here\n"
+            b"[ \"$1\" = --extract-only ] || exit 2\n"
+            b"sed '1,/^__ARCHIVE__$/d' \"$0\" | base64 -d | tar -xzf -\nexit 0\n__ARCHIVE__\n"
+            + base64.encodebytes(archive.read_bytes()))
+
+
+def kernel_tree(root: Path, kernel: str) -> Path:
+    """A prepared kernel build tree as build.sh looks for it, under `root`."""
+    release = root / f"lib/modules/{kernel}/build/include/config/kernel.release"
+    release.parent.mkdir(parents=True)
+    release.write_text(kernel + "\n")
+    return root
+
+
+def build_sh_command(kernel_root: Path) -> list[str]:
+    """driver.build.command running the real build.sh outside a container (build.sh's
+    GPUNODE_BUILD_* variables), in the work dir NspawnBuilder writes it into."""
+    return ["env", f"GPUNODE_BUILD_ROOT={kernel_root}", "GPUNODE_BUILD_WORK={workdir}",
+            "GPUNODE_BUILD_OUT={out_dir}", "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+            "bash", "{workdir}/build.sh", "{kernel}", "{flavour}"]

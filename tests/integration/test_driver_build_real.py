@@ -1,14 +1,20 @@
 """The driver build with real processes and sockets: two processes building at once compile
 once, the real fetcher downloads from a local HTTP server, build.sh passes `bash -n` and
-shellcheck, and NspawnBuilder's command template runs for real with a stand-in program. The
-build on fixture hosts with a fake compiler: tests/unit/test_driver_build.py.
+shellcheck, NspawnBuilder's command template runs for real with a stand-in program, and
+build.sh itself runs for real (outside a container) on a stand-in NVIDIA installer, real make
+and ldconfig: its cache entry holds the driver's user-space, and `gpunode cdi generate` mounts
+the entry's libcuda. The build on fixture hosts with a fake compiler:
+tests/unit/test_driver_build.py and tests/unit/test_driver_build_userspace.py.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.server
+import json
 import mimetypes
 import multiprocessing
+import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +26,8 @@ from gpunode import command
 from gpunode.driver import build as b
 from gpunode.driver import builders, cache
 from gpunode.host import Host
+from gpunode_testing import fixtures
+from gpunode_testing.driver_files import write_build_userspace
 from helpers.driver_build import (
     BUILD_SH,
     DRIVER,
@@ -27,10 +35,15 @@ from helpers.driver_build import (
     INSTALLER,
     KERNEL,
     FakeBuilder,
+    build_sh_command,
+    fake_installer,
     inputs,
+    kernel_tree,
     mirror_host,
     sha,
+    strip_system_userspace,
 )
+from hostile.support import Cli
 
 
 @pytest.fixture
@@ -122,8 +135,85 @@ def test_build_sh_passes_shellcheck() -> None:
 
 
 def test_a_configured_builder_command_runs_for_real_through_the_whole_build(host: Host) -> None:
-    """The argv template with a stand-in program (cp) instead of systemd-nspawn."""
-    builder = builders.NspawnBuilder(command=["cp", "{driver_installer}", "{out_dir}/nvidia.ko"])
+    """The argv template with a stand-in program (sh and cp) instead of systemd-nspawn."""
+    extracted = host.root / "srv/extracted"
+    write_build_userspace(extracted, DRIVER)
+    builder = builders.NspawnBuilder(command=[
+        "sh", "-c", 'cp "$1" "$2/nvidia.ko" && cp -R "$3/." "$2/"', "sh", "{driver_installer}",
+        "{out_dir}", str(extracted)])
     result = b.build(host, inputs(), builders.UrlFetcher(host), builder, FACTS)
     assert (host.path(result.entry.path) / "nvidia.ko").read_bytes() == INSTALLER
     assert result.entry.manifest["modules"] == {"nvidia.ko": sha(INSTALLER, "sha256")}
+
+
+# -- build.sh run for real on a stand-in installer -----------------------------------------------
+
+T4 = fixtures.MACHINES["nc4as-t4-v3"]
+BUILD_CONFIG = """\
+[driver]
+version = "{version}"
+
+[driver.build]
+enabled = true
+dev_container_url = "/srv/mirror/dev.bin"
+dev_container_sha512 = "{image}"
+driver_url = "/srv/mirror/driver.run"
+driver_sha256 = "{installer}"
+command = {command}
+"""
+
+
+def built_node_root(make_host: HostFactory, tmp_path: Path, **installer: object) -> Path:
+    """A T4 node with the driver loaded and no user-space of its own, set up for `gpunode
+    driver build` with build.sh run for real on a stand-in installer of the loaded version."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed: the stand-in installer's libraries need it")
+    host = make_host(T4, "driver")
+    root = host.root
+    strip_system_userspace(root)
+    data = fake_installer(tmp_path, T4.driver_version, **installer)  # type: ignore[arg-type]
+    (root / "srv/mirror").mkdir(parents=True)
+    (root / "srv/mirror/driver.run").write_bytes(data)
+    (root / "srv/mirror/dev.bin").write_bytes(b"developer container image\n")
+    (root / "etc/gpunode").mkdir(parents=True, exist_ok=True)
+    (root / "etc/gpunode/config.toml").write_text(BUILD_CONFIG.format(
+        version=T4.driver_version, command=json.dumps(build_sh_command(
+            kernel_tree(tmp_path / "kernel", fixtures.KERNEL))),
+        image=hashlib.sha512(b"developer container image\n").hexdigest(),
+        installer=hashlib.sha256(data).hexdigest()))
+    return root
+
+
+def test_build_sh_caches_the_installers_user_space_and_cdi_generate_mounts_its_libcuda(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    root = built_node_root(make_host, tmp_path)
+    version = T4.driver_version
+    built = cli("--root", str(root), "driver", "build")
+    assert built.code == 0, built.err
+
+    entry = root / f"opt/gpunode/drivers/{fixtures.KERNEL}/{version}-proprietary"
+    assert sorted(p.name for p in entry.glob("*.ko")) == [
+        "nvidia-modeset.ko", "nvidia-uvm.ko", "nvidia.ko"]
+    lib = entry / "lib"
+    assert (lib / f"libcuda.so.{version}").read_bytes().startswith(b"\x7fELF\x02")  # not 32/
+    assert (lib / "libcuda.so.1").readlink() == Path(f"libcuda.so.{version}")  # by ldconfig
+    assert (lib / "libnvidia-nvvm.so.4").readlink() == Path(f"libnvidia-nvvm.so.{version}")
+    assert not (lib / f"libnvidia-glcore.so.{version}").exists()  # not in userspace's list
+    assert sorted(p.name for p in (entry / "bin").iterdir()) == sorted(
+        ["nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
+         "nvidia-cuda-mps-server"])
+    assert sorted(p.name for p in (entry / f"firmware/nvidia/{version}").iterdir()) == [
+        "gsp_ga10x.bin", "gsp_tu10x.bin"]
+    manifest = json.loads((entry / "manifest.json").read_text())
+    assert manifest["userspace"][f"lib/libcuda.so.{version}"] == sha(
+        (lib / f"libcuda.so.{version}").read_bytes(), "sha256")
+    assert manifest["links"]["lib/libcuda.so.1"] == f"libcuda.so.{version}"
+    assert not list(entry.glob(".work*"))
+
+    generated = cli("--root", str(root), "cdi", "generate", "--format", "json")
+    assert generated.code == 0, generated.err
+    spec = json.loads(generated.out)
+    mounts = {m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    host_entry = f"/opt/gpunode/drivers/{fixtures.KERNEL}/{version}-proprietary"
+    assert f"{host_entry}/lib/libcuda.so.{version}" in mounts
+    assert f"{host_entry}/bin/nvidia-smi" in mounts

@@ -21,6 +21,8 @@ from gpunode.driver import devices, flavour, step, strategy
 from gpunode.driver.modules import LoadError
 from gpunode.host import Host
 from gpunode_testing import fixtures
+from gpunode_testing.driver_files import write_build_userspace
+from helpers.driver_build import wanted_version
 
 
 @dataclass
@@ -308,7 +310,8 @@ def test_build_enabled_without_cache_plans_a_build(make_host: HostFactory) -> No
 
 @dataclass
 class ModuleBuilder:
-    """A builder that 'compiles' by writing module files; the real one needs a Flatcar node."""
+    """A builder that 'compiles' by writing module files and the user-space build.sh extracts;
+    the real one needs a Flatcar node."""
 
     calls: int = 0
 
@@ -317,6 +320,7 @@ class ModuleBuilder:
         self.calls += 1
         for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
             (out_dir / f"{name}.ko").write_bytes(f"\x7fELF {name} {kernel} {flavour}".encode())
+        write_build_userspace(out_dir, wanted_version(workdir))
 
 
 def build_config(host: Host) -> DriverConfig:

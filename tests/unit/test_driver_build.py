@@ -30,6 +30,7 @@ from gpunode.config import BuildConfig, DriverConfig
 from gpunode.driver import build as b
 from gpunode.driver import builders, cache
 from gpunode.host import Host
+from gpunode_testing.driver_files import ELF64_LIBRARY
 from helpers.driver_build import (
     BUILD_SH,
     DRIVER,
@@ -98,9 +99,12 @@ def test_a_build_leaves_exactly_the_modules_and_a_manifest_of_what_it_used(host:
 
     assert not result.cache_hit
     files = sorted(f"{KERNEL}/{DRIVER}-open/{name}" for name in (*MODULES, "manifest.json"))
-    assert cache_listing(host) == [KERNEL, f"{KERNEL}/{DRIVER}-open", *files]
+    listing = cache_listing(host)
+    assert [p for p in listing if p.count("/") <= 2 and not p.endswith(("/lib", "/bin",
+                                                                        "/firmware"))] == [
+        KERNEL, f"{KERNEL}/{DRIVER}-open", *files]
     manifest = json.loads((entry_dir(host) / "manifest.json").read_text())
-    assert manifest["schema_version"] == 1
+    assert manifest["schema_version"] == 2
     assert (manifest["kernel"], manifest["driver"], manifest["flavour"]) == (KERNEL, DRIVER, "open")
     assert manifest["flatcar_version"] == "4459.2.1"
     assert manifest["modules"] == {name: sha((entry_dir(host) / name).read_bytes(), "sha256")
@@ -255,7 +259,7 @@ def test_bad_inputs_are_refused_by_the_plan(changes: dict[str, object], message:
 def test_the_plan_names_the_downloads_and_their_checks() -> None:
     plan = b.plan_build(inputs(driver_sha256=None, allow_unverified=True), FACTS)
     assert plan.describe() == [
-        f"build NVIDIA {DRIVER} (open) modules for kernel {KERNEL} into "
+        f"build NVIDIA {DRIVER} (open) modules and user-space for kernel {KERNEL} into "
         f"{cache.CACHE_ROOT}/{KERNEL}/{DRIVER}-open",
         f"download file://{MIRROR}/amd64-usr/4459.2.1/flatcar_developer_container.bin.bz2 "
         f"(sha512 {sha(bz2.compress(IMAGE), 'sha512')})",
@@ -344,6 +348,50 @@ def _other_driver_manifest(entry: Path) -> None:
     (entry / "manifest.json").write_text(json.dumps({**manifest, "driver": "550.127.08"}))
 
 
+def _corrupt_library(entry: Path) -> None:
+    (entry / f"lib/libcuda.so.{DRIVER}").write_bytes(ELF64_LIBRARY + b"tampered")
+
+
+def _drop_library(entry: Path) -> None:
+    (entry / f"lib/libnvidia-ml.so.{DRIVER}").unlink()
+
+
+def _fifo_library(entry: Path) -> None:
+    (entry / f"lib/libcuda.so.{DRIVER}").unlink()
+    os.mkfifo(entry / f"lib/libcuda.so.{DRIVER}")
+
+
+def _library_as_link(entry: Path) -> None:
+    """The recorded library replaced by a link to a file with its bytes: never followed."""
+    library = entry / f"lib/libcuda.so.{DRIVER}"
+    (entry / "copy").write_bytes(library.read_bytes())
+    library.unlink()
+    library.symlink_to("../copy")
+
+
+def _repointed_soname_link(entry: Path) -> None:
+    (entry / "lib/libcuda.so.1").unlink()
+    (entry / "lib/libcuda.so.1").symlink_to(f"libnvidia-ml.so.{DRIVER}")
+
+
+def _corrupt_firmware(entry: Path) -> None:
+    (entry / f"firmware/nvidia/{DRIVER}/gsp_ga10x.bin").write_bytes(b"other firmware")
+
+
+def _modules_only_manifest(entry: Path) -> None:
+    """A manifest as gpunode wrote it before builds carried the user-space."""
+    manifest = json.loads((entry / "manifest.json").read_text())
+    for key in ("userspace", "links"):
+        del manifest[key]
+    (entry / "manifest.json").write_text(json.dumps({**manifest, "schema_version": 1}))
+
+
+def _climbing_userspace_path(entry: Path) -> None:
+    manifest = json.loads((entry / "manifest.json").read_text())
+    manifest["userspace"]["lib/../../../../etc/passwd"] = "0" * 64
+    (entry / "manifest.json").write_text(json.dumps(manifest))
+
+
 def _climbing_module_name(entry: Path) -> None:
     manifest = json.loads((entry / "manifest.json").read_text())
     manifest["modules"]["../../../../etc/passwd.ko"] = "0" * 64
@@ -352,7 +400,10 @@ def _climbing_module_name(entry: Path) -> None:
 
 @pytest.mark.parametrize("corrupt", [_corrupt_module, _drop_module, _drop_manifest,
                                      _garble_manifest, _deep_manifest, _other_driver_manifest,
-                                     _climbing_module_name],
+                                     _climbing_module_name, _corrupt_library, _drop_library,
+                                     _fifo_library, _library_as_link, _repointed_soname_link,
+                                     _corrupt_firmware, _modules_only_manifest,
+                                     _climbing_userspace_path],
                          ids=lambda f: f.__name__.strip("_"))
 def test_a_corrupted_entry_is_not_usable_and_gets_rebuilt(host: Host, corrupt: object) -> None:
     builder = FakeBuilder()
@@ -548,4 +599,6 @@ def test_nspawn_builder_writes_build_sh_and_runs_its_argv_with_a_long_timeout(
 
 def test_build_sh_is_the_package_data_file_and_expects_the_installer_build_names() -> None:
     assert builders.build_script() == BUILD_SH.read_text()
-    assert f'sh "/work/{b.INSTALLER_NAME}" --extract-only' in builders.build_script()
+    assert 'work="${GPUNODE_BUILD_WORK:-$root/work}"' in builders.build_script()
+    assert f'sh "$work/{b.INSTALLER_NAME}" --extract-only' in builders.build_script()
+    assert f'"$work/{b.WANTED_LIST}"' in builders.build_script()
