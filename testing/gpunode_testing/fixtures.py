@@ -339,6 +339,9 @@ def _write_ready(root: Path, machine: Machine) -> None:
     _settle(_write(root, "/etc/containerd/config.toml", FLATCAR_CONTAINERD_CONFIG + NVIDIA_RUNTIME))
     _write(root, "/etc/systemd/system/containerd.service.d/10-gpunode.conf",
            "[Service]\nEnvironment=CONTAINERD_CONFIG=/etc/containerd/config.toml\n")
+    from gpunode.containerd import extras, ledger  # what `boot` writes beside the config
+
+    _write(root, ledger.MEMLOCK_DROPIN, extras.MEMLOCK_TEXT)
     socket = root / "var/lib/kubelet/device-plugins/nvidia-gpu.sock"
     socket.parent.mkdir(parents=True, exist_ok=True)
     if not socket.exists():
