@@ -66,6 +66,7 @@ class Plan:
     import_before: str | None = None
     ledger: Ledger | None = None  # what gpunode changed before, validated
     files: tuple[extras.FileChange, ...] = ()  # beside the config: memlock drop-in, toolkit
+    gpu_access: str = "runtime"  # "cdi": no runtime, only what CDI needs
 
     @property
     def import_changed(self) -> bool:
@@ -91,6 +92,8 @@ class Plan:
             lines.append(f"write {IMPORT_FILE} with runtime '{self.runtime_name}' (drop-in mode)")
         lines += [f"{self.target}: {line}" for line in self.edit.describe()]
         lines += [change.description for change in self.files]
+        if self.gpu_access == "cdi":
+            return lines or [f"{self.target}: CDI is already as containerd needs it"]
         return lines or [f"{self.target}: runtime '{self.runtime_name}' is already as configured"]
 
     def diff(self) -> str:
@@ -164,7 +167,7 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     common: dict[str, Any] = {
         "active": active, "target": target, "before": before, "copied_from": copied_from,
         "dropin_text": dropin, "runtime_name": spec.name, "source_text": source_text,
-        "ledger": recorded, "files": files}
+        "ledger": recorded, "files": files, "gpu_access": config.gpu_access}
     if config.mode == "drop-in" and config.runtime_wanted:
         refused = _import_refusal(probe, binary, copied_from)
         if refused is None:
@@ -255,6 +258,15 @@ def _read_config(host: Host, path: str) -> str:
         raise ContainerdStepError(f"{host.display(path)}: does not exist",
                                   "check the path containerd.service names")
     return text
+
+
+def step_inputs(host: Host, the_plan: Plan, config: ContainerdConfig) -> list[str]:
+    """The files boot's containerd step depends on (the no-op boot's stamp signs them)."""
+    from gpunode.systemd_unit import unit_inputs
+
+    return [the_plan.active.path, the_plan.target, DROPIN, LEDGER, JOURNAL, IMPORT_FILE,
+            IMPORT_FILE.rpartition("/")[0] + "/", config.runtime_path, *extras.inputs(config),
+            *unit_inputs(host, CONTAINERD_UNIT)]
 
 
 # -- apply ---------------------------------------------------------------------------------------
