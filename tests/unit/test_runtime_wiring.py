@@ -151,7 +151,7 @@ def test_cdi_mode_needs_no_runtime_binary_and_writes_no_runtime(make_host: HostF
 
 
 def test_cdi_mode_on_containerd_2_is_already_as_needed(make_host: HostFactory) -> None:
-    host, target = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
+    host, _ = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
     (host.root / MEMLOCK_DROPIN.lstrip("/")).write_text(extras.MEMLOCK_TEXT)
     the_plan = step.plan(host, ContainerdConfig(gpu_access="cdi"), NoSystemd(),
                          probe=Probe((2, 1)))
