@@ -342,6 +342,7 @@ def _cross_check(c: ContainerdConfig, given: dict[str, Any], text: str, shown: s
         "mode_runtimes": (c.mode_runtimes, "the toolkit's nvidia-cdi and nvidia-legacy runtimes"),
         "set_as_default": (c.set_as_default, "an NVIDIA default runtime"),
         "enable_cdi": (c.enable_cdi is False, "CDI switched off"),
+        "toolkit_mode": (c.toolkit_mode is not None, "the NVIDIA Container Toolkit's mode"),
     }
     for key, (bad, what) in contradictions.items():
         if bad and key in given:

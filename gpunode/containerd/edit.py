@@ -299,7 +299,8 @@ def _builtin_copy(name: str, effective: Mapping[str, Any] | None, version: int,
 
 
 def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
-                     effective: Mapping[str, Any] | None = None) -> tuple[Edit, str]:
+                     effective: Mapping[str, Any] | None = None,
+                     extra: Sequence[RuntimeSpec] = ()) -> tuple[Edit, str]:
     """Drop-in mode: the runtime (and CDI/default settings) in a file of its own that the main
     config imports. Only for containerd >= 2.1, which merges imported plugin tables; older ones
     let an imported CRI table replace the main file's whole CRI table (containerd#5837).
@@ -312,7 +313,9 @@ def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
     source_name, source = _source_runtime(doc, runtimes, views, spec.name)
     dropin: dict[str, Any] = {"version": version} if "version" in doc else {}
     rt_path = (*schema.runtimes_path(version), spec.name)
-    tomltext.set_path(dropin, rt_path, _new_runtime(source, source_name, spec, version, effective))
+    for one in (spec, *extra):  # extra: the toolkit's mode runtimes (wiring.py), copies alike
+        tomltext.set_path(dropin, (*rt_path[:-1], one.name),
+                          _new_runtime(source, source_name, one, version, effective))
     for change in _cri_settings({}, spec, version):
         tomltext.set_path(dropin, change.path, change.after)
     dropin_text = tomltext.render_document(dropin, BLOCK_COMMENT.format(

@@ -272,8 +272,10 @@ def _containerd_runtime_as_written(facts: StatusFacts) -> Check:
                      f"define runtime '{c.default_missing}' (containerd 1.x drops its built-in "
                      "runc once a file sets any runtime), or set default_runtime_name")
     judged = f"; as {c.judge} has it" if c.judge else ""
-    return Check("containerd_runtime", OK,
-                 f"runtime '{name}' → {c.binary_name} in {c.runtime_file}{judged}; {where}")
+    cdi = ("; CDI devices injected too" if c.cdi_problem is None and c.cdi_uncertain is None
+           else f"; no CDI by name ({c.cdi_problem})" if c.cdi_problem else "")
+    return Check("containerd_runtime", OK, f"runtime '{name}' → {c.binary_name} in "
+                 f"{c.runtime_file}{judged}; {where}{cdi}")
 
 
 def process_check(facts: StatusFacts, name: str) -> Check:

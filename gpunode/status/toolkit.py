@@ -72,6 +72,10 @@ def check(facts: StatusFacts) -> Check:
         return Check("toolkit", FAIL, f"the toolkit's config cannot be used: {t.config_error}",
                      f"fix {TOOLKIT_CONFIG} (the runtime reads it for every container)")
     mode = t.mode or "auto"
+    if t.wanted_mode is not None and not t.config_present:
+        return Check("toolkit", WARN, f"{TOOLKIT_CONFIG} is absent, so the toolkit runs in its "
+                     f"default mode 'auto', not {t.wanted_mode!r} (containerd.toolkit_mode)",
+                     f"install the toolkit's config ({SOURCE}), then run 'gpunode boot'")
     if t.wanted_mode is not None and mode != t.wanted_mode:
         return Check("toolkit", WARN, f"{TOOLKIT_CONFIG} has mode {mode!r}, "
                      f"containerd.toolkit_mode says {t.wanted_mode!r}",

@@ -40,6 +40,8 @@ BAD_KEYS: dict[str, tuple[str, str]] = {
                                         r"containerd\.set_as_default.*an NVIDIA default"),
     "cdi-mode-with-cdi-off": ('gpu_access = "cdi"\nenable_cdi = false',
                               r"containerd\.enable_cdi.*CDI switched off"),
+    "cdi-mode-with-a-toolkit-mode": ('gpu_access = "cdi"\ntoolkit_mode = "cdi"',
+                                     r"containerd\.toolkit_mode.*the NVIDIA Container Toolkit"),
 }
 
 

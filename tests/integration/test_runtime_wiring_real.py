@@ -1,6 +1,6 @@
 """Runtime wiring against real containerd 1.6, 1.7 and 2.x: what each one's `config dump` makes
 of gpunode's edit, with the version asked of that very binary (CommandProbe), as boot asks it
-of the node's own. The decisions themselves on fixture hosts: tests/unit/test_runtime_wiring.py.
+of the node's own. The decisions themselves on fixture hosts: tests/unit/test_containerd_wiring.py.
 """
 
 from __future__ import annotations

@@ -219,6 +219,20 @@ def test_mode_runtimes_are_added_beside_nvidia_and_reverted(make_host: HostFacto
     assert target.read_text() == original
 
 
+def test_drop_in_mode_puts_the_mode_runtimes_into_the_imported_file(
+    make_host: HostFactory,
+) -> None:
+    host, _ = in_place_host(make_host, "version = 3\n")
+    for name in ("nvidia-container-runtime.cdi", "nvidia-container-runtime.legacy"):
+        (host.root / "usr/bin" / name).write_text("#!/bin/sh\n")
+        (host.root / "usr/bin" / name).chmod(0o755)
+    config = ContainerdConfig(mode="drop-in", mode_runtimes=True)
+    the_plan = step.plan(host, config, NoSystemd(), probe=Probe((2, 1)))
+    assert the_plan.import_text is not None
+    for name in ("nvidia", "nvidia-cdi", "nvidia-legacy"):
+        assert f"runtimes.{name}]" in the_plan.import_text
+
+
 def test_mode_runtimes_need_their_binaries(make_host: HostFactory) -> None:
     host = with_runtime_binary(make_host("nc4as-t4-v3", "driver"))
     with pytest.raises(Exception, match=r"nvidia-container-runtime\.cdi is not an executable"):
@@ -235,6 +249,14 @@ def test_toolkit_mode_changes_only_that_key_and_only_once(make_host: HostFactory
     assert path.read_text() == TOOLKIT_TEXT.replace('mode = "auto"', 'mode = "cdi"')
     assert not step.plan(host, config, NoSystemd()).changed
     assert _status(host, AgentConfig(containerd=config))["toolkit"][0] == "ok"
+
+
+def test_status_warns_when_the_toolkit_config_for_its_mode_is_absent(
+    make_host: HostFactory,
+) -> None:
+    config = AgentConfig(containerd=ContainerdConfig(toolkit_mode="cdi"))
+    state, detail = _status(make_host("nc4as-t4-v3", "ready"), config)["toolkit"]
+    assert state == "warn" and "is absent" in detail and "'cdi'" in detail
 
 
 def test_toolkit_mode_unset_leaves_the_file_alone(make_host: HostFactory) -> None:
