@@ -132,12 +132,12 @@ def configure_cdi(text: str, spec: edit.RuntimeSpec, file: str, daemon: schema.D
     if not doc and (spec.enable_cdi or spec.cdi_spec_dirs):
         changes.append(Change(("version",), None, 2))  # as edit.configure: every version reads 2
         version = 2
-    changes += edit._cri_settings(doc, dataclasses.replace(spec, set_as_default=False), version)
+    changes += edit.cri_settings(doc, dataclasses.replace(spec, set_as_default=False), version)
     expected: dict[str, Any] = copy.deepcopy(doc)
     for change in changes:
         tomltext.set_path(expected, change.path, change.after)
     daemons = edit.readers(version, daemon)
-    for view in edit._views(schema.Layer(file, expected, bom), imports, daemons, file):
+    for view in edit.views_of(schema.Layer(file, expected, bom), imports, daemons, file):
         problem = None if view.daemon < CDI_FROM else cdi_problem(view)
         if problem is not None:
             raise EditError(file, f"CDI would not take effect: {problem}",
