@@ -314,7 +314,9 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
         if tri_state(hints[key]) and isinstance(value, bool):
             pass  # true or false as written; a string is checked as one ("auto")
         elif isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
-            raise ConfigError(shown, dotted, f"must be {_a(_TYPE_NAMES[expected])}, not "
+            wanted = ("true, false or a string" if tri_state(hints[key])
+                      else _a(_TYPE_NAMES[expected]))
+            raise ConfigError(shown, dotted, f"must be {wanted}, not "
                               f"{_a(_type_name(value))} ({value!r})", line)
         if expected is list:
             if not all(isinstance(item, str) for item in value):

@@ -98,8 +98,7 @@ def cdi_problem(view: schema.View) -> str | None:
     """Why containerd `view` would not inject gpunode's CDI devices, or None when it would."""
     if view.problem is not None:
         return view.problem
-    who = schema.show(view.daemon) if view.daemon in schema.BUILTIN_RUNC else \
-        schema.behaviour(view.daemon)
+    who = schema.show(view.daemon)
     if view.daemon < CDI_FROM:
         return f"{who} has no CDI support (it came with containerd 1.7)"
     value = view.cri.get("enable_cdi")

@@ -24,7 +24,8 @@ GOOD_TOOLKIT = '[nvidia-container-runtime]\nmode = "auto"\n'
 BAD_KEYS: dict[str, tuple[str, str]] = {
     "enable-cdi-a-word": ('enable_cdi = "yes"',
                           r'containerd\.enable_cdi.*must be true, false or "auto"'),
-    "enable-cdi-an-integer": ("enable_cdi = 1", r"containerd\.enable_cdi.*must be a string"),
+    "enable-cdi-an-integer": ("enable_cdi = 1", r"containerd\.enable_cdi.*must be true, false "
+                              r"or a string, not an integer"),
     "gpu-access-unknown": ('gpu_access = "nvidia"',
                            r"containerd\.gpu_access.*must be one of runtime, cdi"),
     "gpu-access-a-boolean": ("gpu_access = true", r"containerd\.gpu_access.*must be a string"),
