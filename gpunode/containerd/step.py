@@ -173,7 +173,7 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
         if refused is None:
             spec = spec_from(config, probe.version(binary), edit.parse(source_text, shown))
             effective = probe.dump(binary, str(host.path(source)))
-            extra = [edit.RuntimeSpec(name=name, binary=binary) for name, binary in
+            extra = [edit.RuntimeSpec(name=name, binary=path) for name, path in
                      wiring.mode_runtime_binaries(spec.binary)] if config.mode_runtimes else []
             main, import_text = edit.configure_dropin(source_text, spec, shown, IMPORT_FILE,
                                                       effective, extra)
