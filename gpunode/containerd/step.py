@@ -283,8 +283,8 @@ def recover(host: Host, systemd: Systemd, explicit: str | None = None) -> None:
         log.get().warning("containerd.interrupted_change_undone", undone=undone,
                           note="an earlier gpunode run was interrupted before it finished; "
                           "its change was rolled back, and this run starts from there")
-        if any(line.endswith(DROPIN) for line in undone):
-            systemd.daemon_reload()
+        if any(line.endswith((DROPIN, ledger.MEMLOCK_DROPIN)) for line in undone):
+            systemd.daemon_reload()  # a unit drop-in was put back: systemd must read it again
 
 
 def _known_targets(host: Host, systemd: Systemd | None, explicit: str | None) -> set[str]:

@@ -314,3 +314,32 @@ def test_limit_memlock_false_removes_gpunodes_dropin_only(make_host: HostFactory
     assert not dropin.exists()
     dropin.write_text("[Service]\nLimitMEMLOCK=1G\n")  # somebody else's: left alone
     assert not step.plan(host, config, NoSystemd()).changed
+
+
+class Killed(BaseException):
+    """A SIGKILL at this point: nothing after it runs."""
+
+
+def test_a_memlock_dropin_rolled_back_after_a_kill_is_reloaded(
+    make_host: HostFactory, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A configure killed right after writing the drop-in: the next run puts the node back
+    (the drop-in removed) and has systemd read the units again before it plans."""
+    host, _ = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
+    (host.root / MEMLOCK_DROPIN.lstrip("/")).unlink()
+    real = Host.write_atomic
+
+    def write_then_die(self: Host, path: str, *args: object, **kwargs: object) -> None:
+        real(self, path, *args, **kwargs)  # type: ignore[arg-type]
+        if path == MEMLOCK_DROPIN:
+            raise Killed(path)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Host, "write_atomic", write_then_die)
+        with pytest.raises(Killed):
+            step.apply(host, step.plan(host, ContainerdConfig(), NoSystemd()), NoSystemd(), 5)
+    assert (host.root / MEMLOCK_DROPIN.lstrip("/")).exists()
+    systemd = Systemd()
+    step.recover(host, systemd)
+    assert not (host.root / MEMLOCK_DROPIN.lstrip("/")).exists()
+    assert systemd.calls == ["daemon-reload"]
