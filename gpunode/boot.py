@@ -293,14 +293,8 @@ def _containerd_apply(ctx: Context, fields: dict[str, Any]) -> bool:
 
 def _containerd_inputs(ctx: Context) -> list[str]:
     from gpunode.containerd import step as containerd
-    from gpunode.containerd.discover import CONTAINERD_UNIT
-    from gpunode.systemd_unit import unit_inputs
 
-    the_plan = ctx.found["containerd"]
-    return [the_plan.active.path, the_plan.target, containerd.DROPIN, containerd.LEDGER,
-            containerd.JOURNAL, containerd.IMPORT_FILE,
-            containerd.IMPORT_FILE.rpartition("/")[0] + "/", ctx.config.containerd.runtime_path,
-            *unit_inputs(ctx.host, CONTAINERD_UNIT)]
+    return containerd.step_inputs(ctx.host, ctx.found["containerd"], ctx.config.containerd)
 
 
 # -- registration: the kubelet registers with the GPU taint and label ----------------------------

@@ -25,6 +25,12 @@ DEFAULT_CONFIG_PATH = "/etc/gpunode/config.toml"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DETECT_SOURCES = ("auto", "udev", "sysfs")
 CONTAINERD_MODES = ("in-place", "drop-in")
+# How containers get the GPU: "runtime", the NVIDIA runtime handler (pods: runtimeClassName);
+# "cdi", containerd injects the CDI spec's devices itself and no NVIDIA runtime is needed.
+GPU_ACCESS = ("runtime", "cdi")
+# The NVIDIA Container Toolkit's own modes ([nvidia-container-runtime] mode in its config.toml;
+# nvidia-container-toolkit internal/modifier/factory.go).
+TOOLKIT_MODES = ("auto", "legacy", "cdi", "csv", "jit-cdi")
 REGISTER_WITH = ("chart", "kubelet")
 
 
@@ -50,10 +56,21 @@ class ContainerdConfig:
     config_path: str | None = None  # None: ask containerd.service which file it uses
     runtime_path: str = "/usr/bin/nvidia-container-runtime"
     set_as_default: bool = False
-    enable_cdi: bool = False
+    # true/false as written; "auto": only where containerd needs it, 1.7 (2.x always has CDI
+    # on, 1.6 has none); decided by containerd/wiring.py
+    enable_cdi: bool | str = "auto"
     cdi_spec_dirs: tuple[str, ...] = ()
     mode: str = "in-place"  # or "drop-in": the runtime in an imported file (containerd >= 2.1)
     restart_timeout: int = 60  # seconds to wait for containerd to come back after a restart
+    gpu_access: str = "runtime"  # GPU_ACCESS: the nvidia runtime handler, or CDI alone
+    mode_runtimes: bool = False  # also the toolkit's nvidia-cdi and nvidia-legacy handlers
+    toolkit_mode: str | None = None  # the toolkit's own mode; None: its config.toml untouched
+    limit_memlock: bool = True  # a containerd.service drop-in with LimitMEMLOCK=infinity
+
+    @property
+    def runtime_wanted(self) -> bool:
+        """Whether gpunode writes an NVIDIA runtime handler at all (not in CDI mode)."""
+        return self.gpu_access == "runtime"
 
 
 @dataclass(frozen=True)
@@ -181,6 +198,10 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("containerd", "runtime_path"): _absolute_path,
     ("containerd", "cdi_spec_dirs"): lambda v: next(filter(None, map(_absolute_path, v)), None),
     ("containerd", "mode"): _one_of(*CONTAINERD_MODES),
+    ("containerd", "enable_cdi"): lambda v: None if isinstance(v, bool) or v == "auto"
+    else 'must be true, false or "auto"',
+    ("containerd", "gpu_access"): _one_of(*GPU_ACCESS),
+    ("containerd", "toolkit_mode"): _one_of(*TOOLKIT_MODES),
     ("containerd", "restart_timeout"): lambda v: None if 1 <= v <= 600 else "must be 1 to 600",
     ("kubelet", "device_plugin_socket"): _absolute_path,
     ("driver", "strategy"): _one_of(*STRATEGIES),
@@ -290,8 +311,12 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
                                   f"{_a(_type_name(value))}", line)
             values[key] = _parse_section(expected, dotted, value, text, shown)
             continue
-        if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
-            raise ConfigError(shown, dotted, f"must be {_a(_TYPE_NAMES[expected])}, not "
+        if tri_state(hints[key]) and isinstance(value, bool):
+            pass  # true or false as written; a string is checked as one ("auto")
+        elif isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+            wanted = ("true, false or a string" if tri_state(hints[key])
+                      else _a(_TYPE_NAMES[expected]))
+            raise ConfigError(shown, dotted, f"must be {wanted}, not "
                               f"{_a(_type_name(value))} ({value!r})", line)
         if expected is list:
             if not all(isinstance(item, str) for item in value):
@@ -304,7 +329,33 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
         problem = check(value) if check else None
         if problem:
             raise ConfigError(shown, dotted, f"{value!r} {problem}", line)
-    return cls(**values)
+    parsed = cls(**values)
+    if cls is ContainerdConfig:
+        _cross_check(parsed, values, text, shown)
+    return parsed
+
+
+def _cross_check(c: ContainerdConfig, given: dict[str, Any], text: str, shown: str) -> None:
+    """Keys that contradict each other: CDI mode writes no NVIDIA runtime, so nothing may ask
+    for one (a default runtime, the toolkit's mode handlers) or for CDI to be off."""
+    if c.gpu_access != "cdi":
+        return
+    contradictions = {
+        "mode_runtimes": (c.mode_runtimes, "the toolkit's nvidia-cdi and nvidia-legacy runtimes"),
+        "set_as_default": (c.set_as_default, "an NVIDIA default runtime"),
+        "enable_cdi": (c.enable_cdi is False, "CDI switched off"),
+        "toolkit_mode": (c.toolkit_mode is not None, "the NVIDIA Container Toolkit's mode"),
+    }
+    for key, (bad, what) in contradictions.items():
+        if bad and key in given:
+            raise ConfigError(shown, f"containerd.{key}", f"asks for {what}, but "
+                              'containerd.gpu_access = "cdi" writes no NVIDIA runtime and '
+                              "needs CDI", key_line(text, "containerd", key))
+
+
+def tri_state(hint: Any) -> bool:
+    """`bool | str`: true, false or a word ("auto")."""
+    return set(typing.get_args(hint)) == {bool, str}
 
 
 def _expected_type(hint: Any) -> type:
@@ -315,6 +366,8 @@ def _expected_type(hint: Any) -> type:
     if typing.get_origin(hint) is dict:
         return dict
     args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if tri_state(hint):
+        return str  # true/false are accepted beside it (_parse_section)
     return args[0] if args else hint
 
 

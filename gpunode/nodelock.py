@@ -33,7 +33,15 @@ from collections.abc import Iterator
 from gpunode import flatcar, log
 from gpunode.cdi import SPEC_PATH as CDI_SPEC
 from gpunode.containerd.journal import JOURNAL
-from gpunode.containerd.ledger import BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER, WRITABLE_CONFIG
+from gpunode.containerd.ledger import (
+    BACKUP_SUFFIX,
+    DROPIN,
+    IMPORT_FILE,
+    LEDGER,
+    MEMLOCK_DROPIN,
+    TOOLKIT_CONFIG,
+    WRITABLE_CONFIG,
+)
 from gpunode.errors import GpunodeError, HostError, LockBusy, LockTimeout
 from gpunode.host import TEMP_SUFFIX, Host
 from gpunode.integers import parse_uint
@@ -91,6 +99,7 @@ WRITTEN = (
     ("/run/gpunode", r"[\w.-]+"),  # gpunode's own: the boot record, the fast path's stamp
     _file(JOURNAL), _file(LEDGER), _file(WRITABLE_CONFIG, BACKUP_SUFFIX), _file(IMPORT_FILE),
     _file(DROPIN), _file(KUBELET_DROPIN), _file(flatcar.ENABLED_SYSEXT), _file(CDI_SPEC),
+    _file(MEMLOCK_DROPIN), _file(TOOLKIT_CONFIG),
 )
 
 

@@ -111,7 +111,7 @@ def configure(text: str, spec: RuntimeSpec, file: str,
         changes.append(Change(("version",), None, 2))
         version, doc = 2, {}
     versions = readers(version, daemon)
-    before = _views(schema.Layer(file, doc, bom), imports, versions, file)
+    before = views_of(schema.Layer(file, doc, bom), imports, versions, file)
     expected = copy.deepcopy(doc)
     if changes:
         expected["version"] = 2
@@ -158,10 +158,10 @@ def configure(text: str, spec: RuntimeSpec, file: str,
         for name, value in dict(source.get("options", {})).items():
             if name not in options and name not in ("BinaryName", "Runtime"):
                 changes.append(Change((*rt_path, "options", name), None, copy.deepcopy(value)))
-    changes += _cri_settings(doc, spec, version)
+    changes += cri_settings(doc, spec, version)
     for change in changes:
         tomltext.set_path(expected, change.path, change.after)
-    after = _views(schema.Layer(file, expected, bom), imports, versions, file)
+    after = views_of(schema.Layer(file, expected, bom), imports, versions, file)
     _check(after, before, spec, file, daemon)
     edit = Edit(text=text, version=version, added_runtime=added, source_runtime=source_name,
                 changes=tuple(changes))
@@ -202,7 +202,7 @@ def readers(version: int, daemon: schema.Daemon | None) -> tuple[schema.Daemon, 
                  if (version != 1 or d < (2, 0)) and (version != 3 or d >= (2, 0)))
 
 
-def _views(main: schema.Layer, imports: Imports, daemons: tuple[schema.Daemon, ...],
+def views_of(main: schema.Layer, imports: Imports, daemons: tuple[schema.Daemon, ...],
            file: str) -> list[schema.View]:
     try:
         views = [schema.effective([main, *(imports.get(daemon, ()) if isinstance(imports, Mapping)
@@ -299,7 +299,8 @@ def _builtin_copy(name: str, effective: Mapping[str, Any] | None, version: int,
 
 
 def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
-                     effective: Mapping[str, Any] | None = None) -> tuple[Edit, str]:
+                     effective: Mapping[str, Any] | None = None,
+                     extra: Sequence[RuntimeSpec] = ()) -> tuple[Edit, str]:
     """Drop-in mode: the runtime (and CDI/default settings) in a file of its own that the main
     config imports. Only for containerd >= 2.1, which merges imported plugin tables; older ones
     let an imported CRI table replace the main file's whole CRI table (containerd#5837).
@@ -307,13 +308,15 @@ def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
     Returns the edit of the main file (an `imports` entry, when none matches yet) and the
     drop-in's full text, which gpunode owns and rewrites as a whole."""
     doc, version, runtimes = _read(text, file)
-    views = _views(schema.Layer(file, doc, text.startswith(schema.BOM)), (),
+    views = views_of(schema.Layer(file, doc, text.startswith(schema.BOM)), (),
                    (schema.MERGES_FROM,), file)
     source_name, source = _source_runtime(doc, runtimes, views, spec.name)
     dropin: dict[str, Any] = {"version": version} if "version" in doc else {}
     rt_path = (*schema.runtimes_path(version), spec.name)
-    tomltext.set_path(dropin, rt_path, _new_runtime(source, source_name, spec, version, effective))
-    for change in _cri_settings({}, spec, version):
+    for one in (spec, *extra):  # extra: the toolkit's mode runtimes (wiring.py), copies alike
+        tomltext.set_path(dropin, (*rt_path[:-1], one.name),
+                          _new_runtime(source, source_name, one, version, effective))
+    for change in cri_settings({}, spec, version):
         tomltext.set_path(dropin, change.path, change.after)
     dropin_text = tomltext.render_document(dropin, BLOCK_COMMENT.format(
         name=spec.name, source=source_name, binary=spec.binary))
@@ -366,7 +369,7 @@ def _new_runtime(source: Mapping[str, Any], source_name: str, spec: RuntimeSpec,
     return runtime
 
 
-def _cri_settings(doc: Mapping[str, Any], spec: RuntimeSpec, version: int) -> list[Change]:
+def cri_settings(doc: Mapping[str, Any], spec: RuntimeSpec, version: int) -> list[Change]:
     """Default runtime and CDI keys the spec asks for, where `doc` does not have them yet."""
     cri = schema.cri_path(version)
     changes: list[Change] = []

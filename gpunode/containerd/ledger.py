@@ -23,6 +23,9 @@ LEDGER = "/var/lib/gpunode/containerd.json"
 WRITABLE_CONFIG = "/etc/containerd/config.toml"
 DROPIN = "/etc/systemd/system/containerd.service.d/10-gpunode.conf"
 IMPORT_FILE = "/etc/containerd/conf.d/99-gpunode-nvidia.toml"  # drop-in mode's file
+# Beside the config (containerd/extras.py): the LimitMEMLOCK drop-in, the toolkit's config.
+MEMLOCK_DROPIN = "/etc/systemd/system/containerd.service.d/20-gpunode-memlock.conf"
+TOOLKIT_CONFIG = "/etc/nvidia-container-runtime/config.toml"
 BACKUP_SUFFIX = ".gpunode-orig"
 READ_ONLY_PREFIXES = ("/usr/",)  # Flatcar's /usr is a read-only, verified partition
 SCHEMA = 1
@@ -139,12 +142,14 @@ def _check_paths(ledger: Ledger, reader: _Reader) -> None:
 
 def owned_paths(target: str) -> frozenset[str]:
     """Every file gpunode's containerd step writes when it edits `target`: the target, its
-    backup, the imported file, the containerd.service.d drop-in and the ledger.
+    backup, the imported file, the containerd.service.d drop-ins, the toolkit's config and
+    the ledger.
 
     The one path policy of the ledger and of the undo journal (gpunode.containerd.journal,
     which adds its own file): a damaged record naming any other file (/etc/passwd) is
     refused, never written."""
-    return frozenset({target, target + BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER})
+    return frozenset({target, target + BACKUP_SUFFIX, DROPIN, IMPORT_FILE, MEMLOCK_DROPIN,
+                      TOOLKIT_CONFIG, LEDGER})
 
 
 def holds_owned(directory: str, owned: frozenset[str]) -> bool:

@@ -8,7 +8,14 @@ from gpunode import safeio
 from gpunode.containerd import journal, ledger, restart, schema, step, tomltext, undo
 from gpunode.containerd.discover import CONTAINERD_UNIT
 from gpunode.containerd.journal import Write
-from gpunode.containerd.ledger import DROPIN, IMPORT_FILE, LEDGER, Ledger
+from gpunode.containerd.ledger import (
+    DROPIN,
+    IMPORT_FILE,
+    LEDGER,
+    MEMLOCK_DROPIN,
+    TOOLKIT_CONFIG,
+    Ledger,
+)
 from gpunode.errors import ContainerdStepError, FileError, GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
@@ -32,7 +39,7 @@ def revert(host: Host, systemd: Systemd, restart_timeout: float,
     done = journal.commit(host, writes, target, remove_dirs=recorded.created_dirs)
     notes += [f"remove {d} (gpunode created it; now empty)" for d in
               reversed(recorded.created_dirs) if not host.exists(d)]
-    dropin_removed = any(w.path == DROPIN and w.data is None for w in writes)
+    dropin_removed = any(w.path in (DROPIN, MEMLOCK_DROPIN) and w.data is None for w in writes)
     if dropin_removed:
         systemd.daemon_reload()
     restarted = False
@@ -81,6 +88,12 @@ def _revert_writes(host: Host, recorded: Ledger) -> tuple[list[Write], list[str]
         if recorded.dropin is not None and _still_ours(host, recorded, DROPIN):
             writes.append(Write(DROPIN, None))
             notes.append(f"remove {DROPIN}")
+    if MEMLOCK_DROPIN in recorded.written and _still_ours(host, recorded, MEMLOCK_DROPIN):
+        writes.append(Write(MEMLOCK_DROPIN, None))
+        notes.append(f"remove {MEMLOCK_DROPIN}")
+    if TOOLKIT_CONFIG in recorded.written and host.exists(TOOLKIT_CONFIG):
+        notes.append(f"keep the mode gpunode set in {TOOLKIT_CONFIG} (containerd.toolkit_mode): "
+                     "the toolkit's own file; set its mode back by hand if wanted")
     writes.append(Write(LEDGER, None))
     return writes, notes
 

@@ -13,21 +13,31 @@ everything back (the directories it made included) if containerd does not come b
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gpunode import log
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import discover, edit, journal, ledger, restart, schema, tomltext
+from gpunode.containerd import (
+    discover,
+    edit,
+    extras,
+    journal,
+    ledger,
+    restart,
+    schema,
+    tomltext,
+    wiring,
+    writes,
+)
 from gpunode.containerd.discover import (
     CONTAINERD_UNIT,
     ActiveConfig,
     ContainerdConfigError,
     active_config,
 )
-from gpunode.containerd.journal import JOURNAL, Write
+from gpunode.containerd.journal import JOURNAL
 from gpunode.containerd.ledger import (
-    BACKUP_SUFFIX,
     DROPIN,
     IMPORT_FILE,
     LEDGER,
@@ -36,6 +46,7 @@ from gpunode.containerd.ledger import (
     Ledger,
 )
 from gpunode.containerd.probe import CommandProbe, NoProbe, Probe
+from gpunode.containerd.writes import refuse_hard_links
 from gpunode.errors import ContainerdStepError, GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
@@ -54,15 +65,21 @@ class Plan:
     import_text: str | None = None  # drop-in mode: the imported file gpunode owns
     import_before: str | None = None
     ledger: Ledger | None = None  # what gpunode changed before, validated
+    files: tuple[extras.FileChange, ...] = ()  # beside the config: memlock drop-in, toolkit
+    gpu_access: str = "runtime"  # "cdi": no runtime, only what CDI needs
 
     @property
     def import_changed(self) -> bool:
         return self.import_text is not None and self.import_text != self.import_before
 
     @property
-    def changed(self) -> bool:
+    def config_changed(self) -> bool:
         return (self.edit.changed or self.before is None or self.dropin_text is not None
                 or self.import_changed)
+
+    @property
+    def changed(self) -> bool:
+        return self.config_changed or bool(self.files)
 
     def describe(self) -> list[str]:
         lines = []
@@ -74,6 +91,9 @@ class Plan:
         if self.import_changed:
             lines.append(f"write {IMPORT_FILE} with runtime '{self.runtime_name}' (drop-in mode)")
         lines += [f"{self.target}: {line}" for line in self.edit.describe()]
+        lines += [change.description for change in self.files]
+        if self.gpu_access == "cdi":
+            return lines or [f"{self.target}: CDI is already as containerd needs it"]
         return lines or [f"{self.target}: runtime '{self.runtime_name}' is already as configured"]
 
     def diff(self) -> str:
@@ -87,6 +107,8 @@ class Plan:
                                           IMPORT_FILE)
         if self.dropin_text is not None:
             text += tomltext.unified_diff("", self.dropin_text, "/dev/null", DROPIN)
+        for change in self.files:
+            text += extras.diff(change)
         return text
 
 
@@ -98,10 +120,10 @@ class Outcome:
     descriptions: tuple[str, ...] = ()
 
 
-def spec_from(config: ContainerdConfig) -> edit.RuntimeSpec:
-    return edit.RuntimeSpec(name=config.runtime_name, binary=config.runtime_path,
-                            set_as_default=config.set_as_default, enable_cdi=config.enable_cdi,
-                            cdi_spec_dirs=config.cdi_spec_dirs)
+def spec_from(config: ContainerdConfig, daemon: schema.Daemon | None = None,
+              doc: dict[str, Any] | None = None) -> edit.RuntimeSpec:
+    """The runtime spec, its CDI keys decided for this containerd and file (wiring.py)."""
+    return wiring.runtime_spec(config, daemon, doc if doc is not None else {"version": 2})
 
 
 # -- plan ----------------------------------------------------------------------------------------
@@ -113,11 +135,17 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     is pending, `preview()` is what configure and boot would do)."""
     spec = spec_from(config)
     probe = probe or (CommandProbe() if host.is_live else NoProbe())
-    if not force and not host.is_executable_file(spec.binary):
-        raise ContainerdStepError(
-            f"runtime binary {host.display(spec.binary)} is not an executable file on this host",
-            "install the NVIDIA container toolkit, set containerd.runtime_path, or pass --force "
-            "to configure it anyway")
+    binaries = [spec.binary] if config.runtime_wanted else []
+    if config.runtime_wanted and config.mode_runtimes:
+        binaries += [binary for _, binary in wiring.mode_runtime_binaries(spec.binary)]
+    for binary in binaries if not force else ():
+        if not host.is_executable_file(binary):
+            raise ContainerdStepError(
+                f"runtime binary {host.display(binary)} is not an executable file on this host",
+                "install the NVIDIA Container Toolkit (on Flatcar: sysext-bakery's "
+                "nvidia-runtime sysext), set containerd.runtime_path, use CDI alone "
+                '(containerd.gpu_access = "cdi"), or pass --force to configure it anyway')
+    files = extras.plan(host, config)
     if explicit or config.config_path:
         path = explicit or config.config_path or ""
         active = ActiveConfig(path, "--config" if explicit else "containerd.config_path")
@@ -139,13 +167,16 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     common: dict[str, Any] = {
         "active": active, "target": target, "before": before, "copied_from": copied_from,
         "dropin_text": dropin, "runtime_name": spec.name, "source_text": source_text,
-        "ledger": recorded}
-    if config.mode == "drop-in":
+        "ledger": recorded, "files": files, "gpu_access": config.gpu_access}
+    if config.mode == "drop-in" and config.runtime_wanted:
         refused = _import_refusal(probe, binary, copied_from)
         if refused is None:
+            spec = spec_from(config, probe.version(binary), edit.parse(source_text, shown))
             effective = probe.dump(binary, str(host.path(source)))
+            extra = [edit.RuntimeSpec(name=name, binary=path) for name, path in
+                     wiring.mode_runtime_binaries(spec.binary)] if config.mode_runtimes else []
             main, import_text = edit.configure_dropin(source_text, spec, shown, IMPORT_FILE,
-                                                      effective)
+                                                      effective, extra)
             return Plan(edit=main, import_text=import_text,
                         import_before=host.read_optional(IMPORT_FILE), **common)
         log.get().warning("containerd.dropin_refused", reason=refused, fallback="in-place")
@@ -155,11 +186,19 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     doc = edit.parse(source_text, shown)
     imports = {d: discover.load_layers(host, target, doc, daemon=d)[1:]
                for d in edit.readers(edit.schema.config_version(doc), daemon)}
+    spec = spec_from(config, daemon, doc)
+    if not config.runtime_wanted:  # CDI mode: only what CDI needs, no runtime
+        return Plan(edit=wiring.configure_cdi(source_text, spec, shown, daemon, imports),
+                    **common)
     result = edit.configure(source_text, spec, shown, daemon=daemon, imports=imports)
-    if result.added_runtime:
+    effective = None
+    if result.added_runtime or config.mode_runtimes:
         effective = probe.dump(binary, str(host.path(source)))
-        if effective is not None:
+        if effective is not None and result.added_runtime:
             result = edit.configure(source_text, spec, shown, effective, daemon, imports)
+    if config.mode_runtimes:
+        result = wiring.with_mode_runtimes(result, spec.binary, shown, daemon, imports,
+                                           effective)
     return Plan(edit=result, **common)
 
 
@@ -212,18 +251,6 @@ def _with_config(argv: list[str], path: str) -> list[str]:
     return [*argv, "--config", path]
 
 
-def refuse_hard_links(host: Host, paths: list[str]) -> None:
-    """An atomic rename would split a hard-linked file from its other names: refuse first."""
-    for path in paths:
-        st = host.stat(path)
-        if st is not None and st.st_nlink > 1:
-            raise ContainerdStepError(
-                f"{host.display(path)} has {st.st_nlink} hard links; gpunode replaces a file "
-                "by renaming a new one over it, which would leave the other names with the old "
-                "content", f"make {host.display(path)} a file of its own (cp it to a new name "
-                "and mv that over it), or point containerd at one name, then run gpunode again")
-
-
 def _read_config(host: Host, path: str) -> str:
     try:
         text = discover.read_config(host, path)
@@ -233,6 +260,15 @@ def _read_config(host: Host, path: str) -> str:
         raise ContainerdStepError(f"{host.display(path)}: does not exist",
                                   "check the path containerd.service names")
     return text
+
+
+def step_inputs(host: Host, the_plan: Plan, config: ContainerdConfig) -> list[str]:
+    """The files boot's containerd step depends on (the no-op boot's stamp signs them)."""
+    from gpunode.systemd_unit import unit_inputs
+
+    return [the_plan.active.path, the_plan.target, DROPIN, LEDGER, JOURNAL, IMPORT_FILE,
+            IMPORT_FILE.rpartition("/")[0] + "/", config.runtime_path, *extras.inputs(config),
+            *unit_inputs(host, CONTAINERD_UNIT)]
 
 
 # -- apply ---------------------------------------------------------------------------------------
@@ -247,8 +283,8 @@ def recover(host: Host, systemd: Systemd, explicit: str | None = None) -> None:
         log.get().warning("containerd.interrupted_change_undone", undone=undone,
                           note="an earlier gpunode run was interrupted before it finished; "
                           "its change was rolled back, and this run starts from there")
-        if any(line.endswith(DROPIN) for line in undone):
-            systemd.daemon_reload()
+        if any(line.endswith((DROPIN, ledger.MEMLOCK_DROPIN)) for line in undone):
+            systemd.daemon_reload()  # a unit drop-in was put back: systemd must read it again
 
 
 def _known_targets(host: Host, systemd: Systemd | None, explicit: str | None) -> set[str]:
@@ -325,17 +361,24 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float,
     if not the_plan.changed:
         return Outcome(changed=False, restarted=False, target=the_plan.target,
                        descriptions=descriptions)
-    writes = _configure_writes(host, the_plan)  # every content decided before any write
     running = systemd.active_state(CONTAINERD_UNIT) == "active"
+    commit = writes.configure_writes(host, the_plan)  # every content decided before any write
     try:
-        done = journal.commit(host, writes, the_plan.target)
+        done = journal.commit(host, commit, the_plan.target)
     except GpunodeError:
         if journal.pending(host):
             report.update(interrupted=True)
         raise
     report.update(changed=True)
-    if the_plan.dropin_text is not None:
+    # A unit drop-in (the writable copy's, the LimitMEMLOCK one) is read on a daemon-reload;
+    # at first boot that comes before containerd starts, which then starts once, with it.
+    unit_changed = any(f.restarts for f in the_plan.files)
+    reload = the_plan.dropin_text is not None or unit_changed
+    if reload:
         systemd.daemon_reload()
+    if not (the_plan.config_changed or unit_changed):  # the toolkit reads its own per container
+        return Outcome(changed=True, restarted=False, target=the_plan.target,
+                       descriptions=descriptions)
     if not running:
         restart.note_not_restarted(systemd, the_plan.target)
         return Outcome(changed=True, restarted=False, target=the_plan.target,
@@ -345,7 +388,7 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float,
     except GpunodeError as failure:
         journal.commit(host, done.undo, done.target, remove_dirs=done.created)
         report.update(changed=False)
-        if the_plan.dropin_text is not None:
+        if reload:
             systemd.daemon_reload()
         try:
             previous = restart.config_text(host, the_plan.target, the_plan.copied_from)
@@ -361,89 +404,3 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float,
             "see 'journalctl -u containerd' for why it refused the new config") from failure
     return Outcome(changed=True, restarted=True, target=the_plan.target,
                    descriptions=descriptions)
-
-
-def _configure_writes(host: Host, the_plan: Plan) -> list[Write]:
-    """Every file the configure writes, with its content, mode and owner: backup, config,
-    imported file, drop-in, and the ledger last."""
-    target = the_plan.target
-    old = the_plan.ledger
-    current = host.read_optional_bytes(target)
-    text = the_plan.edit.text.encode()
-    record = old or Ledger(target=target, copied_from=the_plan.copied_from)
-    source = the_plan.copied_from or target
-    writes: list[Write] = []
-    backup = target + BACKUP_SUFFIX
-    if old is None and the_plan.before is not None and not host.exists(backup):
-        # The file as it was before gpunode's first change, kept once, as private as it was.
-        writes.append(Write(backup, the_plan.before.encode(), journal.attrs_of(host, target)))
-        record = replace(record, backup=backup)
-    if old is not None and journal.sha256(current) != old.written_sha256:
-        record = replace(record, others_edited=True)
-    # A new copy keeps its original's mode and owner; an existing file keeps its own.
-    writes.append(Write(target, text, None if current is not None else
-                        journal.attrs_of(host, source)))
-    written = dict(record.written)
-    if the_plan.import_changed and the_plan.import_text is not None:
-        data = the_plan.import_text.encode()
-        exists = host.exists(IMPORT_FILE)
-        writes.append(Write(IMPORT_FILE, data, None if exists else journal.attrs_of(host, source)))
-        written[IMPORT_FILE] = journal.sha256(data) or ""
-        record = replace(record, import_file=IMPORT_FILE)
-    if the_plan.dropin_text is not None:
-        data = the_plan.dropin_text.encode()
-        writes.append(Write(DROPIN, data))
-        written[DROPIN] = journal.sha256(data) or ""
-        record = replace(record, dropin=DROPIN)
-    previous = current.decode("utf-8", "replace") if current is not None else the_plan.source_text
-    record = replace(record, changes=_merged(record.changes, the_plan.edit),
-                     added_runtime=the_plan.edit.added_runtime or record.added_runtime,
-                     written_sha256=journal.sha256(text), written=written,
-                     hunks=(*record.hunks,
-                            tuple(tomltext.text_hunks(previous, the_plan.edit.text))))
-    record = record.with_dirs(journal.missing_dirs(host, [*(w.path for w in writes), LEDGER]))
-    writes.append(Write(LEDGER, record.to_json(), mode=0o600))
-    refuse_hard_links(host, [w.path for w in writes])
-    return writes
-
-
-def _merged(recorded: tuple[ledger.Change, ...], result: edit.Edit) -> tuple[ledger.Change, ...]:
-    """What gpunode changed so far plus this edit. A key's first `before` is the one a revert
-    restores; a runtime gpunode added is one change whose `after` is the whole table, and a
-    later change inside it updates that table."""
-    new = [ledger.Change(c.path, c.before, c.after) for c in result.changes]
-    if result.added_runtime:
-        path = (*schema.runtimes_path(result.version), result.added_runtime)
-        table = schema.lookup(edit.parse(result.text, "the edited config"), path)
-        new.insert(0, ledger.Change(path, None, table))
-    entries = list(recorded)
-    for change in new:
-        for i, entry in enumerate(entries):
-            if entry.path == change.path:
-                entries[i] = replace(entry, after=change.after)
-                break
-            inside = change.path[: len(entry.path)] == entry.path
-            if inside and isinstance(entry.after, dict) and entry.before is None:
-                after = _with(entry.after, change.path[len(entry.path):], change.after)
-                entries[i] = replace(entry, after=after)
-                break
-        else:
-            entries.append(change)
-    return tuple(entries)
-
-
-def _with(table: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    """A copy of `table` with `value` at `path` (None: removed)."""
-    import copy
-
-    result = copy.deepcopy(table)
-    node = result
-    for key in path[:-1]:
-        node = node.setdefault(key, {})
-    if value is None:
-        node.pop(path[-1], None)
-    else:
-        node[path[-1]] = copy.deepcopy(value)
-    return result
-
-

@@ -24,6 +24,10 @@ class Change:
     def describe(self) -> str:
         where = ".".join(quote_key(k) for k in self.path)
         if self.before is None and isinstance(self.after, Mapping):
+            options = self.after.get("options")
+            binary = options.get("BinaryName") if isinstance(options, Mapping) else None
+            if binary:  # a runtime of gpunode's own (wiring.with_mode_runtimes)
+                return f"add runtime '{self.path[-1]}' ({where}) running {binary}"
             return (f"add runtime '{self.path[-1]}' ({where}): containerd's built-in default, "
                     "written out so that it survives the new runtime")
         if self.before is None:

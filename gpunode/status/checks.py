@@ -15,7 +15,7 @@ from gpunode.detect import (
 )
 from gpunode.driver import devices, nouveau
 from gpunode.state import BootRecord
-from gpunode.status import containerd
+from gpunode.status import containerd, toolkit
 from gpunode.status.facts import FAIL, OK, SKIP, WARN, Check, Report, StatusFacts, wanted_labels
 
 
@@ -46,6 +46,7 @@ def evaluate(facts: StatusFacts) -> Report:
         _device_nodes(facts, driver),
         _cdi_spec(facts, driver),
         containerd.runtime_check(facts),
+        toolkit.check(facts),
         containerd.process_check(facts, "containerd"),
         containerd.process_check(facts, "kubelet"),
         _device_plugin(facts),
@@ -57,8 +58,8 @@ def evaluate(facts: StatusFacts) -> Report:
 
 
 _GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes", "cdi_spec",
-               "containerd_runtime", "containerd_running", "kubelet_running", "device_plugin",
-               "node")
+               "containerd_runtime", "toolkit", "containerd_running", "kubelet_running",
+               "device_plugin", "node")
 
 
 def _describe(functions: tuple[PciFunction, ...], models: dict[str, str]) -> str:

@@ -59,6 +59,16 @@ def config_facts(host: Host, config: AgentConfig,
                 discover.schema.behaviour(daemon).removeprefix("containerd "))
         uncertain = "; ".join(f"containerd {' and '.join(who)}: {_say(answer, name)}"
                               for answer, who in groups.items())
+    from gpunode.containerd import wiring
+
+    cdi = {view.daemon: wiring.cdi_problem(view) for view in views}
+    cdi_problem = cdi_uncertain = None
+    if len(set(cdi.values())) == 1:
+        cdi_problem = next(iter(cdi.values()))
+    else:
+        cdi_uncertain = "; ".join(
+            f"{discover.schema.behaviour(d)}: {why or 'injects CDI devices'}"
+            for d, why in cdi.items())
     file, binary, key, default_missing, problem = first
     view = views[0]
     mtimes = [st.st_mtime for st in (main_stat, host.stat(file) if file else None)
@@ -76,6 +86,8 @@ def config_facts(host: Host, config: AgentConfig,
         uncertain=uncertain,
         default_missing=default_missing if uncertain is None else None,
         binary_key=key,
+        cdi_problem=cdi_problem,
+        cdi_uncertain=cdi_uncertain,
     )
 
 
@@ -172,7 +184,8 @@ def pending_change(host: Host) -> bool | str:
 
 
 def runtime_check(facts: StatusFacts) -> Check:
-    check = _containerd_runtime_as_written(facts)
+    check = (_cdi_as_written(facts) if facts.gpu_access == "cdi"
+             else _containerd_runtime_as_written(facts))
     if not facts.containerd_interrupted:
         return check
     from gpunode.containerd.journal import JOURNAL
@@ -187,6 +200,30 @@ def runtime_check(facts: StatusFacts) -> Check:
                  f"pending ({JOURNAL})",
                  "run 'gpunode containerd configure' (or 'gpunode boot'): it rolls the "
                  "interrupted change back first, then configures")
+
+
+def _cdi_as_written(facts: StatusFacts) -> Check:
+    """CDI mode: no runtime is asked for; containerd itself must inject CDI devices."""
+    from gpunode.containerd.wiring import NO_CDI_HINT
+
+    c = facts.containerd
+    if c.error is not None:
+        return Check("containerd_runtime", FAIL, c.error.message,
+                     c.error.hint or "fix or restore containerd's config file", c.error.code)
+    where = f"{c.config_path} ({c.config_reason})"
+    if c.cdi_problem is not None:
+        hint = NO_CDI_HINT if "no CDI support" in c.cdi_problem else (
+            "run 'gpunode containerd configure' (gpunode boot does this at boot): it writes "
+            "enable_cdi where containerd needs it")
+        return Check("containerd_runtime", FAIL, f'containerd.gpu_access = "cdi", but '
+                     f"{c.cdi_problem} (judged by {c.judge}); {where}", hint)
+    if c.cdi_uncertain is not None:
+        return Check("containerd_runtime", WARN, "whether containerd injects CDI devices "
+                     f"depends on its version, which gpunode cannot ask here: "
+                     f"{c.cdi_uncertain}",
+                     "run 'gpunode status' on the live host (it asks containerd itself)")
+    return Check("containerd_runtime", OK, 'containerd.gpu_access = "cdi": containerd injects '
+                 f"CDI devices itself, no NVIDIA runtime needed; as {c.judge} has it; {where}")
 
 
 def _containerd_runtime_as_written(facts: StatusFacts) -> Check:
@@ -235,8 +272,10 @@ def _containerd_runtime_as_written(facts: StatusFacts) -> Check:
                      f"define runtime '{c.default_missing}' (containerd 1.x drops its built-in "
                      "runc once a file sets any runtime), or set default_runtime_name")
     judged = f"; as {c.judge} has it" if c.judge else ""
-    return Check("containerd_runtime", OK,
-                 f"runtime '{name}' → {c.binary_name} in {c.runtime_file}{judged}; {where}")
+    cdi = ("; CDI devices injected too" if c.cdi_problem is None and c.cdi_uncertain is None
+           else f"; no CDI by name ({c.cdi_problem})" if c.cdi_problem else "")
+    return Check("containerd_runtime", OK, f"runtime '{name}' → {c.binary_name} in "
+                 f"{c.runtime_file}{judged}; {where}{cdi}")
 
 
 def process_check(facts: StatusFacts, name: str) -> Check:

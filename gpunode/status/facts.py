@@ -87,6 +87,21 @@ class ContainerdFacts:
     uncertain: str | None = None  # the answer depends on a containerd version not known here
     default_missing: str | None = None  # the default runtime containerd would not find
     binary_key: str = "BinaryName"  # the option the runtime's shim runs
+    cdi_problem: str | None = None  # why containerd would not inject CDI devices (all agree)
+    cdi_uncertain: str | None = None  # CDI's answer depends on a version not known here
+
+
+@dataclass(frozen=True)
+class ToolkitFacts:
+    """The NVIDIA Container Toolkit as status read it (status/toolkit.py)."""
+
+    gpu_access: str  # containerd.gpu_access: "runtime" or "cdi"
+    runtimes: dict[str, bool]  # each runtime binary containerd would run → executable
+    helpers: dict[str, bool]  # what the toolkit's legacy mode runs (hook, cli) → executable
+    mode: str | None = None  # [nvidia-container-runtime] mode in its config.toml ("auto" unset)
+    config_present: bool = False
+    config_error: str | None = None  # why its config.toml cannot be read
+    wanted_mode: str | None = None  # containerd.toolkit_mode
 
 
 @dataclass(frozen=True)
@@ -134,6 +149,8 @@ class StatusFacts:
     # check and `gpunode label` name the same Node
     node_name: nodename.NodeName = _NAME_NOT_OBSERVED
     cdi_spec: CdiSpec | None = None  # None: not observed
+    toolkit: ToolkitFacts | None = None  # None: not observed
+    gpu_access: str = "runtime"  # containerd.gpu_access
 
     @property
     def undecided(self) -> str | None:

@@ -15,7 +15,7 @@ from gpunode.host import Host
 from gpunode.kube import nodename
 from gpunode.processes import observe as observe_processes
 from gpunode.state import BootRecord, read_record
-from gpunode.status import containerd
+from gpunode.status import containerd, toolkit
 from gpunode.status.facts import CdiSpec, DeviceNodes, DevNode, Failure, NodeFacts, StatusFacts
 
 
@@ -64,6 +64,8 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         driver_flavour=config.driver.flavour,
         node_name=name,
         cdi_spec=_cdi_spec(host) if detection and detection.gpus else None,
+        toolkit=toolkit.observe(host, config) if detection and detection.gpus else None,
+        gpu_access=config.containerd.gpu_access,
     )
 
 

@@ -35,10 +35,24 @@ MEANINGS: dict[str, str] = {
     "containerd.runtime_path": "the runtime's `options.BinaryName` (must exist unless "
                                "`--force`)",
     "containerd.set_as_default": "also make it `default_runtime_name`",
-    "containerd.enable_cdi": "set `enable_cdi = true` on the CRI plugin",
-    "containerd.cdi_spec_dirs": "set `cdi_spec_dirs` when non-empty",
+    "containerd.enable_cdi": "`enable_cdi = true` on the CRI plugin: `true`, `false`, or "
+                             "`\"auto\"`: only where containerd needs it (1.7; 2.x has CDI "
+                             "on, 1.6 has none)",
+    "containerd.cdi_spec_dirs": "set `cdi_spec_dirs` when non-empty (`\"auto\"` CDI writes the "
+                                "default dirs where the file sets none)",
     "containerd.mode": "`drop-in`: the runtime in an imported file (containerd ≥ 2.1 only)",
     "containerd.restart_timeout": "seconds to wait for containerd after a restart",
+    "containerd.gpu_access": "`runtime`: the `nvidia` runtime handler; `cdi`: no NVIDIA "
+                             "runtime, containerd injects the CDI spec's devices "
+                             "([how pods request GPUs](gpu-requests.md))",
+    "containerd.mode_runtimes": "also the toolkit's `nvidia-cdi` and `nvidia-legacy` runtimes "
+                                "(`nvidia-container-runtime.cdi`/`.legacy` beside "
+                                "`runtime_path`), as the GPU Operator adds them",
+    "containerd.toolkit_mode": "`[nvidia-container-runtime] mode` in "
+                               "`/etc/nvidia-container-runtime/config.toml`; unset: the file "
+                               "is left alone",
+    "containerd.limit_memlock": "a containerd.service drop-in with `LimitMEMLOCK=infinity` "
+                                "(removed again when false)",
     "kubelet.device_plugin_socket": "the socket the NVIDIA device plugin registers with the "
                                     "kubelet",
     "driver.strategy": "how the modules get there; `external`: something else owns the "
@@ -116,6 +130,18 @@ def rule(key: Key) -> str:
     return problem
 
 
+def toml_type(key: Key) -> str:
+    hint = typing.get_type_hints(_section_class(key.section))[key.name]
+    return 'boolean or `"auto"`' if config.tri_state(hint) else _TYPES[key.toml_type]
+
+
+def _section_class(section: str) -> type:
+    cls: type = config.AgentConfig
+    for part in section.split("."):
+        cls = config._expected_type(typing.get_type_hints(cls)[part])
+    return cls
+
+
 def toml(value: Any) -> str:
     if value is None:
         return "unset"
@@ -141,7 +167,7 @@ def table() -> str:
                          f"{stale or 'nothing'} too many (gpunode_testing/configdoc.py)")
     lines = ["| key | type | default | valid | meaning |", "|---|---|---|---|---|"]
     for key in found:
-        cells = [f"`{key.dotted}`", _TYPES[key.toml_type], toml(key.default),
+        cells = [f"`{key.dotted}`", toml_type(key), toml(key.default),
                  rule(key).replace("|", "\\|"), MEANINGS[key.dotted]]
         lines.append("| " + " | ".join(cells) + " |")
     long = [k for k in found if isinstance(k.default, str) and len(k.default) > 40]

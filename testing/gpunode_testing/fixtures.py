@@ -335,10 +335,15 @@ def _write_containerd_base(root: Path) -> None:
 
 
 def _write_ready(root: Path, machine: Machine) -> None:
-    _write(root, "/usr/bin/nvidia-container-runtime", "#!/bin/sh\n", mode=0o755)
+    for tool in ("nvidia-container-runtime", "nvidia-container-runtime-hook",
+                 "nvidia-container-cli"):  # the toolkit's runtime and its legacy mode's helpers
+        _write(root, f"/usr/bin/{tool}", "#!/bin/sh\n", mode=0o755)
     _settle(_write(root, "/etc/containerd/config.toml", FLATCAR_CONTAINERD_CONFIG + NVIDIA_RUNTIME))
     _write(root, "/etc/systemd/system/containerd.service.d/10-gpunode.conf",
            "[Service]\nEnvironment=CONTAINERD_CONFIG=/etc/containerd/config.toml\n")
+    from gpunode.containerd import extras, ledger  # what `boot` writes beside the config
+
+    _write(root, ledger.MEMLOCK_DROPIN, extras.MEMLOCK_TEXT)
     socket = root / "var/lib/kubelet/device-plugins/nvidia-gpu.sock"
     socket.parent.mkdir(parents=True, exist_ok=True)
     if not socket.exists():

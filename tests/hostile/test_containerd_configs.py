@@ -153,6 +153,9 @@ def test_a_runtime_defined_in_an_import_is_already_configured(make_host: HostFac
         CONFIG: "version = 2\n" + IMPORTS,
         "/etc/containerd/conf.d/nvidia.toml": "version = 2\n" + RUNC + NVIDIA})
     before = snapshot(host.root)
+    (host.root / "etc/gpunode").mkdir(parents=True, exist_ok=True)
+    (host.root / "etc/gpunode/config.toml").write_text("[containerd]\nlimit_memlock = false\n")
+    before = snapshot(host.root)
     result = cli("--root", str(host.root), "containerd", "configure", "--config", CONFIG,
                  "--force")
     assert result.code == 0 and "already as configured" in result.out, result.out

@@ -6,6 +6,7 @@ node, with root /. Everything is asserted from systemd's own records and the jou
 from __future__ import annotations
 
 import json
+import resource
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -44,6 +45,14 @@ def boot_node(workdir: Path, machine: str, state: str) -> SystemdNamespace:
                             prepare=node_prepare(fixture))
 
 
+def _may_raise_rlimits() -> bool:
+    """Whether this machine lets root raise a hard rlimit (CAP_SYS_RESOURCE, bit 24)."""
+    status = Path("/proc/self/status").read_text()
+    effective = next(line.split()[1] for line in status.splitlines()
+                     if line.startswith("CapEff:"))
+    return bool(int(effective, 16) >> 24 & 1)
+
+
 def props(ns: SystemdNamespace, unit: str, *names: str) -> dict[str, str]:
     return ns.unit_properties(unit, *names)
 
@@ -74,6 +83,19 @@ def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runt
         dump = ns.run(["containerd", "--config", "/etc/containerd/config.toml", "config",
                        "dump"]).stdout
         assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump
+        # gpunode's LimitMEMLOCK drop-in landed before that one start (a daemon-reload, no
+        # restart): containerd runs with it, and so do the containers it starts.
+        assert props(ns, "containerd.service", "LimitMEMLOCK")["LimitMEMLOCK"] == "infinity"
+        limits = ns.run(["cat", f"/proc/{containerd['MainPID']}/limits"]).stdout
+        locked = next(line.split()[3:5] for line in limits.splitlines()
+                      if line.startswith("Max locked memory"))
+        if _may_raise_rlimits():
+            assert locked == ["unlimited", "unlimited"], limits
+        else:  # systemd sets the closest limit it may (setrlimit_closest)
+            hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)[1]
+            print(f"this machine withholds CAP_SYS_RESOURCE: containerd runs with the hard "
+                  f"RLIMIT_MEMLOCK {hard} it allows, not unlimited")
+            assert locked[1] == str(hard), limits
 
         status = gpunode_json(ns, "status", "--json")
         checks = {c["name"]: c["state"] for c in status["checks"]}  # type: ignore[attr-defined]

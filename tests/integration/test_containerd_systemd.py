@@ -119,3 +119,30 @@ def test_revert_puts_containerd_back_on_the_original_config(node: SystemdNamespa
     assert done.returncode == 0, done.stderr
     assert node.main_argv(UNIT)[1:3] == ["--config", "/usr/share/containerd/config.toml"]
     assert node.run(["test", "-e", "/etc/containerd/config.toml"], check=False).returncode == 1
+
+
+def test_a_new_memlock_dropin_alone_restarts_a_running_containerd_once(
+    node: SystemdNamespace,
+) -> None:
+    """The config already has the runtime (limit_memlock was off): switching it on changes
+    only the drop-in, which a running containerd sees after a daemon-reload and one restart;
+    switching it off again removes it the same way."""
+    write(node, "/etc/gpunode/config.toml", "[containerd]\nlimit_memlock = false\n")
+    assert gpunode(node, "containerd", "configure").returncode == 0
+    assert node.unit_property(UNIT, "LimitMEMLOCK") != "infinity"
+    before = invocation(node)
+    write(node, "/etc/gpunode/config.toml", "[containerd]\nlimit_memlock = true\n")
+    done = gpunode(node, "containerd", "configure")
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [e["restarted"] for e in events if e.get("step") == "containerd"] == [True]
+    assert invocation(node) != before and node.unit_property(UNIT, "NRestarts") == "0"
+    assert node.unit_property(UNIT, "LimitMEMLOCK") == "infinity"
+    after = invocation(node)
+    assert gpunode(node, "containerd", "configure").returncode == 0
+    assert invocation(node) == after  # nothing to change: no restart
+    write(node, "/etc/gpunode/config.toml", "[containerd]\nlimit_memlock = false\n")
+    assert gpunode(node, "containerd", "configure").returncode == 0
+    assert node.run(["test", "-e", "/etc/systemd/system/containerd.service.d/"
+                     "20-gpunode-memlock.conf"], check=False).returncode == 1
+    assert node.unit_property(UNIT, "LimitMEMLOCK") != "infinity"

@@ -30,7 +30,9 @@ def test_plan_lists_the_changes_and_touches_nothing(
     doc = json.loads(out)
     assert code == 0
     assert doc["changes"] is True
-    assert [a["step"] for a in doc["actions"]] == ["cdi"] + ["containerd"] * 3
+    assert [a["step"] for a in doc["actions"]] == ["cdi"] + ["containerd"] * 4
+    assert doc["actions"][-1]["description"].startswith(
+        "write /etc/systemd/system/containerd.service.d/20-gpunode-memlock.conf")
     assert doc["actions"][0]["description"].startswith("write /var/run/cdi/nvidia.yaml: 1 GPU")
     assert doc["actions"][1]["description"].startswith("copy /usr/share/containerd/config.toml")
     assert sorted(node.root.rglob("*")) == before
@@ -100,7 +102,7 @@ def test_failed_containerd_step_fails_boot_and_status_says_why(
     last_boot = next(c for c in json.loads(out)["checks"] if c["name"] == "last_boot")
     assert last_boot["state"] == "warn"
     assert "containerd: runtime binary" in last_boot["detail"]
-    assert last_boot["hint"].startswith("install the NVIDIA container toolkit")
+    assert last_boot["hint"].startswith("install the NVIDIA Container Toolkit")
 
 
 def test_configure_dry_run_prints_a_diff_and_writes_nothing(

@@ -15,17 +15,17 @@ from gpunode.status import Report, evaluate, observe
 from gpunode_testing import fixtures
 
 CHECKS = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
-          "cdi_spec", "containerd_runtime", "containerd_running", "kubelet_running",
+          "cdi_spec", "containerd_runtime", "toolkit", "containerd_running", "kubelet_running",
           "device_plugin", "node", "last_boot")
 
 # Checks that are not "ok" in each (machine, state); every other check must be ok.
 NODE = {"node": "skip"}  # no fixture has a kubeconfig: the kubelet has not joined
 BARE = {**NODE, "driver": "fail", "driver_gpus": "skip", "device_nodes": "skip",
         "cdi_spec": "skip",
-        "containerd_runtime": "fail", "containerd_running": "warn", "kubelet_running": "warn",
-        "device_plugin": "warn", "last_boot": "skip"}
-DRIVER = {**NODE, "cdi_spec": "warn", "containerd_runtime": "fail", "device_plugin": "warn",
-          "last_boot": "skip"}
+        "containerd_runtime": "fail", "toolkit": "fail", "containerd_running": "warn",
+        "kubelet_running": "warn", "device_plugin": "warn", "last_boot": "skip"}
+DRIVER = {**NODE, "cdi_spec": "warn", "containerd_runtime": "fail", "toolkit": "fail",
+          "device_plugin": "warn", "last_boot": "skip"}
 NO_GPU = {name: "skip" for name in CHECKS if name != "pci_scan"}
 
 EXPECTED: dict[tuple[str, str], tuple[str, dict[str, str]]] = {
