@@ -37,8 +37,6 @@ from real.containerd_bins import ensure_binary
 pytestmark = pytest.mark.allow_paths(*MACHINE_PATHS, str(cri_image.BUSYBOX))
 
 T4, ND96 = "nc4as-t4-v3", "nd96amsr-a100-v4"
-NEEDS_ENABLE_CDI = pytest.mark.xfail(
-    strict=True, reason="needs enable_cdi for containerd < 2.0 (i12-wiring)")
 CONTAINERD_2 = pytest.param("2", id="containerd-2.1")
 CONTAINERD_17 = pytest.param("1.7", id="containerd-1.7")
 GPU0 = "nvidia.com/gpu=0"
@@ -198,9 +196,7 @@ def test_a_pod_with_runtime_handler_nvidia_runs_through_nvidia_container_runtime
     assert_containerd_started_once(t4)
 
 
-@pytest.mark.parametrize("t4", [CONTAINERD_2, pytest.param("1.7", id="containerd-1.7",
-                                                           marks=NEEDS_ENABLE_CDI)],
-                         indirect=True)
+@pytest.mark.parametrize("t4", [CONTAINERD_2, CONTAINERD_17], indirect=True)
 def test_a_container_sees_exactly_the_gpu_it_asks_for_by_cdi_devices_and_by_annotation(
         t4: CriNode) -> None:
     pod = gpu_pod(t4, "cdi")
@@ -215,9 +211,7 @@ def test_a_container_sees_exactly_the_gpu_it_asks_for_by_cdi_devices_and_by_anno
     assert_containerd_started_once(t4)
 
 
-@pytest.mark.parametrize("t4", [CONTAINERD_2, pytest.param("1.7", id="containerd-1.7",
-                                                            marks=NEEDS_ENABLE_CDI)],
-                         indirect=True)
+@pytest.mark.parametrize("t4", [CONTAINERD_2, CONTAINERD_17], indirect=True)
 def test_cdi_needs_no_nvidia_runtime_a_default_runc_pod_gets_the_gpu(t4: CriNode) -> None:
     # The device plugin's cdi-cri strategy: the default handler (runc), the GPU by CDI alone.
     pod = gpu_pod(t4, "cdi-runc", handler="")
