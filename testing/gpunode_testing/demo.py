@@ -218,22 +218,9 @@ def _under_root(machine: str, work: Path, why: str) -> Demo:
     spec_dir = work / "cdi"
     spec_dir.mkdir()
     document = yaml.safe_load((fixture / SPEC.lstrip("/")).read_text())
-    (spec_dir / "nvidia.yaml").write_text(yaml.safe_dump(rerooted(document, fixture)))
+    (spec_dir / "nvidia.yaml").write_text(yaml.safe_dump(podman.rerooted(document, fixture)))
     demo.container, demo.container_skipped = _container(demo, work, spec_dir, None)
     return demo
-
-
-def rerooted(document: dict[str, Any], root: Path) -> dict[str, Any]:
-    """A spec made for the node mounted at `root`, as this machine must read it."""
-    def edits(e: dict[str, Any]) -> None:
-        for node in e.get("deviceNodes", []):
-            node["hostPath"] = f"{root}{node.get('hostPath', node['path'])}"
-        for mount in e.get("mounts", []):
-            mount["hostPath"] = f"{root}{mount['hostPath']}"
-    edits(document.get("containerEdits", {}))
-    for device in document.get("devices", []):
-        edits(device.get("containerEdits", {}))
-    return document
 
 
 def container_script(version: str) -> str:

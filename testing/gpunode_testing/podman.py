@@ -54,6 +54,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 TOOLS = {"podman": "podman", "crun": "crun", "conmon": "conmon", "unshare": "util-linux",
          "mountpoint": "util-linux"}
@@ -239,3 +240,17 @@ def _text(data: bytes | str | None) -> str:
     if isinstance(data, bytes):
         return data.decode(errors="replace")
     return data or ""
+
+
+def rerooted(document: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A CDI spec made for the node mounted at `root` (a fixture tree), as the machine running
+    podman must read it: every host path under `root`."""
+    def edits(e: dict[str, Any]) -> None:
+        for node in e.get("deviceNodes", []):
+            node["hostPath"] = f"{root}{node.get('hostPath', node['path'])}"
+        for mount in e.get("mounts", []):
+            mount["hostPath"] = f"{root}{mount['hostPath']}"
+    edits(document.get("containerEdits", {}))
+    for device in document.get("devices", []):
+        edits(device.get("containerEdits", {}))
+    return document

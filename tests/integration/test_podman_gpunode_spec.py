@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -32,19 +31,6 @@ def ready(tmp_path: Path) -> None:
         pytest.skip(reason)
 
 
-def rerooted(document: dict[str, Any], root: Path) -> dict[str, Any]:
-    """The spec as the machine running podman must read it: every host path under `root`."""
-    def edits(e: dict[str, Any]) -> None:
-        for node in e.get("deviceNodes", []):
-            node["hostPath"] = f"{root}{node.get('hostPath', node['path'])}"
-        for mount in e.get("mounts", []):
-            mount["hostPath"] = f"{root}{mount['hostPath']}"
-    edits(document["containerEdits"])
-    for device in document["devices"]:
-        edits(device["containerEdits"])
-    return document
-
-
 def run(tmp_path: Path, spec_dir: Path, device: str, script: str) -> str:
     rootfs = podman.make_rootfs(tmp_path / f"rootfs-{device.replace('/', '_')}")
     rc, out, err = podman.run_with_cdi(spec_dir, device, ["/bin/sh", "-c", script], rootfs,
@@ -59,7 +45,7 @@ def test_podman_gives_a_container_the_gpu_gpunodes_spec_declares(
     document = cdinode.generate(host)
     spec_dir = tmp_path / "cdi"
     spec_dir.mkdir()
-    (spec_dir / "nvidia.yaml").write_text(yaml.safe_dump(rerooted(document, host.root)))
+    (spec_dir / "nvidia.yaml").write_text(yaml.safe_dump(podman.rerooted(document, host.root)))
     (uuid,) = [info.uuid for info in driverinfo.read_gpu_infos(host).values()]
     version = driverinfo.parse_version(
         (host.root / "proc/driver/nvidia/version").read_text())
