@@ -191,7 +191,8 @@ def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
     pool, instance_type = registration.pool_settings(args.registration, args.pool,
                                                      args.instance_type)
     document = registration.form(args.registration, pool, instance_type,
-                                 config.kubernetes.taints, dict(config.kubernetes.labels))
+                                 config.kubernetes.taints, dict(config.kubernetes.labels),
+                                 config.source)
     if args.json:
         _print_json(document)
     elif isinstance(document, list):

@@ -89,8 +89,7 @@ def _ignition(ignition_parser: argparse.ArgumentParser) -> None:
                                  help=f"agent config to install as {DEFAULT_CONFIG_PATH} "
                                  "(checked first)")
     ignition_parser.add_argument("--units", metavar="DIR", help="directory holding the units "
-                                 "(default: units/ of this checkout, else "
-                                 "/usr/lib/systemd/system)")
+                                 "(default: the units installed with gpunode)")
 
 
 def _containerd(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -4,7 +4,9 @@ One model (files, links, units) rendered three ways, so the formats cannot drift
 (`variant: flatcar`, `version: 1.0.0`), Ignition 3.3.0 JSON (what Butane emits for Flatcar), and
 a Container Linux Config for Cluster API's `ignition.containerLinuxConfig.additionalConfig`
 (appended to the Ignition 2.3 config CAPI generates; at most 32768 characters). The units are
-embedded verbatim from `units/`, the single source the sysext ships too.
+embedded verbatim from gpunode's package data `gpunode/units/` (`units/` at the top of the
+checkout links there): the single source the sysext ships too, so an installed gpunode renders
+the same snippet from any working directory.
 """
 
 from __future__ import annotations
@@ -59,10 +61,21 @@ class Snippet:
     units: tuple[Unit, ...] = field(default=())
 
 
-def units_dir() -> Path:
-    """units/ of the source checkout gpunode runs from, else the units the sysext installed."""
-    checkout = Path(__file__).resolve().parent.parent / "units"
-    return checkout if checkout.is_dir() else Path("/usr/lib/systemd/system")
+UNITS_PACKAGE_DIR = "units"  # gpunode/units/: package data (pyproject.toml's package-data)
+
+
+def packaged_unit(name: str) -> str:
+    """A unit's text as gpunode's package data holds it: in a checkout, a wheel install or the
+    sysext's PyInstaller bundle alike (importlib.resources; only `gpunode ignition` reads it)."""
+    from importlib import resources
+
+    resource = resources.files("gpunode").joinpath(UNITS_PACKAGE_DIR, name)
+    try:
+        return resource.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputRefused(str(resource), f"gpunode's packaged unit cannot be read: {exc}",
+                           "reinstall gpunode, or name the units' directory with --units") \
+            from None
 
 
 # A snippet file may be as large as the agent config may be on the node (config.py): a config
@@ -150,16 +163,17 @@ def snippet(sysext_url: str, sysext_sha512: str, agent_config: str | None,
              File(nouveau.BLACKLIST_FILE, 0o644, inline=nouveau.BLACKLIST_TEXT)]
     if agent_config is not None:
         files.append(File(DEFAULT_CONFIG_PATH, 0o644, inline=agent_config))
-    directory = (units or units_dir()).absolute()
-    reader = host or Host()
     embedded = []
     for name in UNIT_NAMES:
-        try:
-            text = read_input(reader, str(directory / name))
-        except InputRefused as exc:
-            raise InputRefused(exc.path, exc.reason, exc.hint or "run from a gpunode checkout "
-                               "(units/) or on a node with the sysext, or name the units' "
-                               "directory with --units") from exc
+        if units is None:
+            text = packaged_unit(name)
+        else:
+            try:
+                text = read_input(host or Host(), str(units.absolute() / name))
+            except InputRefused as exc:
+                raise InputRefused(exc.path, exc.reason, exc.hint or "--units names the "
+                                   f"directory holding {' and '.join(UNIT_NAMES)}; leave it "
+                                   "out to embed the units installed with gpunode") from exc
         embedded.append(Unit(name, text, enabled=True))
     return Snippet(files=tuple(files), links=(Link(EXTENSION_LINK, image),),
                    units=(Unit(flatcar.NVIDIA_UNIT, mask=True), *embedded))

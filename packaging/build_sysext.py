@@ -70,7 +70,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-UNITS = REPO / "units"
+UNITS = REPO / "gpunode" / "units"  # package data; units/ at the top links here
 REQUIREMENTS = Path(__file__).resolve().parent / "requirements.txt"
 # gpunode.entry:main, after restoring the environment PyInstaller's bootloader changed.
 ENTRY = Path(__file__).resolve().parent / "gpunode_main.py"
@@ -114,8 +114,10 @@ EXCLUDE_MODULES = ("tkinter", "_tkinter", "pytest", "_pytest", "setuptools", "pi
                    "multiprocessing", "concurrent.futures.process", "pystemd.futures")
 # gpunode's package data (pyproject's package-data): PyInstaller collects no data files by
 # itself. Each lands at the same path under _internal/, where importlib.resources finds it
-# (PyInstaller's resource reader serves on-disk files); checked after the build.
-PACKAGE_DATA = ("gpunode/driver/build.sh",)
+# (PyInstaller's resource reader serves on-disk files); checked after the build. The units are
+# there too, so the bundled `gpunode ignition` embeds the very units the image installs.
+PACKAGE_DATA = ("gpunode/driver/build.sh",
+                *(f"gpunode/units/{unit}" for unit in UNIT_NAMES))
 # Modules gpunode imports lazily that the bundle must hold; checked after the build.
 LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
                 "pystemd.systemd1", "pystemd.dbusexc", "pystemd.dbuslib", "pystemd.base",

@@ -12,30 +12,37 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from gpunode.errors import UsageError
+from gpunode.errors import ConfigError, UsageError
 from gpunode.host import Host
 from gpunode.systemd_unit import read_unit
 
 REGISTRATION_LABELS = {"nvidia.com/gpu.present": "true"}
 FORMATS = ("cluster-azure", "kubeadm", "kubelet-flags")
-DEFAULT_POOL, DEFAULT_INSTANCE_TYPE = "gpu", "Standard_NC4as_T4_v3"
+# "gpu00" beside the chart's own default pool "def00"; a valid cluster-azure pool name (below).
+DEFAULT_POOL, DEFAULT_INSTANCE_TYPE = "gpu00", "Standard_NC4as_T4_v3"
+TAINTS_KEY = "kubernetes.taints"
 
 
 def parse_taint(text: str) -> dict[str, str]:
-    """"key=value:Effect" (value optional) → the Node API's taint object."""
+    """"key=value:Effect" (value optional) → the Node API's taint object (key, value, effect)."""
     key_value, _, effect = text.rpartition(":")
     key, eq, value = key_value.partition("=")
-    taint = {"key": key, "effect": effect}
-    if eq:
-        taint["value"] = value
-    return taint
+    return {"key": key, "value": value, "effect": effect} if eq else \
+        {"key": key, "effect": effect}
 
 
-# A cluster-azure node pool is a key of the chart's `global.nodePools` map that names Azure
-# resources (the machine pool, the VMSS); a lowercase RFC 1123 label of at most 63 characters
-# is safe for every one of them (AKS itself allows less: 1-12 for Linux pools).
-_POOL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-MAX_POOL = 63
+# cluster-azure 8.0.0 (giantswarm/cluster-azure, helm/cluster-azure/values.schema.json at commit
+# d989a53fa14ee71cdca1eb2136f6baf6cdd90c66; tests/data/cluster-azure/ holds the excerpt the
+# tests validate against):
+# - `global.nodePools` admits only keys matching ^[a-z0-9][-a-z0-9]{3,18}[a-z0-9]$ (5-20
+#   characters; the name becomes part of the pool's Azure resource names);
+# - a `customNodeTaints` item requires key, value and effect (NoSchedule, PreferNoSchedule,
+#   NoExecute), all strings; `customNodeLabels` are "key=value" strings;
+# - and templates/_helpers.tpl ("customNodeTaints") fails the whole rendering when any of the
+#   three is empty (`or (not .key) (not .value) (not .effect)`: "" is false in a Go template),
+#   so a taint without a value cannot be given to the chart at all, not even as value "".
+_POOL_RE = re.compile(r"[a-z0-9][-a-z0-9]{3,18}[a-z0-9]")
+MIN_POOL, MAX_POOL = 5, 20
 MAX_INSTANCE_TYPE = 128
 
 
@@ -47,9 +54,10 @@ def shown(value: str) -> str:
 
 def pool_problem(pool: str) -> str | None:
     """Why `pool` cannot name a cluster-azure node pool, or None."""
-    if len(pool) > MAX_POOL or not _POOL_RE.fullmatch(pool):
-        return (f"a node pool name is 1-{MAX_POOL} lowercase letters, digits and '-', starting "
-                "and ending with a letter or digit (an RFC 1123 label)")
+    if not _POOL_RE.fullmatch(pool):
+        return (f"a cluster-azure node pool name is {MIN_POOL}-{MAX_POOL} lowercase letters, "
+                "digits and '-', starting and ending with a letter or digit (the chart's "
+                "schema: ^[a-z0-9][-a-z0-9]{3,18}[a-z0-9]$), e.g. gpu00 or gpu-t4")
     return None
 
 
@@ -86,13 +94,27 @@ def pool_settings(form: str | None, pool: str | None,
     return pool, instance_type
 
 
+def cluster_azure_taint(text: str, source: str) -> dict[str, str]:
+    """A `customNodeTaints` item: {key, value, effect}, all three always there; a taint without
+    a value (or with an empty one) is refused (ConfigError, exit 2): the chart cannot take it."""
+    taint = parse_taint(text)
+    if not taint.get("value"):
+        raise ConfigError(source, TAINTS_KEY, f"taint {text!r} has no value, and cluster-azure's "
+                          "customNodeTaints require one (the chart refuses an empty value: "
+                          "'.customNodeTaints element must have [key, value, effect]'); give "
+                          "it one, e.g. 'nvidia.com/gpu=present:NoSchedule'")
+    return {"key": taint["key"], "value": taint["value"], "effect": taint["effect"]}
+
+
 def cluster_azure(pool: str, instance_type: str, taints: tuple[str, ...],
-                  labels: dict[str, str]) -> dict[str, Any]:
-    """A cluster-azure node pool (`global.nodePools.<pool>`) that registers as a GPU node."""
+                  labels: dict[str, str], source: str = "the agent config") -> dict[str, Any]:
+    """A cluster-azure node pool (`global.nodePools.<pool>`) that registers as a GPU node, in
+    the shape the chart's schema and templates accept (see above); `source` names the agent
+    config the taints come from, for the refusal of one the chart cannot take."""
     return {"global": {"nodePools": {pool: {
         "instanceType": instance_type,
         "customNodeLabels": [f"{k}={v}" for k, v in {**REGISTRATION_LABELS, **labels}.items()],
-        "customNodeTaints": [parse_taint(t) for t in taints],
+        "customNodeTaints": [cluster_azure_taint(t, source) for t in taints],
     }}}}
 
 
@@ -112,12 +134,12 @@ def kubelet_flags(taints: tuple[str, ...], labels: dict[str, str]) -> list[str]:
 
 
 def form(name: str, pool: str, instance_type: str, taints: tuple[str, ...],
-         labels: dict[str, str]) -> dict[str, Any] | list[str]:
+         labels: dict[str, str], source: str = "the agent config") -> dict[str, Any] | list[str]:
     """The registration form `name` (one of FORMATS): a document, or kubelet-flags' flags."""
     if name == "kubelet-flags":
         return kubelet_flags(taints, labels)
     if name == "cluster-azure":
-        return cluster_azure(pool, instance_type, taints, labels)
+        return cluster_azure(pool, instance_type, taints, labels, source)
     return kubeadm(taints, labels)
 
 

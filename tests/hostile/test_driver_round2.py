@@ -208,10 +208,12 @@ def test_registration_json_is_the_yaml_document_as_json(
 
 
 BAD_POOL_FLAGS = {
-    "empty-pool": (["--pool", ""], r"--pool '': a node pool name is 1-63 lowercase"),
-    "pool-with-space": (["--pool", "bad pool!"], r"--pool 'bad pool!': a node pool name"),
-    "pool-uppercase": (["--pool", "GPU"], r"--pool 'GPU': a node pool name"),
-    "pool-5000-chars": (["--pool", "a" * 5000], r"\(5000 characters\): a node pool name"),
+    "empty-pool": (["--pool", ""], r"--pool '': a cluster-azure node pool name is 5-20 lower"),
+    "pool-with-space": (["--pool", "bad pool!"], r"--pool 'bad pool!': a cluster-azure node"),
+    "pool-uppercase": (["--pool", "GPU00"], r"--pool 'GPU00': a cluster-azure node pool name"),
+    "pool-4-chars": (["--pool", "gpu0"], r"--pool 'gpu0': .*chart's schema"),
+    "pool-21-chars": (["--pool", "g" * 21], r"--pool 'g{21}': a cluster-azure node pool name"),
+    "pool-5000-chars": (["--pool", "a" * 5000], r"\(5000 characters\): a cluster-azure node"),
     "empty-instance-type": (["--instance-type", ""], r"--instance-type '': an instance type"),
     "instance-type-newline": (["--instance-type", "Standard\nX"], r"an instance type is"),
 }

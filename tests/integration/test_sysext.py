@@ -27,8 +27,10 @@ import pytest
 
 import gpunode
 from conftest import REPO
+from gpunode import ignition
 from gpunode_testing import fixtures
 from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
+from helpers.ignition_example import SHA512, URL
 
 # The systemd harness's own reads, and the machine's systemd-sysext.service (flatcar_boot).
 pytestmark = pytest.mark.allow_paths(
@@ -211,7 +213,9 @@ def test_bundle_holds_gpunode_package_data_where_importlib_resources_finds_it(
         "package-data"]
     shipped = {f"{package.replace('.', '/')}/{name}" for package, names in declared.items()
                for name in names}
-    assert shipped == set(load_build_script().PACKAGE_DATA) == {"gpunode/driver/build.sh"}
+    assert shipped == set(load_build_script().PACKAGE_DATA) == {
+        "gpunode/driver/build.sh", "gpunode/units/gpunode.service",
+        "gpunode/units/gpunode-label.service"}
     internal = built.tree / "usr/lib/gpunode/_internal"
     for data in shipped:
         assert (internal / data).read_bytes() == (REPO / data).read_bytes()
@@ -235,6 +239,18 @@ def test_bundled_gpunode_status_says_ready_on_a_ready_fixture_node(
                           check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["verdict"] == "ready"
+
+
+@pytest.mark.parametrize("fmt", ["butane", "clc"])
+def test_bundled_gpunode_renders_the_snippet_the_checkout_renders(
+        built: Built, tmp_path: Path, fmt: str) -> None:
+    """The bundle's package data holds the units, so `gpunode ignition` works on a node too."""
+    argv = ["ignition", "--format", fmt, "--sysext-url", URL, "--sysext-sha512", SHA512]
+    done = subprocess.run([str(built.tree / "usr/bin/gpunode"), "--log-format", "json", *argv],
+                          env=NO_VENV, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ignition.render(ignition.snippet(URL, SHA512, None), fmt)
 
 
 # -- a Flatcar-style boot in a real systemd ----------------------------------------------------

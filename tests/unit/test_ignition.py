@@ -59,6 +59,15 @@ def test_units_are_embedded_byte_for_byte(fmt: str) -> None:
         assert units[path.name] == (True, False, path.read_text())
 
 
+@pytest.mark.parametrize("fmt", ignition.FORMATS)
+def test_without_units_the_packaged_units_are_embedded_and_they_are_those_of_units(
+        fmt: str) -> None:
+    """No --units: the units come from gpunode's package data, which units/ links to."""
+    packaged = ignition.render(ignition.snippet(URL, SHA512, AGENT), fmt)
+    assert packaged == rendered(fmt)
+    assert UNITS.resolve() == (REPO / "gpunode" / "units").resolve()
+
+
 def test_butane_header_and_clc_size() -> None:
     butane = yaml.safe_load(rendered("butane"))
     assert (butane["variant"], butane["version"]) == ("flatcar", "1.0.0")
