@@ -108,13 +108,14 @@ POOL_NAMES = ["gpu00", "gpu-t4", "a" * 20, "gpu", "gpu1", "a" * 21, "-gpu0", "gp
               "gpu_0", "gpu00\n", "gpü00", "9gpu9"]
 
 
-@pytest.mark.parametrize("validate", VALIDATORS)
-@pytest.mark.parametrize("name", POOL_NAMES, ids=[ascii(n) for n in POOL_NAMES])
+# Not "gpu00\n" for jsonschema: it matches patterns with Python's re, whose final $ also
+# matches before a newline; Helm's Go validator (and schema_subset) refuse that name.
+@pytest.mark.parametrize(("name", "validate"), [
+    pytest.param(name, v.values[0], id=f"{name!a}-{v.id}")
+    for v in VALIDATORS for name in POOL_NAMES
+    if not (v.id == "jsonschema" and name.endswith("\n"))])
 def test_gpunode_takes_exactly_the_pool_names_the_chart_takes(name: str,
                                                                validate: Validator) -> None:
-    if validate is library and name.endswith("\n"):
-        pytest.skip("jsonschema matches patterns with Python's re, whose final $ also matches "
-                    "before a newline; Helm's Go validator (and schema_subset) do not")
     pool = {"global": {"nodePools": {name: {"instanceType": "Standard_NC4as_T4_v3"}}}}
     assert (registration.pool_problem(name) is None) == (validate(pool) == [])
 
