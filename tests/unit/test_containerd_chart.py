@@ -17,23 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TEST_DATA, HostFactory, with_runtime_binary
+from conftest import TEST_DATA, HostFactory
 from gpunode.cli import main
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import extras, step
 from gpunode.containerd.ledger import MEMLOCK_DROPIN
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd
-from helpers.containerd_vectors import VECTORS
+from helpers.cluster_chart import CONFIG, chart_node, vector
 
 TEMPLATE = TEST_DATA / "containerd" / "cluster-chart" / "config.toml.tpl"
-CONFIG = "etc/containerd/config.toml"
-# CAPI's Flatcar images run their own containerd on /etc/containerd/config.toml
-# (kubernetes-sigs/image-builder, roles/containerd: containerd-flatcar.conf).
-IMAGE_BUILDER_DROPIN = ("etc/systemd/system/containerd.service.d/10-opt-bin-custom.conf",
-                        "[Service]\nExecStart=\n"
-                        "ExecStart=/opt/bin/containerd --config /etc/containerd/config.toml\n")
-
 # Each action of the template and what cluster-azure 8.0.0's values make of it (the README).
 VALUES = {
     "$.Values.global.components.containerd.debug.level": "info",
@@ -71,10 +64,6 @@ def render(template: str, cdi: bool) -> str:
     rest = template[position:]
     out.append(rest.lstrip() if trim_next else rest)
     return "".join(out)
-
-
-def vector(name: str, which: str = "input") -> str:
-    return (VECTORS / name / f"{which}.toml").read_text()
 
 
 @pytest.mark.parametrize(("name", "cdi"), [("cluster-azure", False),
@@ -124,20 +113,6 @@ class Systemd:
 
     def restart(self, unit: str, timeout: float) -> None:
         self.calls.append(f"restart {unit}")
-
-
-def chart_node(make_host: HostFactory, name: str = "cluster-azure",
-               memlock: bool = True) -> Host:
-    """A GPU node as cluster-azure provisions it: the chart's file, the image-builder drop-in
-    that makes containerd read it, the toolkit; with gpunode's LimitMEMLOCK drop-in from an
-    earlier boot unless `memlock` is False (a first boot)."""
-    host = with_runtime_binary(make_host("nc4as-t4-v3", "driver"))
-    for path, text in ((CONFIG, vector(name)), IMAGE_BUILDER_DROPIN,
-                       (MEMLOCK_DROPIN.lstrip("/"), extras.MEMLOCK_TEXT if memlock else None)):
-        if text is not None:
-            (host.root / path).parent.mkdir(parents=True, exist_ok=True)
-            (host.root / path).write_text(text)
-    return host
 
 
 def tree(host: Host) -> dict[str, bytes | None]:
