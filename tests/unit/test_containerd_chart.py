@@ -139,16 +139,19 @@ def test_the_boot_step_leaves_the_charts_file_and_the_node_alone(
     assert tree(host) == before
 
 
-@pytest.mark.parametrize("daemon", DAEMONS, ids=DAEMON_IDS)
-def test_at_first_boot_only_the_memlock_dropin_is_written_and_nothing_restarted(
+@pytest.mark.parametrize("daemon", [*DAEMONS, (1, 7)], ids=[*DAEMON_IDS, "containerd1.7"])
+def test_at_first_boot_the_memlock_dropin_is_written_and_nothing_restarted(
     make_host: HostFactory, daemon: tuple[int, int] | None,
 ) -> None:
-    """Before containerd starts, the config file stays byte for byte; the LimitMEMLOCK
-    drop-in beside it is read by one daemon-reload, and containerd starts once, with it."""
+    """Before containerd starts: the config file stays byte for byte (1.7: plus the CDI
+    lines), the LimitMEMLOCK drop-in beside it is read by one daemon-reload, and containerd
+    starts once, with both."""
     host = chart_node(make_host, memlock=False)
     systemd = Systemd(state="inactive")
     _, outcome = step.configure(host, ContainerdConfig(), systemd, 5, probe=Probe(daemon))
-    assert (host.root / CONFIG).read_text() == vector("cluster-azure")
+    assert (host.root / CONFIG).read_text() == (
+        vector("cluster-azure-containerd-1.7", "expected") if daemon == (1, 7)
+        else vector("cluster-azure"))
     assert (host.root / MEMLOCK_DROPIN.lstrip("/")).read_text() == extras.MEMLOCK_TEXT
     assert (outcome.restarted, systemd.calls) == (False, ["daemon-reload"])
 
