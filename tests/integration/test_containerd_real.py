@@ -305,16 +305,19 @@ def cri_loads(started: Started) -> bool:
 
 
 # The hardest outputs per version: no runtime table at all (live and --root edits), the legacy
-# linux shim and deprecated default_runtime of version 1 files, a version 3 file.
+# linux shim and deprecated default_runtime of version 1 files, a version 3 file; and the
+# cluster chart's file (cluster-azure), on 1.7 as gpunode leaves it (CDI on).
 DAEMON_INPUTS = {
     "1.6": ["vectors/no-runc-v2-sandbox-image/input.toml", "vectors/no-runc-empty/input.toml",
             "toolkit/container-config_v1.toml", "toolkit/installer-v1-legacy-options.toml",
             "toolkit/engine-runc-empty-type.toml"],
     "1.7": ["vectors/no-runc-v2-sandbox-image/input.toml", "vectors/no-runc-v1-sandbox-image/"
             "input.toml", "toolkit/container-config_v1.toml",
-            "toolkit/installer-v1-legacy-custom-default.toml", "toolkit/installer-v2-complex.toml"],
+            "toolkit/installer-v1-legacy-custom-default.toml", "toolkit/installer-v2-complex.toml",
+            "vectors/cluster-azure-containerd-1.7/expected.toml"],  # the chart's, CDI on
     "2": ["vectors/no-runc-v2-sandbox-image/input.toml", "vectors/no-runc-comment-only/input.toml",
-          "toolkit/installer-v3-options.toml", "toolkit/engine-runc-empty-type.toml"],
+          "toolkit/installer-v3-options.toml", "toolkit/engine-runc-empty-type.toml",
+          "vectors/cluster-azure/input.toml"],  # the chart's version 2 file, v1.linux plugin
 }
 
 

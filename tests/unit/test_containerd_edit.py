@@ -81,8 +81,8 @@ def test_revert_restores_the_parsed_input(name: str) -> None:
     assert tomllib.loads(undone.text) == tomllib.loads(text(name, "input"))
 
 
-def test_cluster_azure_runtime_is_reconciled_not_duplicated() -> None:
-    result = configure(text("cluster-azure", "input"), RuntimeSpec(), "f")
+def test_an_nvidia_runtime_running_another_binary_is_reconciled_not_duplicated() -> None:
+    result = configure(text("nvidia-runtime-other-binary", "input"), RuntimeSpec(), "f")
     assert result.added_runtime is None
     assert result.describe() == [
         'set plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options.BinaryName'
@@ -121,7 +121,7 @@ def test_no_runtimes_at_all_gets_containerds_built_in_runc_and_a_copy_of_it() ->
 
 
 def test_revert_leaves_a_value_someone_changed_since() -> None:
-    result = configure(text("cluster-azure", "input"), RuntimeSpec(), "f")
+    result = configure(text("nvidia-runtime-other-binary", "input"), RuntimeSpec(), "f")
     edited = result.text.replace('BinaryName = "/usr/bin/nvidia-container-runtime"',
                                  'BinaryName = "/srv/other-runtime"')
     undone = revert(edited, result.added_runtime, result.changes, "f")
