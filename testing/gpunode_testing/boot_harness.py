@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 from gpunode_testing import fixtures
+from gpunode_testing.boundary import DEFAULT_TEST_CACHE
 from gpunode_testing.driver_files import install_lines
 
 # The repository's units/ (this package is installed editable from testing/).
 UNITS = Path(__file__).resolve().parents[2] / "units"
-WORK_PARENT = Path("/var/cache/gpunode-tests")
+WORK_PARENT = Path(DEFAULT_TEST_CACHE)  # on disk, outside /tmp: visible in a namespace
 CONTAINERD_UNIT = "\n".join(line for line in fixtures.FLATCAR_CONTAINERD_UNIT.splitlines()
                             if not line.startswith("ExecStartPre")) + "\n"
 KUBELET_UNIT = """[Unit]

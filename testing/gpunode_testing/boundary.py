@@ -118,8 +118,10 @@ def unit_policy(test: str, temp_root: Path, extra: Iterable[str] = ()) -> Policy
 
 
 def integration_policy(test: str, temp_root: Path, extra: Iterable[str] = ()) -> Policy:
+    # The download cache (which GPUNODE_TEST_CACHE may move) and, always, the default one:
+    # namespace work directories live there (boot_harness.WORK_PARENT), outside /tmp.
     cache = os.environ.get("GPUNODE_TEST_CACHE") or DEFAULT_TEST_CACHE
-    policy = unit_policy(test, temp_root, (cache, *extra))
+    policy = unit_policy(test, temp_root, (cache, DEFAULT_TEST_CACHE, *extra))
     policy.processes = True
     return policy
 

@@ -566,6 +566,8 @@ class SystemdNamespace:
         wanted = [*self.binds, Path(sys.prefix), Path(sys.base_prefix)]
         wanted.append(Path(__file__).resolve().parents[2])  # this checkout
         wanted.append(Path(sys.executable).resolve().parent)
+        if cache := os.environ.get("GPUNODE_TEST_CACHE"):  # real binaries a test bind-mounts
+            wanted.append(Path(cache))
         binds: list[Path] = []
         for path in wanted:
             path = path.resolve()

@@ -29,6 +29,7 @@ import gpunode
 from conftest import REPO
 from gpunode import ignition
 from gpunode_testing import fixtures
+from gpunode_testing.boot_harness import WORK_PARENT
 from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
 from helpers.ignition_example import SHA512, URL
 
@@ -39,7 +40,6 @@ pytestmark = pytest.mark.allow_paths(
 UNITS = REPO / "units"
 BUILD_SCRIPT = REPO / "packaging" / "build_sysext.py"
 ENTRY = REPO / "packaging" / "gpunode_main.py"
-WORK_PARENT = Path("/var/cache/gpunode-tests")  # on disk, outside /tmp: visible in a namespace
 IMAGE_NAME = f"gpunode-{gpunode.__version__}-x86-64.raw"
 NO_VENV = {"PATH": "/usr/bin:/bin"}  # no virtualenv, no PYTHONPATH, no PYTHONHOME
 
