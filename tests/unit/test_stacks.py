@@ -3,6 +3,7 @@ Operator (exact sets), GFD's hardware labels from their tables, and deploy/'s ma
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -13,6 +14,7 @@ from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.kube import gfd, labels
 from gpunode.kube.label import for_host as desired
 from gpunode_testing import fixtures
+from hostile.support import Cli
 
 DEPLOY = REPO / "deploy"
 DRIVER_550 = {"nvidia.com/cuda.driver-version.full": "550.127.08",
@@ -65,6 +67,20 @@ def test_beside_the_gpu_operator_gpunode_sets_only_its_own_labels_and_gpuready(
     want = desired(host, on("gpu-operator"))
     assert want.labels == {"gpunode.io/driver-flavour": flavour, "gpunode.io/ready": "true"}
     assert want.condition == desired(host, on("gpunode")).condition
+
+
+def test_label_dry_run_json_on_the_nd96_beside_the_operator_shows_only_gpunodes_labels(
+        make_host: HostFactory, cli: Cli) -> None:
+    host = make_host("nd96amsr-a100-v4", "ready")
+    config = host.root / "etc/gpunode/config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('[kubernetes]\nstack = "gpu-operator"\n')
+    result = cli("--root", str(host.root), "label", "--dry-run", "--json")
+    assert result.code == 0, result.err
+    document = json.loads(result.out)
+    assert (document["gpu"], document["labels"]) == (True, {
+        "gpunode.io/driver-flavour": "open", "gpunode.io/ready": "true"})
+    assert document["condition"]["status"] == "True"
 
 
 def test_user_labels_stay_beside_the_gpu_operator(make_host: HostFactory) -> None:
