@@ -86,7 +86,8 @@ MEANINGS: dict[str, str] = {
     "kubernetes.stack": "who owns the cluster side: `gpunode` sets GFD's `nvidia.com/` labels "
                         "(deploy/ has the RuntimeClass and device plugin); `gpu-operator`: "
                         "NVIDIA's GPU Operator does, gpunode sets only `gpunode.io/` labels, "
-                        "GPUReady and `/opt/bin/nvidia-smi` ([stacks.md](stacks.md))",
+                        "GPUReady and an `nvidia-smi` the Operator's validator finds "
+                        "([stacks.md](stacks.md))",
     "kubernetes.wait_seconds": "how long `label` retries for the API server and the Node",
     "kubernetes.request_timeout": "seconds per API request",
 }

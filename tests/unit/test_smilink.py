@@ -1,17 +1,15 @@
 """The boot step nvidia_smi (kubernetes.stack = "gpu-operator"): the loaded driver's nvidia-smi
-where the GPU Operator's validator looks, linked into /opt/bin only over nothing or gpunode's
-own link, and refused, naming it, where the validator would run another one."""
+where the GPU Operator's validator looks, through a wrapper in /opt/bin written only over
+nothing or gpunode's own, and refused, naming it, where the validator would run another one."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from conftest import HostFactory, with_runtime_binary
 from gpunode import boot
 from gpunode.config import AgentConfig, KubernetesConfig
-from gpunode.driver import cache, smilink
+from gpunode.driver import smilink
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd
 from gpunode_testing import fixtures
@@ -20,6 +18,7 @@ from gpunode_testing.driver_files import BINARIES, LIBRARIES, write_userspace
 VERSION = "550.127.08"
 PREBUILT = f"/opt/nvidia/modules/{fixtures.KERNEL}"
 SMI = f"{PREBUILT}/bin/nvidia-smi"
+WRAPPER = smilink.wrapper(SMI, f"{PREBUILT}/lib")
 OPERATOR = AgentConfig(kubernetes=KubernetesConfig(stack="gpu-operator"))
 
 
@@ -67,48 +66,64 @@ def test_the_gpunode_stack_runs_no_nvidia_smi_step(make_host: HostFactory) -> No
     assert "nvidia_smi" not in [s["name"] for s in run.steps]
 
 
-def test_a_prebuilt_drivers_nvidia_smi_is_linked_into_opt_bin_once(
+def test_a_prebuilt_drivers_nvidia_smi_gets_a_wrapper_in_opt_bin_once(
         make_host: HostFactory) -> None:
     host = prebuilt_node(make_host)
     plan = boot.plan(host, OPERATOR, adapters())
     assert [(a.step, a.description) for a in plan.actions if a.step == "nvidia_smi"] == [
-        ("nvidia_smi", f"link /opt/bin/nvidia-smi → {SMI}: the GPU Operator's validator looks "
-                       "there")]
+        ("nvidia_smi", f"write /opt/bin/nvidia-smi to run {SMI}: the GPU Operator's validator "
+                       "looks there")]
     run = boot.boot(host, OPERATOR, adapters())
     assert run.outcome == "ok", run.steps
     assert (step(run)["changed"], step(run)["nvidia_smi"]) == (True, SMI)
-    assert (host.root / "opt/bin/nvidia-smi").readlink() == Path(SMI)
-    assert smilink.reachable(host) == smilink.LINK
+    written = host.root / "opt/bin/nvidia-smi"
+    assert written.read_text() == WRAPPER
+    assert written.stat().st_mode & 0o777 == 0o755
+    assert WRAPPER.splitlines()[2:] == [f"LD_LIBRARY_PATH='{PREBUILT}/lib'",
+                                        "export LD_LIBRARY_PATH", f"exec '{SMI}' \"$@\""]
+    assert smilink.reachable(host) == smilink.WRAPPER
     assert boot.plan(host, OPERATOR, adapters()).actions == []
     again = boot.boot(host, OPERATOR, adapters())
     assert step(again)["changed"] is False
 
 
-def test_gpunodes_own_link_to_an_old_driver_root_is_repointed(make_host: HostFactory) -> None:
+@pytest.mark.parametrize("state", ["old-driver", "not-executable"])
+def test_gpunodes_own_wrapper_is_rewritten_when_it_is_not_right(make_host: HostFactory,
+                                                                state: str) -> None:
     host = prebuilt_node(make_host)
-    old = f"{cache.CACHE_ROOT}/{fixtures.KERNEL}/535.216.03-open/bin/nvidia-smi"
-    (host.root / "opt/bin").mkdir(parents=True, exist_ok=True)
-    (host.root / "opt/bin/nvidia-smi").symlink_to(old)
+    written = host.root / "opt/bin/nvidia-smi"
+    written.parent.mkdir(parents=True, exist_ok=True)
+    if state == "old-driver":
+        written.write_text(smilink.wrapper("/var/lib/gpunode/old/bin/nvidia-smi", "/x/lib"))
+        written.chmod(0o755)
+    else:
+        written.write_text(WRAPPER)
+        written.chmod(0o644)
     run = boot.boot(host, OPERATOR, adapters())
     assert step(run)["changed"] is True
-    assert (host.root / "opt/bin/nvidia-smi").readlink() == Path(SMI)
+    assert written.read_text() == WRAPPER and written.stat().st_mode & 0o777 == 0o755
 
 
-@pytest.mark.parametrize("foreign", ["file", "link"])
+@pytest.mark.parametrize("foreign", ["empty-file", "script", "link"])
 def test_a_foreign_opt_bin_nvidia_smi_is_refused_and_kept(make_host: HostFactory,
                                                           foreign: str) -> None:
     host = prebuilt_node(make_host)
     path = host.root / "opt/bin/nvidia-smi"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if foreign == "file":
+    if foreign == "empty-file":
         path.write_text("")  # empty: the validator would not run it either
+    elif foreign == "script":
+        path.write_text("#!/bin/sh\nexec /home/admin/nvidia-smi\n")
     else:
         path.symlink_to("/home/admin/nvidia-smi")
+    before = path.read_text() if foreign != "link" else None
     run = boot.boot(host, OPERATOR, adapters())
     failed = step(run)
     assert (run.outcome, failed["code"]) == ("failed", "nvidia-smi-unreachable")
     assert "is not gpunode's" in str(failed["error"]) and "remove" in str(failed["hint"])
     assert path.is_symlink() == (foreign == "link")
+    if before is not None:
+        assert path.read_text() == before
 
 
 def test_another_nvidia_smi_the_validator_finds_first_is_refused_naming_it(
