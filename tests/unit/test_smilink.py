@@ -4,6 +4,10 @@ nothing or gpunode's own, and refused, naming it, where the validator would run 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from conftest import HostFactory, with_runtime_binary
@@ -154,3 +158,30 @@ def test_without_a_loaded_driver_the_step_says_the_driver_step_failed(
     host = with_runtime_binary(make_host("nc4as-t4-v3", "bare"))
     run = boot.boot(host, OPERATOR, adapters())
     assert step(run)["error"] == smilink.NO_DRIVER[0]
+
+
+def _loop(path: Path) -> None:
+    path.symlink_to(path.name)
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("make", [_loop, _fifo, Path.mkdir], ids=["link-loop", "fifo", "directory"])
+def test_what_no_validator_could_run_at_an_earlier_path_is_passed_over(
+        make_host: HostFactory, make: Callable[[Path], None]) -> None:
+    """The validator skips what is no executable file; so does gpunode, without hanging."""
+    host = prebuilt_node(make_host)
+    (host.root / "usr/sbin").mkdir(parents=True, exist_ok=True)
+    make(host.root / "usr/sbin/nvidia-smi")
+    run = boot.boot(host, OPERATOR, adapters())
+    assert (step(run)["outcome"], step(run)["changed"]) == ("ok", True), run.steps
+
+
+def test_a_fifo_where_the_wrapper_goes_is_refused_without_hanging(make_host: HostFactory) -> None:
+    host = prebuilt_node(make_host)
+    (host.root / "opt/bin").mkdir(parents=True, exist_ok=True)
+    os.mkfifo(host.root / "opt/bin/nvidia-smi")
+    failed = step(boot.boot(host, OPERATOR, adapters()))
+    assert failed["code"] == "nvidia-smi-unreachable" and "is not gpunode's" in str(failed["error"])
