@@ -9,9 +9,9 @@ has it in /usr/bin and Flatcar's own layout in /opt/bin: nothing to do. A driver
 from a prebuilt directory or its build cache has it in that root's bin/ and its libraries in
 the root's lib/ (driver/userspace.py DriverRoot), where neither the validator nor the dynamic
 loader looks, and /usr is read-only on Flatcar. So gpunode writes /opt/bin/nvidia-smi: a
-two-line script that runs the driver root's nvidia-smi with the root's library directory on
+small script that runs the driver root's nvidia-smi with the root's library directory on
 LD_LIBRARY_PATH (nvidia-smi loads libnvidia-ml at run time) — only where nothing is there or
-the file is gpunode's own (it starts with MARKER). A validator path that would find another
+the file is gpunode's own (MARKER on its second line). A validator path that would find another
 nvidia-smi first is refused, naming it: the validator would run that one.
 """
 
