@@ -20,6 +20,7 @@ from typing import Any
 from gpunode import flatcar, kernelinfo, log, records
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
 from gpunode.detect import SYSFS_PCI_DEVICES, Detection, detect, require_decided
+from gpunode.driver import smilink
 from gpunode.driver.modules import Kmod
 from gpunode.errors import ConflictError, DriverError, GpunodeError
 from gpunode.host import Host
@@ -352,6 +353,8 @@ STEPS: tuple[Step, ...] = (
     Step("detect", _detect_plan, _detect_apply, lambda ctx: [f"{SYSFS_PCI_DEVICES}/"], gate=True,
          observes=True),
     Step("driver", _driver_plan, _driver_apply, _driver_inputs, applies=_has_gpus),
+    Step("nvidia_smi", smilink.step_plan, smilink.step_apply, smilink.step_inputs,
+         applies=smilink.applies),
     Step("cdi", _cdi_plan, _cdi_apply, _cdi_inputs, applies=_cdi_applies),
     Step("containerd", _containerd_plan, _containerd_apply, _containerd_inputs,
          applies=_has_gpus),

@@ -32,6 +32,11 @@ GPU_ACCESS = ("runtime", "cdi")
 # nvidia-container-toolkit internal/modifier/factory.go).
 TOOLKIT_MODES = ("auto", "legacy", "cdi", "csv", "jit-cdi")
 REGISTER_WITH = ("chart", "kubelet")
+# Who owns the cluster side of a GPU node (docs/stacks.md): "gpunode" sets GFD's nvidia.com/
+# labels itself and the cluster runs deploy/'s RuntimeClass and device plugin; with
+# "gpu-operator" NVIDIA's GPU Operator owns those, and gpunode only its gpunode.io/ labels,
+# GPUReady and an nvidia-smi its validator finds.
+STACKS = ("gpunode", "gpu-operator")
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,7 @@ class KubernetesConfig:
     # Who sets them: "chart" (cluster-azure values; gpunode writes nothing) or "kubelet" (a
     # kubelet.service drop-in with --register-with-taints/--node-labels, before it registers)
     register_with: str = "chart"
+    stack: str = "gpunode"  # STACKS
     wait_seconds: int = 300  # how long `label` waits for the API server and the Node
     request_timeout: int = 10
 
@@ -221,6 +227,7 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("kubernetes", "labels"): _node_labels,
     ("kubernetes", "taints"): lambda v: next(filter(None, map(_taint, v)), None),
     ("kubernetes", "register_with"): _one_of(*REGISTER_WITH),
+    ("kubernetes", "stack"): _one_of(*STACKS),
     ("kubernetes", "wait_seconds"): lambda v: None if 0 <= v <= 3600 else "must be 0 to 3600",
     ("kubernetes", "request_timeout"): lambda v: None if 1 <= v <= 120 else "must be 1 to 120",
     ("driver.build", "driver_sha256"): lambda v: _hex_digest(v, 64),

@@ -242,6 +242,15 @@ class FirmwarePathError(DriverError):
     code = "driver-firmware-path-taken"
 
 
+class NvidiaSmiError(DriverError):
+    """With the GPU Operator: its validator would find no nvidia-smi of the loaded driver, or
+    another one first (driver/smilink.py)."""
+
+    code = "nvidia-smi-unreachable"
+    hint = ("the GPU Operator's validator runs the first nvidia-smi in /usr/bin, /usr/sbin, "
+            "/bin, /sbin, /opt/bin: remove the one that is not the loaded driver's")
+
+
 class ContainerdStepError(GpunodeError):
     """The container runtime step cannot go on; the message says why."""
 

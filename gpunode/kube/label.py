@@ -80,7 +80,7 @@ def apply(host: Host, config: AgentConfig, want: Desired, api: NodeApi | None = 
     node = with_retries(lambda: api.get_node(want.node), f"get node {want.node}", deadline)
     metadata = node.get("metadata", {})
     patch = labels.label_patch(metadata.get("labels") or {}, metadata.get("annotations") or {},
-                               want.labels)
+                               want.labels, labels.handed_over(k.stack))
     if patch is not None:
         api.patch_node(want.node, patch)
     conditions = (node.get("status") or {}).get("conditions") or []

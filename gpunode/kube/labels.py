@@ -2,8 +2,12 @@
 
 Names and formats follow NVIDIA's GPU feature discovery (GFD), so the device plugin chart and
 existing node selectors keep working: `nvidia.com/gpu.present`, `gpu.count`, `gpu.product`
-(spaces → '-'), `gpu.family`, `gpu.memory` (MiB), `gpu.machine`,
-`cuda.driver-version.{major,minor,revision,full}`. gpunode's own labels live under PREFIX.
+(spaces → '-'), `gpu.family`, `gpu.memory` (MiB), `gpu.machine`, `gpu.compute.{major,minor}`,
+`gpu.mode`, `mig.capable`, `vgpu.present`, `cuda.driver-version.{major,minor,revision,full}`,
+`cuda.runtime-version.{major,minor,full}` (the tables behind them: kube/gfd.py). gpunode's own
+labels live under PREFIX. In the `gpu-operator` stack (kubernetes.stack) the Operator's GFD
+and its own logic own every `nvidia.com/` label: gpunode then sets only its own
+(docs/stacks.md).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 
 from gpunode.detect import Detection, PciFunction
 from gpunode.driver.flavour import architecture
+from gpunode.kube import gfd
 
 PREFIX = "gpunode.io/"
 NVIDIA = "nvidia.com/"
@@ -52,6 +57,8 @@ class LabelFacts:
     strategy: str | None
     ready: bool
     machine: str | None  # DMI product name
+    stack: str = "gpunode"  # kubernetes.stack: who sets the nvidia.com/ labels
+    vgpu: bool | None = None  # a vGPU among the NVIDIA functions (gfd.vgpu_present); None: unread
 
 
 @dataclass(frozen=True)
@@ -112,6 +119,18 @@ def compute(facts: LabelFacts, user: dict[str, str]) -> dict[str, str]:
     gpus = facts.detection.usable_gpus
     if not gpus:
         return dict(user)
+    labels = _nvidia(facts) if facts.stack == "gpunode" else {}
+    if facts.flavour:
+        labels[f"{PREFIX}driver-flavour"] = facts.flavour
+    if facts.strategy:
+        labels[f"{PREFIX}driver-strategy"] = facts.strategy
+    labels[f"{PREFIX}ready"] = "true" if facts.ready else "false"
+    return {**labels, **user}
+
+
+def _nvidia(facts: LabelFacts) -> dict[str, str]:
+    """GFD's labels, each only where its fact is known (kube/gfd.py)."""
+    gpus = facts.detection.usable_gpus
     first = gpus[0]
     labels = {
         f"{NVIDIA}gpu.present": "true",
@@ -124,27 +143,44 @@ def compute(facts: LabelFacts, user: dict[str, str]) -> dict[str, str]:
         labels[f"{NVIDIA}gpu.memory"] = str(memory)
     if facts.machine:
         labels[f"{NVIDIA}gpu.machine"] = _dashed(facts.machine)
+    known = gfd.GPUS.get(first.device_id or "")
+    if known is not None:
+        labels[f"{NVIDIA}gpu.compute.major"] = str(known.compute[0])
+        labels[f"{NVIDIA}gpu.compute.minor"] = str(known.compute[1])
+    labels[f"{NVIDIA}gpu.mode"] = gfd.gpu_mode([g.class_code for g in gpus])
+    mig = gfd.mig_capable([g.device_id for g in gpus])
+    if mig is not None:
+        labels[f"{NVIDIA}mig.capable"] = "true" if mig else "false"
+    if facts.vgpu is not None:
+        labels[f"{NVIDIA}vgpu.present"] = "true" if facts.vgpu else "false"
     if facts.driver_version:
         parts = [*facts.driver_version.split("."), "", "", ""][:3]
         labels[f"{NVIDIA}cuda.driver-version.full"] = facts.driver_version
         for name, part in zip(("major", "minor", "revision"), parts, strict=True):
             if part:
                 labels[f"{NVIDIA}cuda.driver-version.{name}"] = part
-    if facts.flavour:
-        labels[f"{PREFIX}driver-flavour"] = facts.flavour
-    if facts.strategy:
-        labels[f"{PREFIX}driver-strategy"] = facts.strategy
-    labels[f"{PREFIX}ready"] = "true" if facts.ready else "false"
-    return {**labels, **user}
+        cuda = gfd.cuda_version(facts.driver_version)
+        if cuda is not None:
+            labels[f"{NVIDIA}cuda.runtime-version.major"] = str(cuda[0])
+            labels[f"{NVIDIA}cuda.runtime-version.minor"] = str(cuda[1])
+            labels[f"{NVIDIA}cuda.runtime-version.full"] = f"{cuda[0]}.{cuda[1]}"
+    return labels
+
+
+def handed_over(stack: str) -> tuple[str, ...]:
+    """The label prefixes another component owns in `stack`: gpunode never removes them, even
+    the ones it set itself before the stack changed (the Operator sets them now)."""
+    return (NVIDIA,) if stack == "gpu-operator" else ()
 
 
 def label_patch(current: dict[str, str], annotations: dict[str, str],
-                wanted: dict[str, str]) -> dict[str, object] | None:
+                wanted: dict[str, str], keep: tuple[str, ...] = ()) -> dict[str, object] | None:
     """The merge patch that makes the Node's labels what gpunode wants; None when they are.
 
-    Labels gpunode set before (listed in MANAGED_ANNOTATION) and no longer wants are removed;
-    labels it never set are never touched."""
-    previous = {k for k in annotations.get(MANAGED_ANNOTATION, "").split(",") if k}
+    Labels gpunode set before (listed in MANAGED_ANNOTATION) and no longer wants are removed,
+    except under the prefixes in `keep` (handed_over); labels it never set are never touched."""
+    previous = {k for k in annotations.get(MANAGED_ANNOTATION, "").split(",")
+                if k and not k.startswith(keep)}
     labels: dict[str, str | None] = {k: v for k, v in wanted.items() if current.get(k) != v}
     labels |= {k: None for k in previous - set(wanted) if k in current}
     managed = ",".join(sorted(wanted))

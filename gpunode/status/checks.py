@@ -253,8 +253,10 @@ def _device_plugin(facts: StatusFacts) -> Check:
     if node.kind == "missing":
         return Check("device_plugin", WARN, f"{node.path} missing: no NVIDIA device plugin "
                      "registered with the kubelet",
-                     "deploy the NVIDIA device plugin DaemonSet selecting "
-                     "nvidia.com/gpu.present=true")
+                     "the GPU Operator deploys it once its validator passed here: look at "
+                     "the Operator's pods on this node" if facts.stack == "gpu-operator"
+                     else "deploy the NVIDIA device plugin DaemonSet selecting "
+                     "nvidia.com/gpu.present=true (deploy/)")
     return Check("device_plugin", WARN, f"{node.path} exists but is not a socket",
                  "restart the device plugin pod on this node")
 

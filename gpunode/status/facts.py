@@ -151,6 +151,8 @@ class StatusFacts:
     cdi_spec: CdiSpec | None = None  # None: not observed
     toolkit: ToolkitFacts | None = None  # None: not observed
     gpu_access: str = "runtime"  # containerd.gpu_access
+    stack: str = "gpunode"  # kubernetes.stack: who sets the nvidia.com/ labels
+    vgpu: bool | None = None  # a vGPU among the NVIDIA functions (kube/gfd.py); None: unread
 
     @property
     def undecided(self) -> str | None:
@@ -199,7 +201,8 @@ def label_facts(facts: StatusFacts, detection: Detection, ready: bool) -> labels
         detection=detection, models={a: i.model for a, i in facts.gpu_infos.items() if i.model},
         driver_version=version.version if version else None,
         flavour=step.get("flavour") or (version.flavour if version else None),
-        strategy=step.get("strategy"), ready=ready, machine=facts.machine)
+        strategy=step.get("strategy"), ready=ready, machine=facts.machine, stack=facts.stack,
+        vgpu=facts.vgpu)
 
 
 def to_json(facts: StatusFacts, report: Report) -> dict[str, Any]:

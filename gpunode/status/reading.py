@@ -66,7 +66,24 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         cdi_spec=_cdi_spec(host) if detection and detection.gpus else None,
         toolkit=toolkit.observe(host, config) if detection and detection.gpus else None,
         gpu_access=config.containerd.gpu_access,
+        stack=config.kubernetes.stack,
+        vgpu=_vgpu(host, detection) if detection and detection.gpus else None,
     )
+
+
+def _vgpu(host: Host, detection: Detection) -> bool | None:
+    """GFD's vGPU test over every NVIDIA function's configuration space (kube/gfd.py)."""
+    from gpunode.detect import SYSFS_PCI_DEVICES
+    from gpunode.kube import gfd
+
+    configs: list[bytes | None] = []
+    for function in detection.functions:
+        try:
+            configs.append(host.read_optional_bytes(
+                f"{SYSFS_PCI_DEVICES}/{function.address}/config", limit=4096))
+        except GpunodeError:  # not a file we may read: unknown, the label is left out
+            configs.append(None)
+    return gfd.vgpu_present(configs)
 
 
 def _read(host: Host, path: str) -> tuple[str | None, Failure | None]:

@@ -83,6 +83,11 @@ MEANINGS: dict[str, str] = {
     "kubernetes.register_with": "`chart`: the cluster chart sets taints and labels, gpunode "
                                 "writes nothing; `kubelet`: a kubelet drop-in before it first "
                                 "registers",
+    "kubernetes.stack": "who owns the cluster side: `gpunode` sets GFD's `nvidia.com/` labels "
+                        "(deploy/ has the RuntimeClass and device plugin); `gpu-operator`: "
+                        "NVIDIA's GPU Operator does, gpunode sets only `gpunode.io/` labels, "
+                        "GPUReady and an `nvidia-smi` the Operator's validator finds "
+                        "([stacks.md](stacks.md))",
     "kubernetes.wait_seconds": "how long `label` retries for the API server and the Node",
     "kubernetes.request_timeout": "seconds per API request",
 }

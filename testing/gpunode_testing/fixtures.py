@@ -43,6 +43,7 @@ class Fn:
     numa: int = -1
     iommu: int | None = None
     revision: str = "a1"
+    vgpu: bool = False  # its configuration space carries NVIDIA's vGPU signature
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ MACHINES: dict[str, Machine] = {m.name: m for m in (
                for i in range(6))),
             open_modules=True),
     Machine("nvads-a10-v5", "Azure Standard_NV36ads_A10_v5: 1x A10 (GRID driver)",
-            (AZURE_NIC, gpu("0002:00:00.0", "2236", "10de:1482", iommu=1)),
+            (AZURE_NIC, gpu("0002:00:00.0", "2236", "10de:1482", iommu=1, vgpu=True)),
             driver_version="550.144.06"),
     Machine("t4-nouveau", "Tesla T4 still held by nouveau (no blacklist)",
             (AZURE_NIC, gpu("0001:00:00.0", "1eb8", "10de:12a2", driver="nouveau", iommu=1)),
@@ -203,6 +204,8 @@ def _write_function(root: Path, fn: Fn, loaded: bool, flat: bool = False) -> Non
     attrs["uevent"] = "\n".join(uevent)
     for name, value in attrs.items():
         _write(root, f"{devdir}/{name}", value + "\n")
+    if fn.vendor == NVIDIA:
+        _write(root, f"{devdir}/config", config_space(fn))
     _link(root, f"{devdir}/subsystem", f"{up}/bus/pci")
     if not flat:
         _link(root, f"/sys/bus/pci/devices/{fn.address}",
@@ -215,6 +218,22 @@ def _write_function(root: Path, fn: Fn, loaded: bool, flat: bool = False) -> Non
     if fn.iommu is not None:
         (root / f"sys/kernel/iommu_groups/{fn.iommu}/devices").mkdir(parents=True, exist_ok=True)
         _link(root, f"{devdir}/iommu_group", f"{up}/kernel/iommu_groups/{fn.iommu}")
+
+
+def config_space(fn: Fn) -> bytes:
+    """The function's 256-byte PCI configuration header: ids, class, and one vendor-specific
+    capability (id 0x09) at 0x60, which on a vGPU starts with NVIDIA's "VF" signature (GFD's
+    test, NVIDIA/k8s-device-plugin internal/vgpu)."""
+    config = bytearray(256)
+    config[0:4] = bytes.fromhex(fn.vendor)[::-1] + bytes.fromhex(fn.device)[::-1]
+    config[0x06] = 0x10  # status: a capability list follows
+    config[0x08] = int(fn.revision, 16)
+    config[0x09:0x0C] = bytes.fromhex(fn.cls)[::-1]
+    config[0x34] = 0x60
+    record = b"VF" + bytes([0x01, 0x02, 0x00, 0x00]) if fn.vgpu else bytes(17)
+    config[0x60:0x63] = bytes([0x09, 0x00, 3 + len(record)])
+    config[0x63:0x63 + len(record)] = record
+    return bytes(config)
 
 
 BASE_MODULES = ["ext4 1060864 1 - Live 0x0000000000000000", "hv_netvsc 98304 0 - Live "

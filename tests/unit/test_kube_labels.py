@@ -19,19 +19,6 @@ DRIVER = {"nvidia.com/cuda.driver-version.full": "550.127.08",
           "nvidia.com/cuda.driver-version.revision": "08"}
 
 
-def test_t4_node_labels(make_host: HostFactory) -> None:
-    want = desired(make_host("nc4as-t4-v3", "ready"), AgentConfig())
-    assert want.node == "nc4as-t4-v3-vmss000000"
-    assert want.labels == {
-        "nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": "1",
-        "nvidia.com/gpu.product": "Tesla-T4", "nvidia.com/gpu.family": "turing",
-        "nvidia.com/gpu.memory": "15360", "nvidia.com/gpu.machine": "Virtual-Machine", **DRIVER,
-        "gpunode.io/driver-flavour": "proprietary", "gpunode.io/ready": "true"}
-    assert want.condition == labels.Condition(
-        "True", "GPUReady", "gpunode: the GPUs, driver, device nodes and container runtime are "
-        "ready")
-
-
 def test_nd96_counts_eight_gpus_and_not_the_nvswitches(make_host: HostFactory) -> None:
     want = desired(make_host("nd96amsr-a100-v4", "ready"), AgentConfig())
     assert {k: want.labels[k] for k in ("nvidia.com/gpu.count", "nvidia.com/gpu.product",

@@ -64,6 +64,7 @@ class Case:
     register_with: str = "none"
     nvidia_service: bool = False  # Flatcar's nvidia.service is enabled
     dev_nodes: str = "auto"  # "plain": the device nodes are plain files (boot remakes them)
+    stack: str = "gpunode"  # kubernetes.stack ("gpu-operator": the nvidia_smi step runs too)
 
     def host(self, make_host: HostFactory) -> Host:
         host = make_host(self.machine, self.state, extra=self.extra, dev_nodes=self.dev_nodes)
@@ -74,7 +75,8 @@ class Case:
         return host
 
     def config(self) -> AgentConfig:
-        return AgentConfig(kubernetes=KubernetesConfig(register_with=self.register_with))
+        return AgentConfig(kubernetes=KubernetesConfig(register_with=self.register_with,
+                                                       stack=self.stack))
 
     def adapters(self, host: Host) -> boot.Adapters:
         systemd = FlatcarNvidiaEnabled() if self.nvidia_service else NoSystemd()
@@ -89,7 +91,8 @@ CASES |= {
     "t4-ready-device-nodes-plain-files": Case(T4, "ready", dev_nodes="plain"),
     "t4-bare-sysext-with-runtime": Case(T4, "bare", {SYSEXT_RELEASE: "ID=flatcar\n"},
                                         runtime=True),
-    "t4-ready-kubelet-registration": Case(T4, "ready", KUBEADM_UNIT, register_with="kubelet"),
+    "t4-ready-kubelet-registration": Case(T4, "ready", KUBEADM_UNIT, register_with="kubelet",
+                                          stack="gpu-operator"),
     "t4-bare-kubelet-registration": Case(T4, "bare", KUBEADM_UNIT, runtime=True,
                                          register_with="kubelet"),
     "t4-ready-nvidia-service-enabled": Case(T4, "ready", nvidia_service=True),
