@@ -309,7 +309,7 @@ def _dropin(ctx: Context) -> tuple[str | None, str]:
     from gpunode.kube import registration
 
     k = ctx.config.kubernetes
-    return registration.plan_kubelet_dropin(ctx.host, k.taints, dict(k.labels))
+    return registration.plan_kubelet_dropin(ctx.host, k.taints, dict(k.labels), k.stack)
 
 
 def _registration_plan(ctx: Context) -> list[str]:

@@ -192,7 +192,7 @@ def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
                                                      args.instance_type)
     document = registration.form(args.registration, pool, instance_type,
                                  config.kubernetes.taints, dict(config.kubernetes.labels),
-                                 config.source)
+                                 config.source, config.kubernetes.stack)
     if args.json:
         _print_json(document)
     elif isinstance(document, list):

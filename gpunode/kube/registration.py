@@ -106,41 +106,54 @@ def cluster_azure_taint(text: str, source: str) -> dict[str, str]:
     return {"key": taint["key"], "value": taint["value"], "effect": taint["effect"]}
 
 
+def node_labels(labels: dict[str, str], stack: str = "gpunode") -> dict[str, str]:
+    """The labels a GPU node registers with: `nvidia.com/gpu.present=true` (what the device
+    plugin's DaemonSet selects) and the config's own; beside the GPU Operator not the former,
+    which the Operator sets from NFD's PCI labels and would otherwise be fought over."""
+    return {**(REGISTRATION_LABELS if stack == "gpunode" else {}), **labels}
+
+
 def cluster_azure(pool: str, instance_type: str, taints: tuple[str, ...],
-                  labels: dict[str, str], source: str = "the agent config") -> dict[str, Any]:
+                  labels: dict[str, str], source: str = "the agent config",
+                  stack: str = "gpunode") -> dict[str, Any]:
     """A cluster-azure node pool (`global.nodePools.<pool>`) that registers as a GPU node, in
     the shape the chart's schema and templates accept (see above); `source` names the agent
     config the taints come from, for the refusal of one the chart cannot take."""
     return {"global": {"nodePools": {pool: {
         "instanceType": instance_type,
-        "customNodeLabels": [f"{k}={v}" for k, v in {**REGISTRATION_LABELS, **labels}.items()],
+        "customNodeLabels": [f"{k}={v}" for k, v in node_labels(labels, stack).items()],
         "customNodeTaints": [cluster_azure_taint(t, source) for t in taints],
     }}}}
 
 
-def kubeadm(taints: tuple[str, ...], labels: dict[str, str]) -> dict[str, Any]:
+def kubeadm(taints: tuple[str, ...], labels: dict[str, str],
+            stack: str = "gpunode") -> dict[str, Any]:
     """`joinConfiguration.nodeRegistration` for a KubeadmConfigTemplate (kubeadm v1beta3)."""
-    node_labels = ",".join(f"{k}={v}" for k, v in {**REGISTRATION_LABELS, **labels}.items())
-    return {"nodeRegistration": {"taints": [parse_taint(t) for t in taints],
-                                 "kubeletExtraArgs": {"node-labels": node_labels}}}
+    joined = ",".join(f"{k}={v}" for k, v in node_labels(labels, stack).items())
+    registration: dict[str, Any] = {"taints": [parse_taint(t) for t in taints]}
+    if joined:
+        registration["kubeletExtraArgs"] = {"node-labels": joined}
+    return {"nodeRegistration": registration}
 
 
-def kubelet_flags(taints: tuple[str, ...], labels: dict[str, str]) -> list[str]:
-    node_labels = ",".join(f"{k}={v}" for k, v in {**REGISTRATION_LABELS, **labels}.items())
-    flags = [f"--node-labels={node_labels}"]
+def kubelet_flags(taints: tuple[str, ...], labels: dict[str, str],
+                  stack: str = "gpunode") -> list[str]:
+    joined = ",".join(f"{k}={v}" for k, v in node_labels(labels, stack).items())
+    flags = [f"--node-labels={joined}"] if joined else []
     if taints:
         flags.insert(0, f"--register-with-taints={','.join(taints)}")
     return flags
 
 
 def form(name: str, pool: str, instance_type: str, taints: tuple[str, ...],
-         labels: dict[str, str], source: str = "the agent config") -> dict[str, Any] | list[str]:
+         labels: dict[str, str], source: str = "the agent config",
+         stack: str = "gpunode") -> dict[str, Any] | list[str]:
     """The registration form `name` (one of FORMATS): a document, or kubelet-flags' flags."""
     if name == "kubelet-flags":
-        return kubelet_flags(taints, labels)
+        return kubelet_flags(taints, labels, stack)
     if name == "cluster-azure":
-        return cluster_azure(pool, instance_type, taints, labels, source)
-    return kubeadm(taints, labels)
+        return cluster_azure(pool, instance_type, taints, labels, source, stack)
+    return kubeadm(taints, labels, stack)
 
 
 KUBELET_UNIT = "kubelet.service"
@@ -157,8 +170,8 @@ def kubelet_dropin(raw_exec: tuple[str, ...], flags: list[str]) -> str:
             f"ExecStart={' '.join([*argv, *flags])}\n")
 
 
-def plan_kubelet_dropin(host: Host, taints: tuple[str, ...],
-                        labels: dict[str, str]) -> tuple[str | None, str]:
+def plan_kubelet_dropin(host: Host, taints: tuple[str, ...], labels: dict[str, str],
+                        stack: str = "gpunode") -> tuple[str | None, str]:
     """(drop-in text to write or None, why) for `register_with = "kubelet"`."""
     if host.exists(KUBELET_CLIENT_CERT):
         return None, "the kubelet has registered already; its taints can no longer change"
@@ -167,7 +180,7 @@ def plan_kubelet_dropin(host: Host, taints: tuple[str, ...],
         return None, "there is no kubelet.service with an ExecStart to extend"
     # Our own earlier drop-in may be what ExecStart comes from: kubelet_dropin() drops the
     # flags it added before adding them again, so the result is the same either way.
-    text = kubelet_dropin(unit.exec_start_raw, kubelet_flags(taints, labels))
+    text = kubelet_dropin(unit.exec_start_raw, kubelet_flags(taints, labels, stack))
     if host.read_optional(KUBELET_DROPIN) == text:
         return None, "the kubelet drop-in is already in place"
     return text, f"write {KUBELET_DROPIN}"

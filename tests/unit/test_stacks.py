@@ -11,7 +11,7 @@ import yaml
 
 from conftest import REPO, HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig
-from gpunode.kube import gfd, labels
+from gpunode.kube import gfd, labels, registration
 from gpunode.kube.label import for_host as desired
 from gpunode_testing import fixtures
 from hostile.support import Cli
@@ -227,3 +227,23 @@ def test_the_operator_stacks_pod_selects_and_tolerates_gpu_nodes_itself() -> Non
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}  # type: ignore[index]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in \
         spec["tolerations"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("form", ["kubeadm", "kubelet-flags", "cluster-azure"])
+def test_beside_the_operator_a_node_registers_without_nvidia_gpu_present(form: str) -> None:
+    taints = ("nvidia.com/gpu=present:NoSchedule",)
+    own = registration.form(form, "gpu00", "Standard_NC4as_T4_v3", taints, {}, stack="gpunode")
+    operator = registration.form(form, "gpu00", "Standard_NC4as_T4_v3", taints,
+                                 {"team": "ml"}, stack="gpu-operator")
+    assert "nvidia.com/gpu.present=true" in json.dumps(own)
+    assert "nvidia.com/gpu.present" not in json.dumps(operator)
+    assert "team=ml" in json.dumps(operator)
+    # The taint stays: the Operator does not set it, and it keeps other pods off the node.
+    assert json.dumps(own).count("NoSchedule") == json.dumps(operator).count("NoSchedule") == 1
+
+
+def test_beside_the_operator_with_no_labels_the_kubelet_gets_no_empty_node_labels_flag() -> None:
+    assert registration.kubelet_flags(("a=b:NoSchedule",), {}, stack="gpu-operator") == [
+        "--register-with-taints=a=b:NoSchedule"]
+    assert "kubeletExtraArgs" not in registration.kubeadm((), {}, stack="gpu-operator")[
+        "nodeRegistration"]
