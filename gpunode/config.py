@@ -298,7 +298,15 @@ def parse_config(doc: dict[str, Any], text: str, shown: str) -> AgentConfig:
             raise ConfigError(shown, name, f"must be a table ([{name}]), not "
                               f"{_a(_type_name(value))}", key_line(text, "", name))
         sections[name] = _parse_section(section_types[name], name, value, text, shown)
-    return AgentConfig(**sections, source=shown)
+    config = AgentConfig(**sections, source=shown)
+    if config.kubernetes.stack == "gpu-operator" and config.containerd.gpu_access == "cdi":
+        # The Operator's validator runs its toolkit check in a pod of RuntimeClass `nvidia`
+        # (gpu-operator cmd/nvidia-validator), which CDI mode does not give containerd.
+        raise ConfigError(shown, "kubernetes.stack", '"gpu-operator" needs the nvidia runtime '
+                          "handler its validator's pods run with, but containerd.gpu_access = "
+                          '"cdi" writes none; use gpu_access = "runtime" beside the Operator',
+                          key_line(text, "kubernetes", "stack"))
+    return config
 
 
 def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, shown: str) -> Any:
