@@ -16,6 +16,7 @@ and the GPU is a fixture (gpunode_testing.boot_harness)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import shutil
 import subprocess
@@ -165,6 +166,12 @@ def test_gpu_node_fetches_verifies_and_merges_then_gpunode_runs_before_container
         dump = ns.run(["containerd", "--config", "/etc/containerd/config.toml", "config",
                        "dump"]).stdout
         assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump
+        # gpunode ran its whole pipeline from the merged image, with the Secret's config.
+        events = [json.loads(str(e["MESSAGE"])) for e in ns.journal("gpunode.service")
+                  if str(e.get("MESSAGE", "")).startswith("{")]
+        assert {e["step"] for e in events if e["event"] == "step.done"} >= {
+            "detect", "driver", "cdi", "containerd"}
+        assert ns.run(["cat", "/etc/gpunode/config.toml"]).stdout == AGENT
 
         # A later boot finds the image verified and merged: nothing is downloaded again.
         ns.systemctl("restart", chartunit.SYSEXT_UNIT)
