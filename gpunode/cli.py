@@ -207,14 +207,18 @@ def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
 def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     """Everything is checked before anything is printed: stdout gets a whole snippet or
     nothing."""
-    from gpunode import ignition
+    from gpunode import chart, ignition
 
     agent_config = None
     if args.agent_config:
         agent_config = ignition.agent_config(str(Path(args.agent_config).absolute()))
+    pool = chart.pool_settings(args.format, args.pool, args.instance_type, args.nodes,
+                              args.no_default_pool)
     snippet = ignition.snippet(args.sysext_url, args.sysext_sha512, agent_config,
                                Path(args.units) if args.units else None)
-    sys.stdout.write(ignition.checked_text(snippet, args.format))
+    sys.stdout.write(chart.render(snippet, args.format, pool)
+                     if args.format in ignition.CHART_FORMATS else
+                     ignition.checked_text(snippet, args.format))
     return EXIT_OK
 
 

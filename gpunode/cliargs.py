@@ -80,6 +80,16 @@ def _label(label: argparse.ArgumentParser) -> None:
 
 def _ignition(ignition_parser: argparse.ArgumentParser) -> None:
     ignition_parser.add_argument("--format", choices=ignition.FORMATS, default="butane")
+    ignition_parser.add_argument("--pool", help="the GPU node pool's name (cluster-azure, "
+                                 "cluster-aws; default gpu00)")
+    ignition_parser.add_argument("--instance-type", help="the GPU pool's instance type "
+                                 "(default: Standard_NC4as_T4_v3, g4dn.xlarge)")
+    ignition_parser.add_argument("--nodes", type=int, metavar="N", help="the GPU pool's node "
+                                 "count (cluster-azure replicas, cluster-aws minSize and "
+                                 "maxSize; default 1)")
+    ignition_parser.add_argument("--no-default-pool", action="store_true",
+                                 help="leave out the chart's default pool (for a cluster "
+                                 "whose values list node pools of their own)")
     ignition_parser.add_argument("--sysext-url", required=True, metavar="URL",
                                  help="where nodes download gpunode-<version>-x86-64.raw")
     ignition_parser.add_argument("--sysext-sha512", required=True, metavar="HEX",

@@ -1,4 +1,5 @@
-"""`gpunode ignition`: the node snippet that installs gpunode, as Butane, Ignition or a CLC.
+"""`gpunode ignition`: the node snippet that installs gpunode, as Butane, Ignition or a CLC
+(and, through gpunode.chart, as cluster-azure / cluster-aws values).
 
 One model (files, links, units) rendered three ways, so the formats cannot drift: Butane
 (`variant: flatcar`, `version: 1.0.0`), Ignition 3.3.0 JSON (what Butane emits for Flatcar), and
@@ -25,7 +26,9 @@ from gpunode.errors import ConfigError, GpunodeError, HostError, InputRefused, U
 from gpunode.host import Host
 
 CLC_LIMIT = 32768
-FORMATS = ("butane", "ignition", "clc")
+FORMATS = ("butane", "ignition", "clc", "cluster-azure", "cluster-aws", "cluster-secret")
+# Values of Giant Swarm's cluster charts and the Secret they read: rendered by gpunode.chart.
+CHART_FORMATS = FORMATS[3:]
 EXTENSIONS_DIR = "/opt/extensions/gpunode"
 EXTENSION_LINK = "/etc/extensions/gpunode.raw"
 UNIT_NAMES = ("gpunode.service", "gpunode-label.service")
@@ -222,7 +225,7 @@ def to_clc(s: Snippet) -> dict[str, Any]:
     return {"storage": {"files": [file(f) for f in s.files],
                         "links": [{"path": ln.path, "filesystem": "root", "target": ln.target,
                                    "hard": False} for ln in s.links]},
-            "systemd": {"units": [_unit(u, "enable") for u in s.units]}}
+            "systemd": {"units": [_unit(u, "enabled") for u in s.units]}}
 
 
 def _unit(u: Unit, enable_key: str) -> dict[str, Any]:
@@ -242,10 +245,10 @@ def render(s: Snippet, fmt: str) -> str:
     import yaml
 
     document = to_butane(s) if fmt == "butane" else to_clc(s)
-    return yaml.dump(document, Dumper=_literal_dumper(), sort_keys=False, width=1000)
+    return yaml.dump(document, Dumper=literal_dumper(), sort_keys=False, width=1000)
 
 
-def _literal_dumper() -> type:
+def literal_dumper() -> type:
     """A SafeDumper that writes multi-line text (unit files, configs) as | blocks."""
     import yaml
 

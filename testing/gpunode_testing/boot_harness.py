@@ -34,10 +34,11 @@ WantedBy=multi-user.target
 """
 
 
-def node_prepare(fixture: Path) -> list[str]:
+def node_prepare(fixture: Path, gpunode_on_usr: bool = True) -> list[str]:
     """Shell lines run inside before systemd starts (with /usr a copy-on-write overlay): the
     fixture's PCI functions and driver files over the real ones, its driver user-space, gpunode
-    on /usr/bin, Flatcar's containerd config on /usr."""
+    on /usr/bin (unless a test's system extension brings it), Flatcar's containerd config on
+    /usr."""
     gpunode = Path(sys.executable).with_name("gpunode")
     lines = [f"mount -n --bind {fixture}/sys/bus/pci/devices /sys/bus/pci/devices"]
     if (fixture / "proc/driver/nvidia").exists():
@@ -46,9 +47,10 @@ def node_prepare(fixture: Path) -> list[str]:
     lines += [f"mount -n --bind {fixture}/sys/module /sys/module",
               f"mount -n --bind {fixture}/proc/devices /proc/devices",
               *install_lines(fixture)]  # the driver's user-space, onto the /usr overlay
+    if gpunode_on_usr:
+        lines += [f"printf '#!/bin/sh\\nexec {gpunode} \"$@\"\\n' > /usr/bin/gpunode",
+                  "chmod 755 /usr/bin/gpunode"]
     lines += [
-        f"printf '#!/bin/sh\\nexec {gpunode} \"$@\"\\n' > /usr/bin/gpunode",
-        "chmod 755 /usr/bin/gpunode",
         "printf '#!/bin/sh\\nexec runc \"$@\"\\n' > /usr/bin/nvidia-container-runtime",
         "chmod 755 /usr/bin/nvidia-container-runtime",
         "mkdir -p /usr/share/containerd",

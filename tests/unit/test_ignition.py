@@ -52,7 +52,7 @@ def test_all_formats_carry_the_same_files_links_and_units() -> None:
     assert butane["units"]["nvidia.service"] == (None, True, None)
 
 
-@pytest.mark.parametrize("fmt", ignition.FORMATS)
+@pytest.mark.parametrize("fmt", ("butane", "ignition", "clc"))
 def test_units_are_embedded_byte_for_byte(fmt: str) -> None:
     units = normalised(fmt)["units"]
     for path in sorted(UNITS.glob("*.service")):
@@ -122,3 +122,12 @@ def test_the_agent_config_to_install_is_read_once_and_installed_as_read(
     monkeypatch.setattr(Host, "read_optional", counted)
     assert ignition.agent_config(str(path)) == AGENT
     assert reads == [str(path)]
+
+
+def test_the_clc_enables_units_with_enabled_not_the_deprecated_enable() -> None:
+    """Container Linux Config's `enable:` is deprecated; CAPI's CLC and the charts use
+    `enabled:`."""
+    units = yaml.safe_load(rendered("clc"))["systemd"]["units"]
+    assert all("enable" not in u for u in units)
+    assert [u["name"] for u in units if u.get("enabled")] == ["gpunode.service",
+                                                             "gpunode-label.service"]
