@@ -218,13 +218,15 @@ def _agent(s: ignition.Snippet) -> AgentConfig:
 
 def gpu_pool(chart: Chart, pool: Pool, agent: AgentConfig) -> dict[str, Any]:
     instance_type = pool.instance_type or chart.instance_type
+    # The same pool entry as `gpunode label --registration cluster-azure` (taints always with
+    # the `value` both schemas require; a valueless one refused naming the agent config).
     registered = registration.cluster_azure(pool.name, instance_type, agent.kubernetes.taints,
-                                            dict(agent.kubernetes.labels))
+                                            dict(agent.kubernetes.labels), agent.source,
+                                            agent.kubernetes.stack)
     spec = registered["global"]["nodePools"][pool.name]
-    taints = [{"key": t["key"], "value": t.get("value", ""), "effect": t["effect"]}
-              for t in spec["customNodeTaints"]]  # `value` is required by both schemas
     return {"instanceType": instance_type, **dict.fromkeys(chart.sized_by, pool.nodes),
-            "customNodeLabels": list(spec["customNodeLabels"]), "customNodeTaints": taints}
+            "customNodeLabels": list(spec["customNodeLabels"]),
+            "customNodeTaints": list(spec["customNodeTaints"])}
 
 
 def values(s: ignition.Snippet, fmt: str, pool: Pool | None = None) -> dict[str, Any]:
