@@ -335,6 +335,18 @@ class KubeconfigError(GpunodeError):
             "kubeconfig; retrying does not help while the file is wrong"))
 
 
+class NodesKubeconfigError(KubeconfigError, UsageError):
+    """`gpunode nodes`: the operator's kubeconfig is missing or cannot be used (exit 2, as an
+    agent config is: the command's own input, refused before the API server is asked)."""
+
+    code = "nodes-kubeconfig-invalid"
+
+    def __init__(self, path: str, reason: str, hint: str = "") -> None:
+        super().__init__(path, reason, hint or (
+            f"fix {path}, or name another with --kubeconfig FILE ('kubectl config view "
+            "--minify --flatten' writes the current context's as one file)"))
+
+
 class NodeNameError(GpunodeError):
     """Nobody can say what this node is called in Kubernetes."""
 
