@@ -326,6 +326,7 @@ class KubeconfigError(GpunodeError):
     def __init__(self, path: str, reason: str, hint: str = "") -> None:
         self.path = path
         self.reason = reason
+        self.given_hint = hint  # the raise site's own, without the kubelet default below
         # kubeadm: 'kubeadm join' (its kubelet-start phase) has the kubelet TLS-bootstrap and
         # write /etc/kubernetes/kubelet.conf; 'kubeadm init phase kubeconfig kubelet' writes it
         # on a control-plane node (kubernetes.io/docs/reference/setup-tools/kubeadm/generated/).

@@ -104,7 +104,7 @@ def _yaml(shown: str, text: str) -> Any:
                                       f"*{event.anchor}, which gpunode refuses in a kubeconfig")
         doc = yaml.load(text, Loader=loader)  # a safe loader
     except yaml.YAMLError as exc:
-        raise KubeconfigError(shown, f"not valid YAML: {exc}") from exc
+        raise KubeconfigError(shown, f"not valid YAML: {' '.join(str(exc).split())}") from exc
     except RecursionError:
         raise KubeconfigError(shown, f"not valid for gpunode: {records.TOO_DEEP}") from None
     if records.too_deep(doc):

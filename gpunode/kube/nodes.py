@@ -96,7 +96,7 @@ def connect(path: str, context: str | None, timeout: float) -> NodeApi:
     except NodesKubeconfigError:
         raise
     except KubeconfigError as exc:
-        raise NodesKubeconfigError(exc.path, exc.reason, exc.hint) from exc
+        raise NodesKubeconfigError(exc.path, exc.reason, exc.given_hint) from exc
 
 
 def gpu_nodes(api: NodeApi, page: int = PAGE) -> list[Row]:
