@@ -317,3 +317,63 @@ def test_shutdown_is_prompt_with_a_kept_alive_connection(pki: Pki) -> None:
         start = time.monotonic()
     assert time.monotonic() - start < 2
     connection.close()
+
+
+def admin_context(pki: Pki) -> ssl.SSLContext:
+    cert, key = issue_client_cert(pki, "harness-admin", "/O=system:masters/CN=admin")
+    return pki.client_context(cert, key)
+
+
+def test_a_chunked_list_pages_in_name_order_with_the_selector(pki: Pki) -> None:
+    nodes = [make_node(f"n{i}", labels={"gpu": "yes"} if i % 2 else {}) for i in range(7)]
+    with FakeApiServer(pki, nodes) as api:
+        context = admin_context(pki)
+        names, token, pages = [], "", 0
+        while True:
+            query = "labelSelector=gpu%3Dyes&limit=2" + (f"&continue={token}" if token else "")
+            status, page = call(api, "GET", f"/api/v1/nodes?{query}", context=context)
+            assert status == 200, page
+            names += [n["metadata"]["name"] for n in page["items"]]
+            pages += 1
+            assert "remainingItemCount" not in page["metadata"]  # not with a selector
+            token = page["metadata"].get("continue", "")
+            if not token:
+                break
+        assert (names, pages) == (["n1", "n3", "n5"], 2)
+        status, page = call(api, "GET", "/api/v1/nodes?limit=5", context=context)
+        assert page["metadata"]["remainingItemCount"] == 2
+        assert call(api, "GET", "/api/v1/nodes?labelSelector=!gpu", context=context)[1][
+            "items"][0]["metadata"]["name"] == "n0"
+
+
+def test_a_continue_token_from_before_compaction_is_410_and_garbage_is_400(pki: Pki) -> None:
+    with FakeApiServer(pki, [make_node("a"), make_node("b")]) as api:
+        context = admin_context(pki)
+        token = call(api, "GET", "/api/v1/nodes?limit=1", context=context)[1]["metadata"][
+            "continue"]
+        api.compact()
+        status, answer = call(api, "GET", f"/api/v1/nodes?limit=1&continue={token}",
+                              context=context)
+        assert (status, answer["reason"]) == (410, "Expired")
+        assert call(api, "GET", "/api/v1/nodes?continue=%%%", context=context)[0] == 400
+        assert call(api, "GET", "/api/v1/nodes?labelSelector=a+in+(b)", context=context)[0] \
+            == 400
+
+
+def test_a_bearer_token_is_its_user_and_node_readers_may_list(pki: Pki) -> None:
+    with FakeApiServer(pki, [make_node("a")], tokens={"t": ("alice", ("devs",)),
+                                                      "u": ("bob", ())},
+                       node_readers=("devs",)) as api:
+        anonymous = ssl.create_default_context(cadata=pki.ca_pem.decode())
+
+        def listed(token: str) -> int:
+            connection = http.client.HTTPSConnection("127.0.0.1", api.port, timeout=5,
+                                                     context=anonymous)
+            connection.request("GET", "/api/v1/nodes", headers={
+                "Authorization": f"Bearer {token}"})
+            status = connection.getresponse().status
+            connection.close()
+            return status
+
+        assert [listed("t"), listed("u"), listed("nope")] == [200, 403, 401]
+        assert [r.client_cn for r in api.requests] == ["alice", "bob", None]
