@@ -61,10 +61,11 @@ def read_kubeconfig(host: Host, path: str, context: str | None = None,
     named_by = "--context" if context is not None else "current-context"
     if context is None:
         context = doc.get("current-context")
-        if not isinstance(context, str) or not context:
+        # (a document without a 'contexts' list is no kubeconfig at all: _named says so)
+        if (not isinstance(context, str) or not context) and "contexts" in doc:
             raise KubeconfigError(shown, f"current-context is {kind_of(context)}, not the name of "
-                                  "a context", "choose one: 'kubectl config use-context NAME'"
-                                  + (" or --context NAME" if operator else ""))
+                                  "a context", "choose one: 'kubectl config use-context NAME' "
+                                  "or --context NAME" if operator else "")
     chosen = _named(shown, doc, "contexts", "context", context, named_by)
     cluster = _named(shown, doc, "clusters", "cluster", chosen.get("cluster"),
                      f"context {context!r}")
