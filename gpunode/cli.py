@@ -362,6 +362,12 @@ def _cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> 
     return EXIT_OK
 
 
+def _nodes(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode.kube import nodes  # the command lives there (a workstation's, not a node's)
+
+    return nodes.command(config, args.kubeconfig, args.context, args.json)
+
+
 def _print_json(document: object) -> None:
     print(json.dumps(document, indent=2, sort_keys=False))
 
@@ -444,6 +450,7 @@ COMMANDS: dict[str, Command] = {
     "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
     "driver status": _driver_status, "containerd configure": _containerd_configure,
     "containerd revert": _containerd_revert, "cdi generate": _cdi_generate,
+    "nodes": _nodes,
 }
 
 

@@ -56,6 +56,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
                           "its bytes change")
     generate.add_argument("--format", choices=cdi.FORMATS, default="yaml")
 
+    _nodes(commands.add_parser("nodes", help="the cluster's GPU nodes from the API server: "
+                               "which are not ready, and why (run from a workstation)"))
+
     containerd = commands.add_parser("containerd", help="the container runtime step alone")
     _containerd(containerd.add_subparsers(dest="action", required=True, metavar="ACTION"))
     return parser
@@ -76,6 +79,14 @@ def _label(label: argparse.ArgumentParser) -> None:
                        f"default {registration.DEFAULT_POOL})")
     label.add_argument("--instance-type", help="instance type (--registration cluster-azure; "
                        f"default {registration.DEFAULT_INSTANCE_TYPE})")
+
+
+def _nodes(nodes: argparse.ArgumentParser) -> None:
+    nodes.add_argument("--kubeconfig", metavar="FILE", help="the cluster's kubeconfig "
+                       "(default: $KUBECONFIG, else ~/.kube/config)")
+    nodes.add_argument("--context", metavar="NAME", help="the kubeconfig's context to use "
+                       "(default: its current-context)")
+    _json_flag(nodes)
 
 
 def _ignition(ignition_parser: argparse.ArgumentParser) -> None:

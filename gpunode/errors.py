@@ -326,6 +326,7 @@ class KubeconfigError(GpunodeError):
     def __init__(self, path: str, reason: str, hint: str = "") -> None:
         self.path = path
         self.reason = reason
+        self.given_hint = hint  # the raise site's own, without the kubelet default below
         # kubeadm: 'kubeadm join' (its kubelet-start phase) has the kubelet TLS-bootstrap and
         # write /etc/kubernetes/kubelet.conf; 'kubeadm init phase kubeconfig kubelet' writes it
         # on a control-plane node (kubernetes.io/docs/reference/setup-tools/kubeadm/generated/).
@@ -333,6 +334,18 @@ class KubeconfigError(GpunodeError):
             f"fix {path} or regenerate it (kubeadm writes the kubelet's kubeconfig when the "
             "node joins: 'kubeadm join'), or point kubernetes.kubeconfig at the kubelet's "
             "kubeconfig; retrying does not help while the file is wrong"))
+
+
+class NodesKubeconfigError(KubeconfigError, UsageError):
+    """`gpunode nodes`: the operator's kubeconfig is missing or cannot be used (exit 2, as an
+    agent config is: the command's own input, refused before the API server is asked)."""
+
+    code = "nodes-kubeconfig-invalid"
+
+    def __init__(self, path: str, reason: str, hint: str = "") -> None:
+        super().__init__(path, reason, hint or (
+            f"fix {path}, or name another with --kubeconfig FILE ('kubectl config view "
+            "--minify --flatten' writes the current context's as one file)"))
 
 
 class NodeNameError(GpunodeError):

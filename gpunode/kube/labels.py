@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpunode import __version__
 from gpunode.detect import Detection, PciFunction
 from gpunode.driver.flavour import architecture
 from gpunode.kube import gfd
@@ -22,6 +23,7 @@ from gpunode.kube import gfd
 PREFIX = "gpunode.io/"
 NVIDIA = "nvidia.com/"
 MANAGED_ANNOTATION = f"{PREFIX}managed-labels"  # the label keys gpunode set last time
+VERSION_LABEL = f"{PREFIX}version"  # the gpunode that labelled the node (`gpunode nodes`)
 
 # Memory as NVML reports it (MiB) for the GPUs of DESIGN.md §4; others get no memory label.
 MEMORY_MIB = {
@@ -124,8 +126,13 @@ def compute(facts: LabelFacts, user: dict[str, str]) -> dict[str, str]:
         labels[f"{PREFIX}driver-flavour"] = facts.flavour
     if facts.strategy:
         labels[f"{PREFIX}driver-strategy"] = facts.strategy
-    labels[f"{PREFIX}ready"] = "true" if facts.ready else "false"
-    return {**labels, **user}
+    return {**labels, **own(facts.ready), **user}
+
+
+def own(ready: bool) -> dict[str, str]:
+    """gpunode.io/ready and gpunode.io/version: on every node gpunode labels, in both stacks
+    (`gpunode nodes` selects nodes by the first)."""
+    return {f"{PREFIX}ready": "true" if ready else "false", VERSION_LABEL: _dashed(__version__)}
 
 
 def _nvidia(facts: LabelFacts) -> dict[str, str]:

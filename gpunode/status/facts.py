@@ -189,7 +189,7 @@ def wanted_labels(facts: StatusFacts, ready: bool) -> dict[str, str]:
     `node` check and `gpunode label`, so they cannot disagree. A node whose GPUs nobody can
     identify gets the user's labels and gpunode.io/ready=false, and no nvidia.com/gpu.*."""
     if facts.detection is None or facts.undecided is not None:
-        return {f"{labels.PREFIX}ready": "false", **facts.user_labels}
+        return {**labels.own(False), **facts.user_labels}
     return labels.compute(label_facts(facts, facts.detection, ready), facts.user_labels)
 
 

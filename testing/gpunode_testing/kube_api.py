@@ -22,9 +22,16 @@ is who its certificate says (CN user, O groups); the rules, from the Kubernetes 
     status; a patch of /status keeps the old spec (metadata, labels included, may change there).
   * Validation: label keys and values as apimachinery checks them (422); a no-op patch leaves
     resourceVersion alone; metadata.resourceVersion / uid in a patch are preconditions (409).
-  * Users in system:masters may do anything; other users get RBAC's 403.
+  * Users in system:masters may do anything; users or groups named in `node_readers` may get
+    and list nodes (a ClusterRole with those verbs bound to them); other users get RBAC's 403.
+  * Authentication: a client certificate, else a bearer token from `tokens` (an unknown one:
+    401), else the anonymous user (system:anonymous, whom RBAC then refuses: 403).
+  * LIST /api/v1/nodes with labelSelector (equality-based: `k`, `!k`, `k=v`, `k==v`, `k!=v`,
+    comma-separated; set-based ones are 400 here), limit and continue (apimachinery's chunked
+    lists: items in name order, metadata.continue until the last page, remainingItemCount only
+    without a selector; a token from before compact() is 410 Expired).
 
-Not modelled: watches, list (only the 403 a node gets; system:masters get a bare NodeList),
+Not modelled: watches, the list's snapshot (a page reads the current nodes),
 PUT/POST/DELETE (405), JSON patch and apply patch (415), managed fields, list order from
 $setElementOrder (accepted, ignored), strategic-merge directives other than `$patch: delete` in
 keyed lists (400), strategic merge of metadata.finalizers / ownerReferences (replaced).
@@ -55,11 +62,12 @@ from typing import Any
 
 from gpunode_testing.kube_objects import (
     Refused,
+    admit_node,
+    authorize,
     bad_request,
     check_string_map,
-    forbidden,
-    forbidden_labels,
     label_errors,
+    list_page,
     make_node,
     merge_patch,
     status_object,
@@ -70,6 +78,7 @@ from gpunode_testing.pki import Pki
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
 DROP = "drop-connection"  # queue_failures status: close the connection without an answer
+HANG = "hang"  # queue_failures status: read the request, then answer nothing until shutdown
 TIMEOUT = 5.0  # seconds for any socket operation of the server
 
 
@@ -104,12 +113,18 @@ class _User:
 class FakeApiServer:
     """kube-apiserver's Node endpoints on https://127.0.0.1:<ephemeral port>, client certs only."""
 
-    def __init__(self, pki: Pki, nodes: Iterable[dict[str, Any]] | None = None) -> None:
+    def __init__(self, pki: Pki, nodes: Iterable[dict[str, Any]] | None = None,
+                 tokens: dict[str, tuple[str, tuple[str, ...]]] | None = None,
+                 node_readers: Iterable[str] = ()) -> None:
         self.pki = pki
+        self.tokens = dict(tokens or {})  # bearer token → (user, groups)
+        self.node_readers = frozenset(node_readers)
+        self._epoch = 0  # continue tokens of an older epoch are expired (compact())
         self.requests: list[Request] = []
         self.handshake_errors: list[str] = []  # client certificates refused, connections dropped
         self.errors: list[str] = []  # the harness's own bugs (answered 500); fail __exit__
         self._lock = threading.Lock()
+        self._closed = threading.Event()
         self._nodes: dict[str, dict[str, Any]] = {}
         self._revision = 1000
         self._failures: list[tuple[str, deque[tuple[Any, Any, dict[str, str]]]]] = []
@@ -118,7 +133,7 @@ class FakeApiServer:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(pki.server_cert, pki.server_key)
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_OPTIONAL  # a bearer token needs no certificate
         context.load_verify_locations(cadata=pki.ca_pem.decode())
         self._server = _TlsServer(self, context)
         self.port: int = self._server.server_address[1]
@@ -131,6 +146,7 @@ class FakeApiServer:
         return self
 
     def __exit__(self, kind: object, *_: object) -> None:
+        self._closed.set()
         if self._thread.is_alive():
             self._server.shutdown()
         self._server.close_connections()
@@ -156,6 +172,11 @@ class FakeApiServer:
         with self._lock:
             self._nodes.pop(name, None)
 
+    def compact(self) -> None:
+        """What etcd compaction does to a chunked list: continue tokens issued so far expire."""
+        with self._lock:
+            self._epoch += 1
+
     def node(self, name: str) -> dict[str, Any] | None:
         with self._lock:
             return copy.deepcopy(self._nodes.get(name))
@@ -166,7 +187,7 @@ class FakeApiServer:
         DROP closes the connection without an answer."""
         queue = deque()
         for response in responses:
-            status, body, *rest = (response, None) if response == DROP else response
+            status, body, *rest = (response, None) if response in (DROP, HANG) else response
             queue.append((status, body, rest[0] if rest else {}))
         with self._lock:
             self._failures.append((path_prefix, queue))
@@ -205,7 +226,7 @@ class FakeApiServer:
         return None
 
     def _handle(self, method: str, path: str, content_type: str, body: bytes,
-                user: _User) -> tuple[int, dict[str, Any] | str]:
+                user: _User, query: str = "") -> tuple[int, dict[str, Any] | str]:
         match = re.fullmatch(r"/api/v1/nodes(?:/([^/]+)(/status)?)?", path)
         if not match:
             return 404, "404 page not found\n"
@@ -217,13 +238,14 @@ class FakeApiServer:
                                       "method on the requested resource (fake API server: "
                                       "GET and PATCH of nodes only)")
         admin = "system:masters" in user.groups
-        if not admin:
-            self._authorize(user, verb, name, resource)
+        reader = verb in ("get", "list") and resource == "nodes" and bool(
+            self.node_readers & {user.name, *user.groups})
+        if not admin and not reader:
+            authorize(user.name, user.node, verb, name, resource)
         if verb == "list":
             with self._lock:
-                return 200, {"kind": "NodeList", "apiVersion": "v1",
-                             "metadata": {"resourceVersion": str(self._revision)},
-                             "items": [copy.deepcopy(n) for _, n in sorted(self._nodes.items())]}
+                return 200, list_page(self._nodes, urllib.parse.parse_qs(query),
+                                      self._revision, self._epoch)
         with self._lock:
             old = self._nodes.get(name)
             if old is None:
@@ -233,7 +255,7 @@ class FakeApiServer:
                 return 200, copy.deepcopy(old)
             new = self._patched(old, content_type, body, name)
             if user.node is not None and not admin:
-                self._admit(user.node, name, new, old)
+                admit_node(user.node, name, new, old)
             if subresource:
                 new["spec"] = copy.deepcopy(old.get("spec", {}))
             else:
@@ -285,35 +307,6 @@ class FakeApiServer:
         check_string_map(meta, "annotations")
         return new
 
-    @staticmethod
-    def _authorize(user: _User, verb: str, name: str | None, resource: str) -> None:
-        """The Node authorizer, then RBAC without bindings (users other than nodes and
-        system:masters may do nothing)."""
-        denied = f'User "{user.name}" cannot {verb} resource "{resource}" in API group "" at ' \
-            "the cluster scope"
-        if user.node is None or (verb != "patch" and resource != "nodes"):
-            raise forbidden(name, denied)
-        if verb == "list":
-            raise forbidden(name, f"{denied}: node '{user.node}' cannot read all nodes, only "
-                             "its own Node object")
-        if verb == "get" and name != user.node:
-            raise forbidden(name, f"{denied}: node '{user.node}' cannot read '{name}', only its "
-                             "own Node object")
-
-    @staticmethod
-    def _admit(node: str, name: str, new: dict[str, Any], old: dict[str, Any]) -> None:
-        """NodeRestriction's admitNode for an update."""
-        if name != node:
-            raise forbidden(name, f'node "{node}" is not allowed to modify node "{name}"')
-        old_taints = (old.get("spec") or {}).get("taints") or []
-        if ((new.get("spec") or {}).get("taints") or []) != old_taints:
-            raise forbidden(name, f'node "{node}" is not allowed to modify taints')
-        labels = forbidden_labels(new["metadata"].get("labels") or {},
-                                  old["metadata"].get("labels") or {})
-        if labels:
-            raise forbidden(name, f"is not allowed to modify labels: {', '.join(labels)}")
-
-
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = TIMEOUT
@@ -337,22 +330,38 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             parsed = None
         cn, groups = None, []
-        for rdn in self.connection.getpeercert().get("subject", ()):
+        for rdn in (self.connection.getpeercert() or {}).get("subject", ()):
             for key, value in rdn:
                 if key == "commonName":
                     cn = value
                 elif key == "organizationName":
                     groups.append(value)
+        authorization = self.headers.get("Authorization") or ""
+        unauthorized = False
+        if cn is None and authorization.startswith("Bearer "):
+            known = api.tokens.get(authorization.removeprefix("Bearer "))
+            if known is None:
+                unauthorized = True
+            else:
+                cn, groups = known[0], list(known[1])
+        elif cn is None:
+            cn, groups = "system:anonymous", ["system:unauthenticated"]
         record = Request(self.command, url.path, url.query,
                          {k.lower(): v for k, v in self.headers.items()}, body, parsed, cn,
                          tuple(groups))
         with api._lock:
             api.requests.append(record)
         failure = api._next_failure(url.path)
+        if failure is None and unauthorized:
+            failure = (401, status_object(401, "Unauthorized", "Unauthorized"), {})
         if failure is not None:
             record.injected = True
             status, answer, headers = failure
             if status == DROP:
+                self.close_connection = True
+                return
+            if status == HANG:  # until the server shuts down, answering nothing
+                api._closed.wait(TIMEOUT * 4)
                 self.close_connection = True
                 return
         else:
@@ -360,7 +369,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             try:
                 status, answer = api._handle(self.command, url.path, content_type.lower(), body,
-                                             _User(cn or "", tuple(groups)))
+                                             _User(cn or "", tuple(groups)), url.query)
             except Refused as refusal:
                 status, answer = refusal.code, refusal.body
             except Exception:

@@ -5,7 +5,9 @@ are named in kube_api's docstring."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 import re
 import time
 import uuid
@@ -248,3 +250,99 @@ def check_string_map(meta: dict[str, Any], field_name: str) -> None:
             kind = {bool: "bool", dict: "object", list: "array"}.get(type(value), "number")
             raise bad_request(f"json: cannot unmarshal {kind} into Go struct field ObjectMeta."
                                f"metadata.{field_name} of type string")
+
+
+_SELECTOR_RE = re.compile(r"\s*(!?)\s*([^\s=!,()]+)\s*(?:(==|=|!=)\s*([^\s=!,()]*))?\s*")
+
+
+def parse_selector(selector: str) -> list[tuple[str, str, str | None]]:
+    """An equality-based label selector (apimachinery's labels.Parse) as (key, op, value):
+    op "exists", "!", "=" or "!="; set-based requirements (in, notin) are refused (400)."""
+    requirements: list[tuple[str, str, str | None]] = []
+    for part in selector.split(",") if selector.strip() else []:
+        match = _SELECTOR_RE.fullmatch(part)
+        if not match or " in " in part or " notin " in part:
+            raise bad_request(f"unable to parse requirement: {part!r} (fake API server: "
+                              "equality-based selectors only)")
+        bang, key, op, value = match.groups()
+        if bang and op:
+            raise bad_request(f"unable to parse requirement: {part!r}")
+        requirements.append((key, "!" if bang else {"==": "=", None: "exists"}.get(op, op),
+                             value))
+    return requirements
+
+
+def matches(requirements: list[tuple[str, str, str | None]], labels: dict[str, str]) -> bool:
+    for key, op, value in requirements:
+        if (op == "exists" and key not in labels) or (op == "!" and key in labels):
+            return False
+        if (op == "=" and labels.get(key) != value) or (op == "!=" and labels.get(key) == value):
+            return False
+    return True
+
+
+def list_page(nodes: dict[str, dict[str, Any]], query: dict[str, list[str]], revision: int,
+              epoch: int) -> dict[str, Any]:
+    """One page of a chunked LIST of `nodes` (name → Node) for the parsed query string."""
+    selector = query.get("labelSelector", [""])[0]
+    requirements = parse_selector(selector)
+    limit_text = query.get("limit", ["0"])[0]
+    if not limit_text.isdigit():
+        raise bad_request(f"invalid limit: {limit_text!r}")
+    limit = int(limit_text)
+    start = _continue_start(query["continue"][0], epoch) if "continue" in query else ""
+    names = [n for n, node in sorted(nodes.items())
+             if n > start and matches(requirements, node["metadata"].get("labels") or {})]
+    page = names[:limit] if limit else names
+    metadata: dict[str, Any] = {"resourceVersion": str(revision)}
+    if len(page) < len(names):
+        token = json.dumps({"v": "meta.k8s.io/v1", "rv": revision, "epoch": epoch,
+                            "start": page[-1]})
+        metadata["continue"] = base64.urlsafe_b64encode(token.encode()).decode()
+        if not selector:
+            metadata["remainingItemCount"] = len(names) - len(page)
+    return {"kind": "NodeList", "apiVersion": "v1", "metadata": metadata,
+            "items": [copy.deepcopy(nodes[n]) for n in page]}
+
+
+def _continue_start(token: str, epoch: int) -> str:
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+        start, issued = decoded["start"], decoded["epoch"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise bad_request(f"continue key is not valid: {exc}") from exc
+    if issued != epoch:
+        raise Refused(410, status_object(
+            410, "Expired", "The provided continue parameter is too old to display a "
+            "consistent list result. You can start a new list without the continue "
+            "parameter."))
+    return str(start)
+
+
+def authorize(user: str, node: str | None, verb: str, name: str | None,
+              resource: str) -> None:
+    """The Node authorizer, then RBAC with no bindings but the server's node_readers (checked
+    before this): users other than nodes may do nothing."""
+    denied = f'User "{user}" cannot {verb} resource "{resource}" in API group "" at ' \
+        "the cluster scope"
+    if node is None or (verb != "patch" and resource != "nodes"):
+        raise forbidden(name, denied)
+    if verb == "list":
+        raise forbidden(name, f"{denied}: node '{node}' cannot read all nodes, only "
+                         "its own Node object")
+    if verb == "get" and name != node:
+        raise forbidden(name, f"{denied}: node '{node}' cannot read '{name}', only its "
+                         "own Node object")
+
+
+def admit_node(node: str, name: str, new: dict[str, Any], old: dict[str, Any]) -> None:
+    """NodeRestriction's admitNode for an update."""
+    if name != node:
+        raise forbidden(name, f'node "{node}" is not allowed to modify node "{name}"')
+    old_taints = (old.get("spec") or {}).get("taints") or []
+    if ((new.get("spec") or {}).get("taints") or []) != old_taints:
+        raise forbidden(name, f'node "{node}" is not allowed to modify taints')
+    labels = forbidden_labels(new["metadata"].get("labels") or {},
+                              old["metadata"].get("labels") or {})
+    if labels:
+        raise forbidden(name, f"is not allowed to modify labels: {', '.join(labels)}")

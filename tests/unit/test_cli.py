@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
+from gpunode import __version__
 from gpunode.cli import main
 
 DETECT_KEYS = {"schema_version", "root", "source", "names_source", "gpu_count", "nvswitch_count",
@@ -229,6 +230,7 @@ def test_label_dry_run_on_an_undecided_node_shows_gpuready_false_and_exits_1(
     assert code == 1
     assert out.splitlines() == [
         "node nc4as-t4-v3-vmss000000", "gpunode.io/ready=false",
+        f"gpunode.io/version={__version__}",
         "condition GPUReady=False (GpusNotReady): gpunode: gpus: GPU detection undecided: "
         "cannot tell whether 0001:00:00.0 is an NVIDIA GPU: 0001:00:00.0: 'vendor' is 'zz', "
         "expected 0x and 4 hex digits; cannot tell whether it is NVIDIA; pci_scan: "

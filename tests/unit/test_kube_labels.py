@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import REPO, HostFactory
+from gpunode import __version__
 from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.host import Host
 from gpunode.kube import labels, registration
@@ -238,7 +239,7 @@ def test_status_wants_on_an_undecided_node_exactly_the_labels_label_sets(
     assert facts.detection is not None
     facts = replace(facts, detection=replace(facts.detection, undecided=("0002:00:00.0",)))
     want = label.desired(facts, status.evaluate(facts))
-    assert want.labels == {"gpunode.io/ready": "false"}
+    assert want.labels == {"gpunode.io/ready": "false", "gpunode.io/version": __version__}
     node = {"metadata": {"labels": want.labels},
             "status": {"conditions": [{"type": "GPUReady", "status": "False"}],
                        "allocatable": {"nvidia.com/gpu": "1"}}}

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from conftest import REPO, HostFactory
+from gpunode import __version__
 from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.kube import gfd, labels, registration
 from gpunode.kube.label import for_host as desired
@@ -17,6 +18,7 @@ from gpunode_testing import fixtures
 from hostile.support import Cli
 
 DEPLOY = REPO / "deploy"
+VERSION = {"gpunode.io/version": __version__}  # on every node gpunode labels
 DRIVER_550 = {"nvidia.com/cuda.driver-version.full": "550.127.08",
               "nvidia.com/cuda.driver-version.major": "550",
               "nvidia.com/cuda.driver-version.minor": "127",
@@ -40,7 +42,7 @@ def test_t4_node_labels_in_the_gpunode_stack(make_host: HostFactory) -> None:
         "nvidia.com/gpu.compute.major": "7", "nvidia.com/gpu.compute.minor": "5",
         "nvidia.com/gpu.mode": "compute", "nvidia.com/mig.capable": "false",
         "nvidia.com/vgpu.present": "false", **DRIVER_550,
-        "gpunode.io/driver-flavour": "proprietary", "gpunode.io/ready": "true"}
+        "gpunode.io/driver-flavour": "proprietary", "gpunode.io/ready": "true", **VERSION}
     assert want.condition == labels.Condition(
         "True", "GPUReady", "gpunode: the GPUs, driver, device nodes and container runtime are "
         "ready")
@@ -55,7 +57,7 @@ def test_nd96_node_labels_in_the_gpunode_stack(make_host: HostFactory) -> None:
         "nvidia.com/gpu.compute.major": "8", "nvidia.com/gpu.compute.minor": "0",
         "nvidia.com/gpu.mode": "compute", "nvidia.com/mig.capable": "true",
         "nvidia.com/vgpu.present": "false", **DRIVER_550,
-        "gpunode.io/driver-flavour": "open", "gpunode.io/ready": "true"}
+        "gpunode.io/driver-flavour": "open", "gpunode.io/ready": "true", **VERSION}
     assert want.condition.status == "True"
 
 
@@ -65,7 +67,8 @@ def test_beside_the_gpu_operator_gpunode_sets_only_its_own_labels_and_gpuready(
         make_host: HostFactory, machine: str, flavour: str) -> None:
     host = make_host(machine, "ready")
     want = desired(host, on("gpu-operator"))
-    assert want.labels == {"gpunode.io/driver-flavour": flavour, "gpunode.io/ready": "true"}
+    assert want.labels == {"gpunode.io/driver-flavour": flavour, "gpunode.io/ready": "true",
+                           **VERSION}
     assert want.condition == desired(host, on("gpunode")).condition
 
 
@@ -79,7 +82,7 @@ def test_label_dry_run_json_on_the_nd96_beside_the_operator_shows_only_gpunodes_
     assert result.code == 0, result.err
     document = json.loads(result.out)
     assert (document["gpu"], document["labels"]) == (True, {
-        "gpunode.io/driver-flavour": "open", "gpunode.io/ready": "true"})
+        "gpunode.io/driver-flavour": "open", "gpunode.io/ready": "true", **VERSION})
     assert document["condition"]["status"] == "True"
 
 
@@ -87,7 +90,7 @@ def test_user_labels_stay_beside_the_gpu_operator(make_host: HostFactory) -> Non
     config = AgentConfig(kubernetes=KubernetesConfig(stack="gpu-operator",
                                                      labels={"example.com/pool": "t4"}))
     assert desired(make_host("nc4as-t4-v3", "ready"), config).labels == {
-        "gpunode.io/driver-flavour": "proprietary", "gpunode.io/ready": "true",
+        "gpunode.io/driver-flavour": "proprietary", "gpunode.io/ready": "true", **VERSION,
         "example.com/pool": "t4"}
 
 
