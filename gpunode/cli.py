@@ -358,6 +358,12 @@ def _cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> 
     return EXIT_OK
 
 
+def _watch(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode.watch import once
+
+    return once.command(host, config, args.once, args.dry_run)
+
+
 def _print_json(document: object) -> None:
     print(json.dumps(document, indent=2, sort_keys=False))
 
@@ -439,7 +445,7 @@ COMMANDS: dict[str, Command] = {
     "detect": _detect, "status": _status, "plan": _plan, "boot": _boot, "label": _label,
     "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
     "driver status": _driver_status, "containerd configure": _containerd_configure,
-    "containerd revert": _containerd_revert, "cdi generate": _cdi_generate,
+    "containerd revert": _containerd_revert, "cdi generate": _cdi_generate, "watch": _watch,
 }
 
 

@@ -220,6 +220,11 @@ class NodeApi:
         return self._request("PATCH", f"/api/v1/nodes/{name}/status", body, STRATEGIC_PATCH,
                              f"set the GPUReady condition of node {name}")
 
+    def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a core/v1 Event (`gpunode watch`); the reply is checked as an object."""
+        return self._request("POST", f"/api/v1/namespaces/{namespace}/events", body,
+                             "application/json", f"create an Event in namespace {namespace}")
+
     def _request(self, method: str, path: str, body: dict[str, Any] | None,
                  content_type: str | None, what: str) -> dict[str, Any]:
         self.calls.append(f"{method} {path}")
