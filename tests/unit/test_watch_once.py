@@ -196,3 +196,24 @@ def test_a_lost_gpu_is_gpu_missing_and_its_return_gpu_ready_again(nd96: Host) ->
     assert api.calls.count("PATCH nd96-0/status") == 2
     saved, problem = state.read(nd96)
     assert problem is None and saved is not None and saved.missing == []
+
+
+def test_status_shows_the_watch_s_fatal_finding_and_is_not_ready(cli: Cli, nd96: Host) -> None:
+    kmsg(nd96, (SECOND, f"NVRM: Xid ({XID0}): 79, GPU has fallen off the bus."))
+    once.run(nd96, CONFIG, False, FakeApi)
+    result = cli("--root", str(nd96.root), "status", "--json")
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    assert result.code == 1
+    assert checks["watch"]["state"] == "fail"
+    assert checks["watch"]["detail"] == (f"fatal Xid this boot: Xid 79 on GPU {GPU0} "
+                                         f"({gpu_uuid(ND96, GPU0)}): GPU has fallen off the bus.")
+
+
+def test_status_says_ok_after_a_clean_watch_run(cli: Cli, nd96: Host) -> None:
+    kmsg(nd96, (SECOND, f"NVRM: Xid ({XID0}): 31, MMU Fault"))
+    once.run(nd96, CONFIG, False, FakeApi)
+    result = cli("--root", str(nd96.root), "status", "--json")
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    assert checks["watch"]["state"] == "ok"
+    assert checks["watch"]["detail"].startswith("no fatal Xid and no GPU lost this boot "
+                                                "(kernel log read to record 1, at ")
