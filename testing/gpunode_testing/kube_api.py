@@ -57,6 +57,7 @@ from gpunode_testing.kube_objects import (
     Refused,
     bad_request,
     check_string_map,
+    checked_event,
     forbidden,
     forbidden_labels,
     label_errors,
@@ -111,6 +112,7 @@ class FakeApiServer:
         self.errors: list[str] = []  # the harness's own bugs (answered 500); fail __exit__
         self._lock = threading.Lock()
         self._nodes: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []  # Events created (gpunode watch), in order
         self._revision = 1000
         self._failures: list[tuple[str, deque[tuple[Any, Any, dict[str, str]]]]] = []
         for node in [make_node(pki.node_name)] if nodes is None else nodes:
@@ -206,6 +208,13 @@ class FakeApiServer:
 
     def _handle(self, method: str, path: str, content_type: str, body: bytes,
                 user: _User) -> tuple[int, dict[str, Any] | str]:
+        events = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", path)
+        if events and method == "POST":  # the system:node role lets a kubelet create Events
+            event = checked_event(user.node is not None or "system:masters" in user.groups,
+                                  user.name, events[1], content_type, body, len(self.events))
+            with self._lock:
+                self.events.append(copy.deepcopy(event))
+            return 201, event
         match = re.fullmatch(r"/api/v1/nodes(?:/([^/]+)(/status)?)?", path)
         if not match:
             return 404, "404 page not found\n"

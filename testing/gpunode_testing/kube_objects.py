@@ -6,6 +6,7 @@ are named in kube_api's docstring."""
 from __future__ import annotations
 
 import copy
+import json
 import re
 import time
 import uuid
@@ -248,3 +249,30 @@ def check_string_map(meta: dict[str, Any], field_name: str) -> None:
             kind = {bool: "bool", dict: "object", list: "array"}.get(type(value), "number")
             raise bad_request(f"json: cannot unmarshal {kind} into Go struct field ObjectMeta."
                                f"metadata.{field_name} of type string")
+
+
+def checked_event(allowed: bool, user: str, namespace: str, content_type: str,
+                  body: bytes, number: int) -> dict[str, Any]:
+    """The Event a POST to namespaces/<namespace>/events creates (the `number`th), checked as
+    the API server does for what gpunode sends: a user allowed to create Events, JSON, an Event
+    of that namespace about some object. Refused otherwise."""
+    if not allowed:
+        raise Refused(403, status_object(403, "Forbidden", f'events is forbidden: User "{user}" '
+                                         'cannot create resource "events" in API group ""'))
+    if content_type != "application/json":
+        raise Refused(415, status_object(415, "UnsupportedMediaType", "fake API server: an "
+                                         "Event is created from application/json"))
+    try:
+        event = json.loads(body)
+    except ValueError as exc:
+        raise bad_request(f"error decoding the Event: {exc}") from exc
+    meta = event.get("metadata") if isinstance(event, dict) else None
+    if not isinstance(meta, dict) or event.get("kind") != "Event" or not isinstance(
+            event.get("involvedObject"), dict):
+        raise bad_request("fake API server: not an Event with metadata and involvedObject")
+    if meta.get("namespace", namespace) != namespace:
+        raise bad_request("the namespace of the provided object does not match the namespace "
+                          "sent on the request")
+    meta["name"] = meta.get("name") or f"{meta.get('generateName', '')}{number:x}"
+    meta.update(namespace=namespace, uid=str(uuid.uuid4()))
+    return event
