@@ -4,7 +4,8 @@ observe() reads the host (the /dev/kmsg records, the GPUs' UUIDs from /proc/driv
 GPUs present now, the boot record's GPU count, this boot's id); decide() is pure: from what
 was observed and what was already reported (state.py) to the changes — the GPUReady
 condition (False: GPUFellOffBus for Xid 79, GPUXidFatal for the other fatal Xids, GPUMissing
-when fewer GPUs are present than the boot detected; True again when that clears) and one
+when fewer GPUs are present than the boot detected; when that clears, what `gpunode label`
+would set) and one
 Warning Event per non-fatal Xid, at most one per GPU and Xid every EVENT_INTERVAL_US of kernel
 time. apply() sends them with the kubelet's credentials — a PATCH only for a condition that
 changed — and writes the state only after they were accepted, so a failed run reports again.
@@ -12,6 +13,7 @@ changed — and writes the state only after they were accepted, so a failed run 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ KMSG_LIMIT = 32 << 20  # the kernel's largest ring buffer (CONFIG_LOG_BUF_SHIFT 
 EVENT_INTERVAL_US = 600_000_000  # one Event per GPU and Xid every 10 minutes of kernel time
 MAX_EVENTS = 20  # per run: a flood of Xids is not a flood of Events
 MAX_MESSAGE = 1024  # a condition's message, as `gpunode label` caps it
-EVENT_NAMESPACE = "default"  # where the kubelet creates its own Node's Events
+WATCH_REASONS = ("GPUFellOffBus", "GPUXidFatal", "GPUMissing")  # the conditions it sets
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,8 @@ def _condition(new: WatchState, short: bool, seen: Observed,
             gpu = {"address": new.missing[0], "uuid": uuids.get(new.missing[0])}
         wanted = labels.Condition("False", "GPUMissing", f"gpunode watch: {len(seen.present)} "
                                   f"of the {expected} GPUs this boot detected are present{names}")
-    elif new.condition is not None and new.condition["status"] == "False":
+    elif new.condition is not None and new.condition["reason"] in WATCH_REASONS:
+        # its cause cleared: True here, made what `gpunode label` would say by run()
         wanted = labels.Condition("True", "GPUReady", f"gpunode watch: all {len(seen.present)} "
                                   "GPUs present and no fatal Xid this boot")
     else:
@@ -192,6 +195,7 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
     seen = observe(host, config)
     w = config.watch
     decision = decide(seen, previous, w.fatal_xids, w.ignored_xids)
+    _recovery_as_label_says(host, config, decision, previous)
     if dry_run:
         for change in decision.changes:
             print(json.dumps(change, sort_keys=False))
@@ -202,6 +206,28 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
         report.apply(host, config, decision.changes, api_factory)
     watchstate.write(host, decision.state)
     return decision
+
+
+def _recovery_as_label_says(host: Host, config: AgentConfig, decision: Decision,
+                            previous: WatchState | None) -> None:
+    """When the watch's own cause clears, GPUReady becomes what `gpunode label` would set
+    (status's checks, the watch's new findings among them), not simply True: a driver that
+    failed meanwhile is not hidden by a GPU that came back."""
+    change = next((c for c in decision.changes if c["kind"] == "condition"), None)
+    if change is None or change["status"] != "True":
+        return
+    from gpunode import status
+
+    facts = dataclasses.replace(status.observe(host, config, contact_api=False),
+                                watch=decision.state, watch_problem=None)
+    checks = status.evaluate(facts).checks
+    wanted = labels.condition_for([(c.name, c.state, c.detail) for c in checks])
+    said = {"status": wanted.status, "reason": wanted.reason, "message": wanted.message}
+    if previous is not None and previous.condition == said:
+        decision.changes.remove(change)
+    else:
+        change.update(said)
+    decision.state.condition = said
 
 
 def command(host: Host, config: AgentConfig, once: bool, dry_run: bool) -> int:

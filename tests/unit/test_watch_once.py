@@ -217,3 +217,21 @@ def test_status_says_ok_after_a_clean_watch_run(cli: Cli, nd96: Host) -> None:
     assert checks["watch"]["state"] == "ok"
     assert checks["watch"]["detail"].startswith("no fatal Xid and no GPU lost this boot "
                                                 "(kernel log read to record 1, at ")
+
+
+def test_when_the_gpu_returns_but_the_driver_failed_gpu_ready_says_what_label_would(
+        nd96: Host) -> None:
+    api = FakeApi()
+    kmsg(nd96)
+    link = nd96.root / "sys/bus/pci/devices" / GPU1
+    once.run(nd96, CONFIG, False, lambda: api)  # the watch sees all 8 first
+    target = os.readlink(link)
+    link.unlink()
+    once.run(nd96, CONFIG, False, lambda: api)
+    link.symlink_to(target)
+    (nd96.root / "proc/driver/nvidia/version").unlink()
+    once.run(nd96, CONFIG, False, lambda: api)
+    [now] = api.conditions
+    assert (now["status"], now["reason"]) == ("False", "DriverNotReady")
+    once.run(nd96, CONFIG, False, lambda: api)
+    assert api.calls.count("PATCH nd96-0/status") == 2  # and then nothing more
