@@ -33,6 +33,7 @@ KMSG = "/dev/kmsg"
 KMSG_LIMIT = 32 << 20  # the kernel's largest ring buffer (CONFIG_LOG_BUF_SHIFT at most 25)
 EVENT_INTERVAL_US = 600_000_000  # one Event per GPU and Xid every 10 minutes of kernel time
 MAX_EVENTS = 20  # per run: a flood of Xids is not a flood of Events
+LOCK_WAIT_SECONDS = 60  # another pass reporting: it takes a request timeout or two
 MAX_MESSAGE = 1024  # a condition's message, as `gpunode label` caps it
 WATCH_REASONS = ("GPUFellOffBus", "GPUXidFatal", "GPUMissing")  # the conditions it sets
 
@@ -187,24 +188,32 @@ def _gpu_words(address: str, uuid: str | None) -> str:
 
 def run(host: Host, config: AgentConfig, dry_run: bool,
         api_factory: Callable[[], Any] | None = None) -> Decision:
-    """One pass: observe, decide, then print (--dry-run) or apply and remember."""
+    """One pass: observe, decide, then print (--dry-run) or apply and remember. Two passes at
+    once (a timer and a hand) take turns from reading the state to writing it, so the second
+    sees what the first reported; what they observe is only read."""
+    seen = observe(host, config)
+    if dry_run:
+        decision = _decide(host, config, seen)
+        for change in decision.changes:
+            print(json.dumps(change, sort_keys=False))
+        return decision
+    with host.lock(watchstate.WATCH_LOCK, wait=LOCK_WAIT_SECONDS):
+        decision = _decide(host, config, seen)
+        if decision.changes:
+            from gpunode.watch import report
+
+            report.apply(host, config, decision.changes, api_factory)
+        watchstate.write(host, decision.state)
+    return decision
+
+
+def _decide(host: Host, config: AgentConfig, seen: Observed) -> Decision:
     previous, problem = watchstate.read(host)
     if problem is not None:
         log.get().warning("watch.state_unusable", error=problem,
                           note="starting afresh: what this boot logged is reported again")
-    seen = observe(host, config)
-    w = config.watch
-    decision = decide(seen, previous, w.fatal_xids, w.ignored_xids)
+    decision = decide(seen, previous, config.watch.fatal_xids, config.watch.ignored_xids)
     _recovery_as_label_says(host, config, decision, previous)
-    if dry_run:
-        for change in decision.changes:
-            print(json.dumps(change, sort_keys=False))
-        return decision
-    if decision.changes:
-        from gpunode.watch import report
-
-        report.apply(host, config, decision.changes, api_factory)
-    watchstate.write(host, decision.state)
     return decision
 
 

@@ -20,6 +20,7 @@ from gpunode.errors import HostError
 from gpunode.host import Host
 
 WATCH_STATE = "/run/gpunode/watch.json"
+WATCH_LOCK = "/run/gpunode/watch.lock"  # held from reading the state to writing it
 SCHEMA = 1
 MAX_FINDINGS = 64  # fatal Xids kept (the first of each GPU and code)
 MAX_EVENT_KEYS = 256  # GPU and Xid pairs whose last Event is remembered

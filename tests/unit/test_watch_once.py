@@ -235,3 +235,23 @@ def test_when_the_gpu_returns_but_the_driver_failed_gpu_ready_says_what_label_wo
     assert (now["status"], now["reason"]) == ("False", "DriverNotReady")
     once.run(nd96, CONFIG, False, lambda: api)
     assert api.calls.count("PATCH nd96-0/status") == 2  # and then nothing more
+
+
+def test_two_passes_at_once_report_a_change_once(nd96: Host) -> None:
+    import threading
+    import time
+
+    class SlowApi(FakeApi):
+        def get_node(self, name: str) -> dict[str, Any]:
+            time.sleep(0.2)  # the first pass is still reporting when the second starts
+            return super().get_node(name)
+
+    api = SlowApi()
+    kmsg(nd96, (SECOND, f"NVRM: Xid ({XID0}): 79, GPU has fallen off the bus."))
+    passes = [threading.Thread(target=once.run, args=(nd96, CONFIG, False, lambda: api))
+              for _ in range(2)]
+    for thread in passes:
+        thread.start()
+    for thread in passes:
+        thread.join(10)
+    assert api.calls == ["GET nd96-0", "PATCH nd96-0/status"]
