@@ -5,10 +5,10 @@ GPUs present now, the boot record's GPU count, this boot's id); decide() is pure
 was observed and what was already reported (state.py) to the changes — the GPUReady
 condition (False: GPUFellOffBus for Xid 79, GPUXidFatal for the other fatal Xids, GPUMissing
 when fewer GPUs are present than the boot detected; when that clears, what `gpunode label`
-would set) and one
-Warning Event per non-fatal Xid, at most one per GPU and Xid every EVENT_INTERVAL_US of kernel
-time. apply() sends them with the kubelet's credentials — a PATCH only for a condition that
-changed — and writes the state only after they were accepted, so a failed run reports again.
+would set) and one Warning Event per non-fatal Xid, at most one per GPU and Xid every
+EVENT_INTERVAL_US of kernel time. run() sends them with the kubelet's credentials (report.py:
+a PATCH only for a condition that changed) and writes the state only after they were
+accepted, so a failed run reports again.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 from gpunode import detect, driverinfo, kernelinfo, log, records
 from gpunode import state as bootstate
 from gpunode.config import AgentConfig
-from gpunode.errors import ApiError, HostError, UsageError
+from gpunode.errors import HostError, UsageError
 from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.watch import state as watchstate
@@ -84,7 +84,8 @@ def decide(seen: Observed, previous: WatchState | None, fatal: tuple[int, ...],
     if previous is None or previous.boot_id != seen.boot_id:
         previous = WatchState(boot_id=seen.boot_id)
     new = WatchState(boot_id=seen.boot_id, last_seq=previous.last_seq,
-                     fatal=list(previous.fatal), events=dict(previous.events),
+                     fatal=list(previous.fatal),
+                     events={k: list(v) for k, v in previous.events.items()},
                      gpus=previous.gpus or sorted(seen.present), condition=previous.condition)
     decision = Decision(new)
     uuids = dict(seen.uuids)
@@ -252,4 +253,4 @@ def command(host: Host, config: AgentConfig, once: bool, dry_run: bool) -> int:
     return 0
 
 
-__all__ = ["ApiError", "Decision", "Observed", "decide", "observe", "run"]
+__all__ = ["Decision", "Observed", "decide", "observe", "run"]
