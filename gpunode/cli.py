@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from gpunode import cliargs, log
+from gpunode import cliargs, log, watch
 from gpunode.config import AgentConfig, check_flag, load_config, with_flags
 from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
 from gpunode.host import Host
@@ -358,12 +358,6 @@ def _cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> 
     return EXIT_OK
 
 
-def _watch(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.watch import once
-
-    return once.command(host, config, args.once, args.dry_run)
-
-
 def _print_json(document: object) -> None:
     print(json.dumps(document, indent=2, sort_keys=False))
 
@@ -445,7 +439,8 @@ COMMANDS: dict[str, Command] = {
     "detect": _detect, "status": _status, "plan": _plan, "boot": _boot, "label": _label,
     "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
     "driver status": _driver_status, "containerd configure": _containerd_configure,
-    "containerd revert": _containerd_revert, "cdi generate": _cdi_generate, "watch": _watch,
+    "containerd revert": _containerd_revert, "cdi generate": _cdi_generate,
+    "watch": watch.command,
 }
 
 

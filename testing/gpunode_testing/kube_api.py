@@ -57,12 +57,12 @@ from gpunode_testing.kube_objects import (
     Refused,
     bad_request,
     check_string_map,
-    checked_event,
     forbidden,
     forbidden_labels,
     label_errors,
     make_node,
     merge_patch,
+    record_event,
     status_object,
     strategic_merge_patch,
 )
@@ -208,13 +208,8 @@ class FakeApiServer:
 
     def _handle(self, method: str, path: str, content_type: str, body: bytes,
                 user: _User) -> tuple[int, dict[str, Any] | str]:
-        events = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", path)
-        if events and method == "POST":  # the system:node role lets a kubelet create Events
-            event = checked_event(user.node is not None or "system:masters" in user.groups,
-                                  user.name, events[1], content_type, body, len(self.events))
-            with self._lock:
-                self.events.append(copy.deepcopy(event))
-            return 201, event
+        if method == "POST" and re.fullmatch(r"/api/v1/namespaces/[^/]+/events", path):
+            return record_event(self.events, self._lock, user, path, content_type, body)
         match = re.fullmatch(r"/api/v1/nodes(?:/([^/]+)(/status)?)?", path)
         if not match:
             return 404, "404 page not found\n"

@@ -251,6 +251,19 @@ def check_string_map(meta: dict[str, Any], field_name: str) -> None:
                                f"metadata.{field_name} of type string")
 
 
+
+def record_event(events: list[dict[str, Any]], lock: Any, user: Any, path: str,
+                 content_type: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    """A POST to /api/v1/namespaces/<ns>/events: the Event checked (checked_event), named,
+    kept in `events` (under `lock`) and answered 201. The system:node role lets a kubelet
+    create Events."""
+    allowed = user.node is not None or "system:masters" in user.groups
+    event = checked_event(allowed, user.name, path.split("/")[4], content_type, body,
+                          len(events))
+    with lock:
+        events.append(copy.deepcopy(event))
+    return 201, event
+
 def checked_event(allowed: bool, user: str, namespace: str, content_type: str,
                   body: bytes, number: int) -> dict[str, Any]:
     """The Event a POST to namespaces/<namespace>/events creates (the `number`th), checked as
