@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from gpunode import cliargs, log
+from gpunode import cliargs, log, watch
 from gpunode.config import AgentConfig, check_flag, load_config, with_flags
 from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
 from gpunode.host import Host
@@ -451,6 +451,7 @@ COMMANDS: dict[str, Command] = {
     "driver status": _driver_status, "containerd configure": _containerd_configure,
     "containerd revert": _containerd_revert, "cdi generate": _cdi_generate,
     "nodes": _nodes,
+    "watch": watch.command,
 }
 
 

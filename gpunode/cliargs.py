@@ -59,6 +59,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
     _nodes(commands.add_parser("nodes", help="the cluster's GPU nodes from the API server: "
                                "which are not ready, and why (run from a workstation)"))
 
+    watch = commands.add_parser("watch", help="report fatal Xids and lost GPUs as the Node's "
+                                "GPUReady condition and Events (what gpunode-watch.service runs)")
+    watch.add_argument("--once", action="store_true", help="process what the kernel logged "
+                       "so far, then exit")
+    watch.add_argument("--dry-run", action="store_true", help="print each change as a JSON "
+                       "line; contact nothing, remember nothing")
     containerd = commands.add_parser("containerd", help="the container runtime step alone")
     _containerd(containerd.add_subparsers(dest="action", required=True, metavar="ACTION"))
     return parser

@@ -19,6 +19,7 @@ from gpunode.driver.strategy import STRATEGIES
 from gpunode.errors import ConfigError, HostError, UsageError
 from gpunode.host import Host
 from gpunode.tomlread import key_line, loads_toml
+from gpunode.watch.xid import DEFAULT_FATAL, DEFAULT_IGNORED
 
 DEFAULT_CONFIG_PATH = "/etc/gpunode/config.toml"
 
@@ -123,6 +124,14 @@ class DriverConfig:
 
 
 @dataclass(frozen=True)
+class WatchConfig:
+    # Xid codes (gpunode/watch/xid.py): fatal ones make GPUReady False; ignored ones are the
+    # application's own errors; every other one is a Node Event. A code in both is fatal.
+    fatal_xids: tuple[int, ...] = DEFAULT_FATAL
+    ignored_xids: tuple[int, ...] = DEFAULT_IGNORED
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     log: LogConfig = field(default_factory=LogConfig)
     detect: DetectConfig = field(default_factory=DetectConfig)
@@ -130,6 +139,7 @@ class AgentConfig:
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     driver: DriverConfig = field(default_factory=DriverConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
     source: str = "defaults"  # the file it was read from, for `status` and logs
 
 
@@ -195,6 +205,12 @@ def _runtime_name(value: Any) -> str | None:
     return "must be letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
+def _xids(value: Any) -> str | None:
+    if all(isinstance(v, int) and 1 <= v <= 65535 for v in value):
+        return None
+    return "must be Xid codes from 1 to 65535"
+
+
 # (section, key) → check returning the problem, or None when the value is fine.
 _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("log", "level"): _one_of(*LOG_LEVELS),
@@ -231,6 +247,8 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("kubernetes", "wait_seconds"): lambda v: None if 0 <= v <= 3600 else "must be 0 to 3600",
     ("kubernetes", "request_timeout"): lambda v: None if 1 <= v <= 120 else "must be 1 to 120",
     ("driver.build", "driver_sha256"): lambda v: _hex_digest(v, 64),
+    ("watch", "fatal_xids"): lambda v: _xids(v),
+    ("watch", "ignored_xids"): lambda v: _xids(v),
 }
 
 
@@ -334,9 +352,10 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
             raise ConfigError(shown, dotted, f"must be {wanted}, not "
                               f"{_a(_type_name(value))} ({value!r})", line)
         if expected is list:
-            if not all(isinstance(item, str) for item in value):
-                raise ConfigError(shown, dotted, f"must be an array of strings, not {value!r}",
-                                  line)
+            item = _item_type(hints[key])
+            if not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
+                raise ConfigError(shown, dotted, f"must be an array of {_TYPE_NAMES[item]}s, "
+                                  f"not {value!r}", line)
             values[key] = tuple(value)
         if expected is dict and not all(isinstance(item, str) for item in value.values()):
             raise ConfigError(shown, dotted, f"must be a table of strings, not {value!r}", line)
@@ -366,6 +385,12 @@ def _cross_check(c: ContainerdConfig, given: dict[str, Any], text: str, shown: s
             raise ConfigError(shown, f"containerd.{key}", f"asks for {what}, but "
                               'containerd.gpu_access = "cdi" writes no NVIDIA runtime and '
                               "needs CDI", key_line(text, "containerd", key))
+
+
+def _item_type(hint: Any) -> type:
+    """`tuple[int, ...]` → int: what an array's items must be (strings unless said)."""
+    args = typing.get_args(hint)
+    return args[0] if args and isinstance(args[0], type) else str
 
 
 def tri_state(hint: Any) -> bool:

@@ -71,6 +71,10 @@ class NodeApi:
         path = "/api/v1/nodes?" + urllib.parse.urlencode(query)
         return self._request("GET", path, None, None, "list nodes", parse_node_list,
                              _list_hint)
+    def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a core/v1 Event (`gpunode watch`); the reply is checked as an object."""
+        return self._request("POST", f"/api/v1/namespaces/{namespace}/events", body,
+                             "application/json", f"create an Event in namespace {namespace}")
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None,
                  content_type: str | None, what: str,

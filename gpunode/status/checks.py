@@ -50,6 +50,7 @@ def evaluate(facts: StatusFacts) -> Report:
         containerd.process_check(facts, "containerd"),
         containerd.process_check(facts, "kubelet"),
         _device_plugin(facts),
+        _watch(facts),
         _last_boot_check(facts),
     ]
     verdict = "not-ready" if any(c.state == FAIL for c in checks) else "ready"
@@ -59,7 +60,7 @@ def evaluate(facts: StatusFacts) -> Report:
 
 _GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes", "cdi_spec",
                "containerd_runtime", "toolkit", "containerd_running", "kubelet_running",
-               "device_plugin", "node")
+               "device_plugin", "watch", "node")
 
 
 def _describe(functions: tuple[PciFunction, ...], models: dict[str, str]) -> str:
@@ -289,6 +290,29 @@ def _node(facts: StatusFacts, detection: Detection, ready: bool) -> Check:
         return Check("node", WARN, detail, "the device plugin has not advertised nvidia.com/gpu;"
                      " is its DaemonSet scheduled here?")
     return Check("node", OK, detail)
+
+
+def _watch(facts: StatusFacts) -> Check:
+    """What `gpunode watch` found this boot (/run/gpunode/watch.json): a fatal Xid or a GPU
+    lost since it first looked fails the node, as GPUReady says."""
+    if facts.watch_problem is not None:
+        return Check("watch", WARN, f"watch state unreadable: {facts.watch_problem}",
+                     "the next 'gpunode watch --once' rewrites it")
+    found = facts.watch
+    if found is None:
+        return Check("watch", SKIP, "gpunode watch has not run since this host booted")
+    if found.fatal:
+        words = "; ".join(f"Xid {f.code} on GPU {f.address}" + (f" ({f.uuid})" if f.uuid else "")
+                          + f": {f.text}" for f in found.fatal)
+        return Check("watch", FAIL, f"fatal Xid this boot: {words}"[:1024],
+                     "drain the node and reboot it (or reset the GPU); NVIDIA's Xid catalog "
+                     "(docs.nvidia.com/deploy/xid-errors) says what each code needs")
+    if found.missing:
+        return Check("watch", FAIL, f"GPU missing since the watch first saw it: "
+                     f"{', '.join(found.missing)}", "check 'lspci -d 10de:' and the kernel "
+                     "log ('dmesg | grep NVRM'); the GPU may have fallen off the bus")
+    return Check("watch", OK, f"no fatal Xid and no GPU lost this boot (kernel log read to "
+                 f"record {found.last_seq}, at {found.updated_at or 'an unknown time'})")
 
 
 def _last_boot_check(facts: StatusFacts) -> Check:

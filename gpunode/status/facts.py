@@ -153,6 +153,9 @@ class StatusFacts:
     gpu_access: str = "runtime"  # containerd.gpu_access
     stack: str = "gpunode"  # kubernetes.stack: who sets the nvidia.com/ labels
     vgpu: bool | None = None  # a vGPU among the NVIDIA functions (kube/gfd.py); None: unread
+    # what `gpunode watch` last found (watch/state.py), and why its file cannot be read
+    watch: Any = None
+    watch_problem: str | None = None
 
     @property
     def undecided(self) -> str | None:

@@ -40,6 +40,9 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
     last_boot, last_boot_error = _last_boot(host)
     manager = systemd.for_host(host.is_live)  # one service manager connection for the reading
     name = nodename.observe(host, config.kubernetes.node_name)
+    from gpunode.watch import state as watch_state
+
+    watch, watch_problem = watch_state.read(host)
     return StatusFacts(
         root=str(host.root),
         detection=detection,
@@ -68,6 +71,8 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         gpu_access=config.containerd.gpu_access,
         stack=config.kubernetes.stack,
         vgpu=_vgpu(host, detection) if detection and detection.gpus else None,
+        watch=watch,
+        watch_problem=watch_problem,
     )
 
 

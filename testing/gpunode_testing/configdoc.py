@@ -90,6 +90,12 @@ MEANINGS: dict[str, str] = {
                         "([stacks.md](stacks.md))",
     "kubernetes.wait_seconds": "how long `label` retries for the API server and the Node",
     "kubernetes.request_timeout": "seconds per API request",
+    "watch.fatal_xids": "Xid codes that make `gpunode watch` set GPUReady False "
+                        "(`GPUFellOffBus` for 79, else `GPUXidFatal`); default: Node Problem "
+                        "Detector's GPU plugin's list",
+    "watch.ignored_xids": "Xid codes that are the application's own errors, never reported "
+                          "(default: the NVIDIA device plugin's list); a code in both lists "
+                          "is fatal; any other Xid is a Node Event",
 }
 
 # A value every check refuses, per TOML type: the refusal is the rule, in load_config's words.
@@ -137,6 +143,8 @@ def rule(key: Key) -> str:
 
 def toml_type(key: Key) -> str:
     hint = typing.get_type_hints(_section_class(key.section))[key.name]
+    if key.toml_type is list and config._item_type(hint) is int:
+        return "array of integers"
     return 'boolean or `"auto"`' if config.tri_state(hint) else _TYPES[key.toml_type]
 
 
@@ -157,7 +165,8 @@ def toml(value: Any) -> str:
             return "see [below](#long-defaults)"
         return f'`"{value}"`'
     if isinstance(value, tuple):
-        return "`[" + ", ".join(f'"{v}"' for v in value) + "]`"
+        return "`[" + ", ".join(f'"{v}"' if isinstance(v, str) else str(v)
+                                for v in value) + "]`"
     if isinstance(value, dict):
         return "`{" + ", ".join(f'{k} = "{v}"' for k, v in value.items()) + "}`"
     return f"`{value}`"

@@ -70,6 +70,7 @@ from gpunode_testing.kube_objects import (
     list_page,
     make_node,
     merge_patch,
+    record_event,
     status_object,
     strategic_merge_patch,
 )
@@ -126,6 +127,7 @@ class FakeApiServer:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._nodes: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []  # Events created (gpunode watch), in order
         self._revision = 1000
         self._failures: list[tuple[str, deque[tuple[Any, Any, dict[str, str]]]]] = []
         for node in [make_node(pki.node_name)] if nodes is None else nodes:
@@ -227,6 +229,8 @@ class FakeApiServer:
 
     def _handle(self, method: str, path: str, content_type: str, body: bytes,
                 user: _User, query: str = "") -> tuple[int, dict[str, Any] | str]:
+        if method == "POST" and re.fullmatch(r"/api/v1/namespaces/[^/]+/events", path):
+            return record_event(self.events, self._lock, user, path, content_type, body)
         match = re.fullmatch(r"/api/v1/nodes(?:/([^/]+)(/status)?)?", path)
         if not match:
             return 404, "404 page not found\n"

@@ -346,3 +346,41 @@ def admit_node(node: str, name: str, new: dict[str, Any], old: dict[str, Any]) -
                               old["metadata"].get("labels") or {})
     if labels:
         raise forbidden(name, f"is not allowed to modify labels: {', '.join(labels)}")
+
+def record_event(events: list[dict[str, Any]], lock: Any, user: Any, path: str,
+                 content_type: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    """A POST to /api/v1/namespaces/<ns>/events: the Event checked (checked_event), named,
+    kept in `events` (under `lock`) and answered 201. The system:node role lets a kubelet
+    create Events."""
+    allowed = user.node is not None or "system:masters" in user.groups
+    event = checked_event(allowed, user.name, path.split("/")[4], content_type, body,
+                          len(events))
+    with lock:
+        events.append(copy.deepcopy(event))
+    return 201, event
+
+def checked_event(allowed: bool, user: str, namespace: str, content_type: str,
+                  body: bytes, number: int) -> dict[str, Any]:
+    """The Event a POST to namespaces/<namespace>/events creates (the `number`th), checked as
+    the API server does for what gpunode sends: a user allowed to create Events, JSON, an Event
+    of that namespace about some object. Refused otherwise."""
+    if not allowed:
+        raise Refused(403, status_object(403, "Forbidden", f'events is forbidden: User "{user}" '
+                                         'cannot create resource "events" in API group ""'))
+    if content_type != "application/json":
+        raise Refused(415, status_object(415, "UnsupportedMediaType", "fake API server: an "
+                                         "Event is created from application/json"))
+    try:
+        event = json.loads(body)
+    except ValueError as exc:
+        raise bad_request(f"error decoding the Event: {exc}") from exc
+    meta = event.get("metadata") if isinstance(event, dict) else None
+    if not isinstance(meta, dict) or event.get("kind") != "Event" or not isinstance(
+            event.get("involvedObject"), dict):
+        raise bad_request("fake API server: not an Event with metadata and involvedObject")
+    if meta.get("namespace", namespace) != namespace:
+        raise bad_request("the namespace of the provided object does not match the namespace "
+                          "sent on the request")
+    meta["name"] = meta.get("name") or f"{meta.get('generateName', '')}{number:x}"
+    meta.update(namespace=namespace, uid=str(uuid.uuid4()))
+    return event

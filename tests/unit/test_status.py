@@ -16,10 +16,10 @@ from gpunode_testing import fixtures
 
 CHECKS = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
           "cdi_spec", "containerd_runtime", "toolkit", "containerd_running", "kubelet_running",
-          "device_plugin", "node", "last_boot")
+          "device_plugin", "watch", "node", "last_boot")
 
 # Checks that are not "ok" in each (machine, state); every other check must be ok.
-NODE = {"node": "skip"}  # no fixture has a kubeconfig: the kubelet has not joined
+NODE = {"node": "skip", "watch": "skip"}  # no kubeconfig (not joined), no watch run
 BARE = {**NODE, "driver": "fail", "driver_gpus": "skip", "device_nodes": "skip",
         "cdi_spec": "skip",
         "containerd_runtime": "fail", "toolkit": "fail", "containerd_running": "warn",

@@ -1,0 +1,23 @@
+"""`gpunode watch`: the node keeps telling the cluster the truth about its GPUs after boot.
+
+xid.py reads the kernel's NVRM Xid lines (pure), state.py remembers what was reported this boot
+(/run/gpunode/watch.json), once.py observes the host, decides the GPUReady condition and the
+Events, and applies them (or, with --dry-run, prints them).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import argparse
+
+    from gpunode.config import AgentConfig
+    from gpunode.host import Host
+
+
+def command(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    """`gpunode watch` as cli.py runs it; the work (once.py) is imported only now."""
+    from gpunode.watch import once
+
+    return once.command(host, config, args.once, args.dry_run)

@@ -1,0 +1,256 @@
+"""`gpunode watch --once`: read what the kernel logged this boot, decide, report, remember.
+
+observe() reads the host (the /dev/kmsg records, the GPUs' UUIDs from /proc/driver/nvidia, the
+GPUs present now, the boot record's GPU count, this boot's id); decide() is pure: from what
+was observed and what was already reported (state.py) to the changes — the GPUReady
+condition (False: GPUFellOffBus for Xid 79, GPUXidFatal for the other fatal Xids, GPUMissing
+when fewer GPUs are present than the boot detected; when that clears, what `gpunode label`
+would set) and one Warning Event per non-fatal Xid, at most one per GPU and Xid every
+EVENT_INTERVAL_US of kernel time. run() sends them with the kubelet's credentials (report.py:
+a PATCH only for a condition that changed) and writes the state only after they were
+accepted, so a failed run reports again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpunode import detect, driverinfo, kernelinfo, log, records
+from gpunode import state as bootstate
+from gpunode.config import AgentConfig
+from gpunode.errors import HostError, UsageError
+from gpunode.host import Host
+from gpunode.kube import labels
+from gpunode.watch import state as watchstate
+from gpunode.watch import xid
+from gpunode.watch.state import Finding, WatchState
+
+KMSG = "/dev/kmsg"
+KMSG_LIMIT = 32 << 20  # the kernel's largest ring buffer (CONFIG_LOG_BUF_SHIFT at most 25)
+EVENT_INTERVAL_US = 600_000_000  # one Event per GPU and Xid every 10 minutes of kernel time
+MAX_EVENTS = 20  # per run: a flood of Xids is not a flood of Events
+LOCK_WAIT_SECONDS = 60  # another pass reporting: it takes a request timeout or two
+MAX_MESSAGE = 1024  # a condition's message, as `gpunode label` caps it
+WATCH_REASONS = ("GPUFellOffBus", "GPUXidFatal", "GPUMissing")  # the conditions it sets
+
+
+@dataclass(frozen=True)
+class Observed:
+    boot_id: str
+    records: list[str]
+    uuids: dict[str, str]  # GPU address → UUID, as the driver says under /proc
+    present: list[str]  # the GPUs' addresses now
+    boot_gpus: int | None  # how many GPUs this boot's `gpunode boot` detected
+
+
+@dataclass
+class Decision:
+    state: WatchState
+    changes: list[dict[str, Any]] = field(default_factory=list)
+
+
+def observe(host: Host, config: AgentConfig) -> Observed:
+    stat = host.stat(KMSG)
+    if stat is not None and stat.st_size > KMSG_LIMIT:
+        raise HostError("read", host.display(KMSG), f"is {stat.st_size} bytes, more than the "
+                        f"kernel's largest log buffer ({KMSG_LIMIT} bytes): not a kernel log")
+    kmsg = host.read_records(KMSG, limit=KMSG_LIMIT)
+    infos = driverinfo.read_gpu_infos(host)
+    found = detect.detect(host, use_udev=config.detect.use_udev)
+    return Observed(boot_id=(host.read_optional(kernelinfo.BOOT_ID) or "").strip(),
+                    records=kmsg, uuids={a: i.uuid for a, i in infos.items() if i.uuid},
+                    present=[g.address for g in found.gpus], boot_gpus=_boot_gpus(host))
+
+
+def _boot_gpus(host: Host) -> int | None:
+    """The GPU count the boot's detect step recorded; None without a (usable) boot record."""
+    try:
+        record = bootstate.read_record(host)
+    except (HostError, ValueError) as exc:
+        log.get().warning("watch.boot_record_unusable", error=str(exc))
+        return None
+    step = record.step("detect") if record is not None else None
+    count = step.get("gpus") if step is not None else None
+    return count if records.is_int(count) else None
+
+
+def decide(seen: Observed, previous: WatchState | None, fatal: tuple[int, ...],
+           ignored: tuple[int, ...]) -> Decision:
+    """The new state and the changes to report: pure."""
+    if previous is None or previous.boot_id != seen.boot_id:
+        previous = WatchState(boot_id=seen.boot_id)
+    new = WatchState(boot_id=seen.boot_id, last_seq=previous.last_seq,
+                     fatal=list(previous.fatal),
+                     events={k: list(v) for k, v in previous.events.items()},
+                     gpus=previous.gpus or sorted(seen.present), condition=previous.condition)
+    decision = Decision(new)
+    uuids = dict(seen.uuids)
+    xids = []
+    for raw in seen.records:
+        record = xid.parse_record(raw)
+        if record is None or record.seq <= previous.last_seq:
+            continue
+        new.last_seq = max(new.last_seq, record.seq)
+        named = xid.parse_uuid(record)
+        if named is not None:
+            uuids.setdefault(*named)
+        found = xid.parse_xid(record)
+        if found is not None:
+            xids.append(found)
+    for found in xids:
+        kind = xid.classify(found.code, fatal, ignored)
+        if kind == xid.FATAL:
+            _add_fatal(new, found, uuids.get(found.address))
+        elif kind == xid.EVENT:
+            _event(decision, found, uuids.get(found.address))
+        else:
+            log.get().debug("watch.xid_ignored", address=found.address, xid=found.code,
+                            note="an application error (k8s-device-plugin's list)")
+    new.missing = sorted(set(new.gpus) - set(seen.present))
+    short = seen.boot_gpus is not None and len(seen.present) < seen.boot_gpus
+    condition = _condition(new, short, seen, uuids)
+    if condition is not None:
+        decision.changes.insert(0, condition)
+        new.condition = {k: condition[k] for k in ("status", "reason", "message")}
+    return decision
+
+
+def _add_fatal(new: WatchState, found: xid.Xid, uuid: str | None) -> None:
+    if any(f.address == found.address and f.code == found.code for f in new.fatal):
+        return
+    if len(new.fatal) < watchstate.MAX_FINDINGS:
+        new.fatal.append(Finding(found.address, uuid, found.code, found.seq, found.usec,
+                                 found.text))
+
+
+def _event(decision: Decision, found: xid.Xid, uuid: str | None) -> None:
+    key = f"{found.address}/{found.code}"
+    last = decision.state.events.get(key)
+    sent = sum(1 for c in decision.changes if c["kind"] == "event")
+    if (last is not None and found.usec - last[0] < EVENT_INTERVAL_US) or sent >= MAX_EVENTS:
+        if last is not None:
+            last[1] += 1
+        return
+    skipped = last[1] if last is not None else 0
+    decision.state.events.pop(key, None)
+    decision.state.events[key] = [found.usec, 0]
+    while len(decision.state.events) > watchstate.MAX_EVENT_KEYS:
+        decision.state.events.pop(next(iter(decision.state.events)))
+    more = f" ({skipped} more since the last Event)" if skipped else ""
+    who = f", pid {found.pid}" + (f" ({found.process})" if found.process else "") \
+        if found.pid is not None else ""
+    decision.changes.append({
+        "kind": "event", "type": "Warning", "reason": "GPUXid",
+        "message": f"gpunode watch: Xid {found.code} on GPU {_gpu_words(found.address, uuid)}"
+                   f"{who}: {found.text}{more}"[:MAX_MESSAGE],
+        "gpu": {"address": found.address, "uuid": uuid}, "xid": found.code,
+        "seq": found.seq})
+
+
+def _condition(new: WatchState, short: bool, seen: Observed,
+               uuids: dict[str, str]) -> dict[str, Any] | None:
+    """GPUReady as the watch sees it, when it differs from what it last reported; None when
+    it is unchanged, or when the watch has nothing to say (gpunode label owns GPUReady)."""
+    gpu = None
+    if new.fatal:
+        first = next((f for f in new.fatal if f.code == xid.FELL_OFF_BUS), new.fatal[0])
+        reason = "GPUFellOffBus" if first.code == xid.FELL_OFF_BUS else "GPUXidFatal"
+        words = [f"Xid {f.code} on GPU {_gpu_words(f.address, f.uuid)}: {f.text}"
+                 for f in new.fatal]
+        gpu = {"address": first.address, "uuid": first.uuid}
+        wanted = labels.Condition("False", reason, "gpunode watch: " + "; ".join(words))
+    elif new.missing or short:
+        expected = max(len(new.gpus), seen.boot_gpus or 0)
+        names = f" (missing: {', '.join(new.missing)})" if new.missing else ""
+        if new.missing:
+            gpu = {"address": new.missing[0], "uuid": uuids.get(new.missing[0])}
+        wanted = labels.Condition("False", "GPUMissing", f"gpunode watch: {len(seen.present)} "
+                                  f"of the {expected} GPUs this boot detected are present{names}")
+    elif new.condition is not None and new.condition["reason"] in WATCH_REASONS:
+        # its cause cleared: True here, made what `gpunode label` would say by run()
+        wanted = labels.Condition("True", "GPUReady", f"gpunode watch: all {len(seen.present)} "
+                                  "GPUs present and no fatal Xid this boot")
+    else:
+        return None
+    message = wanted.message[:MAX_MESSAGE]
+    if new.condition == {"status": wanted.status, "reason": wanted.reason, "message": message}:
+        return None
+    return {"kind": "condition", "type": "GPUReady", "status": wanted.status,
+            "reason": wanted.reason, "message": message, "gpu": gpu}
+
+
+def _gpu_words(address: str, uuid: str | None) -> str:
+    return f"{address} ({uuid})" if uuid else f"{address} (UUID unknown)"
+
+
+def run(host: Host, config: AgentConfig, dry_run: bool,
+        api_factory: Callable[[], Any] | None = None) -> Decision:
+    """One pass: observe, decide, then print (--dry-run) or apply and remember. Two passes at
+    once (a timer and a hand) take turns from reading the state to writing it, so the second
+    sees what the first reported; what they observe is only read."""
+    seen = observe(host, config)
+    if dry_run:
+        decision = _decide(host, config, seen)
+        for change in decision.changes:
+            print(json.dumps(change, sort_keys=False))
+        return decision
+    with host.lock(watchstate.WATCH_LOCK, wait=LOCK_WAIT_SECONDS):
+        decision = _decide(host, config, seen)
+        if decision.changes:
+            from gpunode.watch import report
+
+            report.apply(host, config, decision.changes, api_factory)
+        watchstate.write(host, decision.state)
+    return decision
+
+
+def _decide(host: Host, config: AgentConfig, seen: Observed) -> Decision:
+    previous, problem = watchstate.read(host)
+    if problem is not None:
+        log.get().warning("watch.state_unusable", error=problem,
+                          note="starting afresh: what this boot logged is reported again")
+    decision = decide(seen, previous, config.watch.fatal_xids, config.watch.ignored_xids)
+    _recovery_as_label_says(host, config, decision, previous)
+    return decision
+
+
+def _recovery_as_label_says(host: Host, config: AgentConfig, decision: Decision,
+                            previous: WatchState | None) -> None:
+    """When the watch's own cause clears, GPUReady becomes what `gpunode label` would set
+    (status's checks, the watch's new findings among them), not simply True: a driver that
+    failed meanwhile is not hidden by a GPU that came back."""
+    change = next((c for c in decision.changes if c["kind"] == "condition"), None)
+    if change is None or change["status"] != "True":
+        return
+    from gpunode import status
+
+    facts = dataclasses.replace(status.observe(host, config, contact_api=False),
+                                watch=decision.state, watch_problem=None)
+    checks = status.evaluate(facts).checks
+    wanted = labels.condition_for([(c.name, c.state, c.detail) for c in checks])
+    said = {"status": wanted.status, "reason": wanted.reason, "message": wanted.message}
+    if previous is not None and previous.condition == said:
+        decision.changes.remove(change)
+    else:
+        change.update(said)
+    decision.state.condition = said
+
+
+def command(host: Host, config: AgentConfig, once: bool, dry_run: bool) -> int:
+    """`gpunode watch`: exit 0 once everything was reported (or, --dry-run, printed)."""
+    if not once:
+        raise UsageError("gpunode watch runs with --once in this version: the daemon "
+                         "(gpunode-watch.service) is not there yet",
+                         "run 'gpunode watch --once' (from a timer, or by hand)")
+    with log.step("watch", dry_run=dry_run) as fields:
+        decision = run(host, config, dry_run)
+        fields.update(changes=len(decision.changes), last_seq=decision.state.last_seq,
+                      fatal=len(decision.state.fatal), missing=decision.state.missing)
+    return 0
+
+
+__all__ = ["Decision", "Observed", "decide", "observe", "run"]
