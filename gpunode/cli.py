@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from gpunode import cliargs, log, watch
-from gpunode.config import AgentConfig, check_flag, load_config, with_flags
+from gpunode import cli_containerd, cliargs, log, watch
+from gpunode.clicommon import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Command, changes_node
+from gpunode.config import AgentConfig, load_config
 from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
 from gpunode.host import Host
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,38 +39,6 @@ class _Parser(argparse.ArgumentParser):
             raise ArgumentsError(f"unrecognized arguments: {' '.join(extras)}",
                                  self.format_usage(), prog)
         return parsed
-
-
-Command = Callable[[Host, AgentConfig, argparse.Namespace], int]
-
-
-Settings = Callable[[AgentConfig, argparse.Namespace], AgentConfig]
-
-
-def _changes_node(name: str, settings: Settings | None = None) -> Callable[[Command], Command]:
-    """The command holds the node lock (gpunode/nodelock.py) while it runs; `--dry-run`
-    changes nothing and takes none. `boot` waits longer for it than the others.
-
-    `settings` checks the command line and applies it to the agent config before the lock is
-    taken: a refused argument (exit 2) is refused before any work, so it leaves the root as it
-    was — not even /run/gpunode/lock is made."""
-
-    def wrap(command: Command) -> Command:
-        @functools.wraps(command)
-        def locked(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-            from gpunode import nodelock
-
-            if settings is not None:
-                config = settings(config, args)
-            if getattr(args, "dry_run", False):
-                return command(host, config, args)
-            wait = nodelock.BOOT_WAIT_SECONDS if name == "boot" else nodelock.WAIT_SECONDS
-            with nodelock.held(host, name, wait):
-                return command(host, config, args)
-
-        return locked
-
-    return wrap
 
 
 def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
@@ -144,7 +110,7 @@ def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_changes_node("boot")
+@changes_node("boot")
 def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot
 
@@ -222,7 +188,7 @@ def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_changes_node("driver load")
+@changes_node("driver load")
 def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot
     from gpunode.detect import detect_decided
@@ -239,7 +205,7 @@ def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> i
     return EXIT_OK
 
 
-@_changes_node("driver build")
+@changes_node("driver build")
 def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode import boot, kernelinfo
     from gpunode.detect import detect_decided
@@ -280,63 +246,6 @@ def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) ->
         print("user-space: " + (userspace.describe(found) if found else
                                 f"not found: {userspace_error}"))
     return EXIT_OK if report.ready else EXIT_FAILED
-
-
-def _containerd_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:
-    """The agent config with this command line's overrides applied, checked by the same rules
-    as the agent config's own keys (a name containerd rejects, a relative path: exit 2)."""
-    _revert_settings(config, args)
-    return with_flags(config, "containerd", {
-        "runtime_name": ("--runtime-name", args.runtime_name),
-        "runtime_path": ("--runtime-path", args.runtime_path),
-        "set_as_default": ("--set-as-default", args.set_as_default),
-        "enable_cdi": ("--enable-cdi", args.enable_cdi)})
-
-
-def _revert_settings(config: AgentConfig, args: argparse.Namespace) -> AgentConfig:
-    """containerd's --config names a host path (under --root), checked as
-    containerd.config_path is: an empty or relative one names no file gpunode could edit or
-    revert, and must not quietly mean the default."""
-    check_flag("containerd --config", "containerd", "config_path", args.containerd_config)
-    return config
-
-
-@_changes_node("containerd configure", _containerd_settings)
-def _containerd_configure(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    """`config` has the command line's overrides applied (_containerd_settings)."""
-    from gpunode import systemd
-    from gpunode.containerd import step
-
-    manager = systemd.for_host(host.is_live)
-    with log.step("containerd", dry_run=args.dry_run) as fields:
-        if args.dry_run:  # an interrupted change pending: the rollback configure starts with
-            preview = step.preview(host, config.containerd, manager, args.containerd_config,
-                                   force=args.force)
-            # Nothing is written: what would change is planned_change, as in a real run's event.
-            fields.update(config=preview.target, planned_change=preview.changed, changed=False)
-            print(preview.diff(), end="")
-            return EXIT_OK
-        # The step fills config, planned_change and changed as they happen (step.apply): a
-        # failed write's event says changed: false.
-        _, outcome = step.configure(host, config.containerd, manager,
-                                    config.containerd.restart_timeout, args.containerd_config,
-                                    force=args.force, report=fields)
-        fields.update(restarted=outcome.restarted)
-    print("\n".join(outcome.descriptions))
-    return EXIT_OK
-
-
-@_changes_node("containerd revert", _revert_settings)
-def _containerd_revert(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode import systemd
-    from gpunode.containerd import revert
-
-    with log.step("containerd.revert") as fields:
-        outcome = revert.revert(host, systemd.for_host(host.is_live),
-                                config.containerd.restart_timeout, args.containerd_config)
-        fields.update(changed=outcome.changed, restarted=outcome.restarted)
-    print("\n".join(outcome.descriptions))
-    return EXIT_OK
 
 
 def _cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
@@ -448,8 +357,8 @@ def _load_config(host: Host, config: str | None) -> AgentConfig:
 COMMANDS: dict[str, Command] = {
     "detect": _detect, "status": _status, "plan": _plan, "boot": _boot, "label": _label,
     "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
-    "driver status": _driver_status, "containerd configure": _containerd_configure,
-    "containerd revert": _containerd_revert, "cdi generate": _cdi_generate,
+    "driver status": _driver_status, "containerd configure": cli_containerd.configure,
+    "containerd revert": cli_containerd.revert, "cdi generate": _cdi_generate,
     "nodes": _nodes,
     "watch": watch.command,
 }
