@@ -358,6 +358,12 @@ def _cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> 
     return EXIT_OK
 
 
+def _image_bake(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode.bake import image
+
+    return image.command(host, args)
+
+
 def _print_json(document: object) -> None:
     print(json.dumps(document, indent=2, sort_keys=False))
 
@@ -440,6 +446,7 @@ COMMANDS: dict[str, Command] = {
     "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
     "driver status": _driver_status, "containerd configure": _containerd_configure,
     "containerd revert": _containerd_revert, "cdi generate": _cdi_generate,
+    "image bake": _image_bake,
 }
 
 
