@@ -248,7 +248,8 @@ def _line(text: str, key: str) -> int | None:
     head, _, name = key.partition(".")
     match = re.fullmatch(r"(\w+)\[(\d+)\]", head)
     if match is None:
-        return key_line(text, head, name) if name else _header(text, head, 1)
+        return key_line(text, head, name) if name else (key_line(text, "", head)
+                                                        or _header(text, head, 1))
     start = _header(text, match.group(1), int(match.group(2)))
     if start is None or not name:
         return start

@@ -1,4 +1,4 @@
-"""Inputs of `gpunode image bake`, shared by tests/unit/test_bake.py,
+"""Inputs of `gpunode image bake`, shared by tests/unit/test_image_bake.py,
 tests/integration/test_bake_http.py and tests/hostile/test_bake.py: stand-in sysext images
 with their sha512, a bake config naming them, and a counting HTTP server on 127.0.0.1."""
 
