@@ -153,6 +153,7 @@ class StatusFacts:
     gpu_access: str = "runtime"  # containerd.gpu_access
     stack: str = "gpunode"  # kubernetes.stack: who sets the nvidia.com/ labels
     vgpu: bool | None = None  # a vGPU among the NVIDIA functions (kube/gfd.py); None: unread
+    bake: Any = None  # status/baked.py's BakeFacts; None: the image was not baked
 
     @property
     def undecided(self) -> str | None:
@@ -218,4 +219,5 @@ def to_json(facts: StatusFacts, report: Report) -> dict[str, Any]:
         "containerd_config": facts.containerd.config_path,
         "checks": [asdict(c) for c in report.checks],
         "last_boot": facts.last_boot.raw if facts.last_boot else None,
+        "baked": facts.bake.baked.document if facts.bake and facts.bake.baked else None,
     }
