@@ -131,6 +131,13 @@ class RecordError(GpunodeError, ValueError):
     hint = "run 'gpunode boot' again to rewrite it"
 
 
+class BakeManifestError(RecordError):
+    """The bake manifest /etc/gpunode/baked.json exists but cannot be understood."""
+
+    code = "bake-manifest-invalid"
+    hint = "bake the image again ('gpunode image bake') to rewrite it"
+
+
 class LockBusy(GpunodeError):
     """Another gpunode command holds the node lock past the wait."""
 

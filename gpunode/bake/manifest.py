@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpunode import records
-from gpunode.errors import RecordError
+from gpunode.errors import BakeManifestError
 from gpunode.host import Host
 
 MANIFEST = "/etc/gpunode/baked.json"
@@ -47,28 +47,28 @@ class Baked:
 
 
 def read(host: Host) -> dict[str, Any] | None:
-    """The manifest as a JSON object, None when there is none; RecordError when damaged."""
+    """The manifest as a JSON object, None when there is none; BakeManifestError when damaged."""
     data = host.read_optional_bytes(MANIFEST, limit=1 << 20)
     if data is None:
         return None
-    document = records.loads_json(data, host.display(MANIFEST), RecordError)
+    document = records.loads_json(data, host.display(MANIFEST), BakeManifestError)
     if not isinstance(document, dict):
-        raise RecordError(f"{host.display(MANIFEST)}: not a JSON object")
+        raise BakeManifestError(f"{host.display(MANIFEST)}: not a JSON object")
     return document
 
 
 def load(host: Host) -> Baked | None:
-    """The manifest checked key by key (RecordError names the key), None when there is none."""
+    """The manifest checked key by key (BakeManifestError names the key); None: none."""
     document = read(host)
     if document is None:
         return None
     shown = host.display(MANIFEST)
-    reader = records.Reader(document, shown, RecordError)
+    reader = records.Reader(document, shown, BakeManifestError)
     reader.schema("schema_version", SCHEMA_VERSION)
     os_info = document.get("os")
     if not isinstance(os_info, dict):
         reader.fail("os", f"is {records.kind(os_info)}, expected an object")
-    os_reader = records.Reader(os_info, shown, RecordError)
+    os_reader = records.Reader(os_info, shown, BakeManifestError)
     entries = document.get("artifacts")
     if not isinstance(entries, list):
         reader.fail("artifacts", f"is {records.kind(entries)}, expected a list")
@@ -76,7 +76,7 @@ def load(host: Host) -> Baked | None:
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             reader.fail(f"artifacts[{i}]", f"is {records.kind(entry)}, expected an object")
-        r = records.Reader(entry, f"{shown} (artifacts[{i}])", RecordError)
+        r = records.Reader(entry, f"{shown} (artifacts[{i}])", BakeManifestError)
         artifacts.append(Artifact(r.text("what"), r.text("name"), r.text("version", True),
                                   r.path("path"), r.text("sha512"), r.text("source")))
     return Baked(os_reader.text("version", True, True), os_reader.text("kernel", True, True),
