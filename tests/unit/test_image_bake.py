@@ -168,3 +168,16 @@ def test_a_bake_without_drivers_writes_no_enabled_sysext_file(
     assert cli("image", "bake", "--root", str(root), "--config", str(config)).code == 0
     assert not (root / "etc/flatcar/enabled-sysext.conf").exists()
     assert (root / GPUNODE_PATH).exists()
+
+
+def test_a_stage_left_by_a_killed_bake_is_swept_by_the_next_one(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    root = make_host("nc4as-t4-v3", "driver").root
+    name = f".flatcar-{DRIVER}-{FLATCAR_VERSION}.raw.bake.gpunode-tmp"
+    stage = root / "etc/flatcar/sysext" / name
+    stage.parent.mkdir(parents=True)
+    stage.write_bytes(b"half a driver")
+    config = make_inputs(tmp_path / "mirror").config()
+    assert cli("image", "bake", "--root", str(root), "--config", str(config)).code == 0
+    assert not list(root.rglob("*.gpunode-tmp"))
+    assert (root / DRIVER_PATH).exists()
