@@ -34,7 +34,8 @@ from typing import Any
 from gpunode import __version__, envfile, flatcar, log, nodelock
 from gpunode.bake import config as bake_config
 from gpunode.bake import fetch
-from gpunode.bake.manifest import MANIFEST, SCHEMA_VERSION
+from gpunode.bake.manifest import MANIFEST, OS_RELEASES, SCHEMA_VERSION
+from gpunode.config import DEFAULT_CONFIG_PATH
 from gpunode.driver import nouveau
 from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, UsageError
 from gpunode.host import TEMP_SUFFIX, Host
@@ -42,11 +43,10 @@ from gpunode.ignition import EXTENSION_LINK, EXTENSIONS_DIR, UNIT_NAMES
 
 SYSEXT_DIR = "/etc/flatcar/sysext"
 EXTENSIONS = "/etc/extensions"
-AGENT_CONFIG = "/etc/gpunode/config.toml"
+AGENT_CONFIG = DEFAULT_CONFIG_PATH
 UNIT_DIR = "/etc/systemd/system"
 WANTS_DIR = f"{UNIT_DIR}/multi-user.target.wants"
 SYSEXT_UNITS = "/usr/lib/systemd/system"  # where gpunode's sysext ships its units
-OS_RELEASES = ("/usr/lib/os-release", "/etc/os-release")  # the initramfs reads the first
 UPDATE_CONFS = ("/etc/flatcar/update.conf", "/usr/share/flatcar/update.conf")
 
 

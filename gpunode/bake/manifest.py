@@ -15,6 +15,7 @@ from gpunode.host import Host
 
 MANIFEST = "/etc/gpunode/baked.json"
 SCHEMA_VERSION = 1
+OS_RELEASES = ("/usr/lib/os-release", "/etc/os-release")  # the initramfs reads the first
 
 
 @dataclass(frozen=True)

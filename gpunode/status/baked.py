@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpunode import envfile
+from gpunode import envfile, kernelinfo
 from gpunode.bake import manifest
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
@@ -36,9 +36,9 @@ def observe(host: Host) -> BakeFacts | None:
         return BakeFacts(None, Failure.of(exc), None, None)
     if baked is None:
         return None
-    kernel = (host.read_optional("/proc/sys/kernel/osrelease") or "").strip() or None
-    release = next((t for p in ("/usr/lib/os-release", "/etc/os-release")
-                    if (t := host.read_optional(p)) is not None), "")
+    kernel = (host.read_optional(kernelinfo.RELEASE) or "").strip() or None
+    release = next((t for p in manifest.OS_RELEASES if (t := host.read_optional(p)) is not None),
+                   "")
     missing = tuple(a.path for a in baked.artifacts if host.lstat(a.path) is None)
     return BakeFacts(baked, None, kernel, envfile.values(release).get("VERSION"), missing)
 
