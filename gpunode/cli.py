@@ -381,7 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = COMMANDS[cliargs.command_name(args)]
     try:
         host = _host(args.root)
-        config = _load_config(host, args.config)
+        # image bake replaces the image's agent config, or checks it itself (bake/image.py)
+        baking = cliargs.command_name(args) == "image bake"
+        config = AgentConfig() if baking else _load_config(host, args.config)
         log.configure(args.log_format, config.log.level)
         return run(host, config, args)
     except (ConfigError, UsageError) as exc:

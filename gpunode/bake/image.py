@@ -81,9 +81,14 @@ class Placed:
 
 
 def command(host: Host, args: argparse.Namespace) -> int:
+    if args.config is not None:  # the global --config, before "image": an agent config
+        raise UsageError(f"--config {args.config} before 'image' names an agent config, which "
+                         "image bake does not read", "name the bake config after 'image bake' "
+                         "(--config BAKE.toml), and the agent config to install in its [agent] "
+                         "config")
     config = bake_config.load(args.bake_config)
     image = read_image(host)
-    agent_text = _agent_config(config)
+    agent_text = _agent_config(config, host)
     with log.step("image.bake", root=str(host.root)) as fields:
         artifacts = plan(host, config, image)
         with nodelock.held(host, "image bake", nodelock.WAIT_SECONDS):
@@ -155,9 +160,13 @@ def _placed(host: Host, what: str, name: str, path: str, sha512: str,
     return Placed(what, name, path, sha512, source, version, not present, extra or {})
 
 
-def _agent_config(config: bake_config.BakeConfig) -> bytes | None:
-    """The agent config to install, refused now (exit 2) when the node would refuse it."""
+def _agent_config(config: bake_config.BakeConfig, host: Host) -> bytes | None:
+    """The agent config to install, refused now (exit 2) when the node would refuse it. None:
+    the image keeps its own, which must then be one the node accepts (ConfigError, exit 2)."""
     if config.agent_config is None:
+        from gpunode.config import load_config
+
+        load_config(host)
         return None
     from gpunode import ignition
 

@@ -193,3 +193,37 @@ def test_a_download_that_fails_is_refused_after_its_attempts(
         pattern = r"HTTP 404" if answer == "404" else r"cannot connect.*tried 1 times"
         check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config",
                                   str(config)], 1, pattern)
+
+
+def test_an_image_whose_own_agent_config_the_node_would_refuse_is_refused(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    root = make_host("nc4as-t4-v3", "driver").root
+    (root / "etc/gpunode").mkdir(parents=True)
+    (root / "etc/gpunode/config.toml").write_text('[driver]\nflavour = "fast"\n')
+    config = make_inputs(tmp_path / "in").config()
+    result = check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config",
+                                       str(config)], 2,
+                           r"config\.toml:2: key 'driver\.flavour'")
+    assert result.errors[0]["error_code"] == "config-invalid"
+
+
+def test_a_bake_with_an_agent_config_replaces_an_invalid_one_in_the_image(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    root = make_host("nc4as-t4-v3", "driver").root
+    (root / "etc/gpunode").mkdir(parents=True)
+    (root / "etc/gpunode/config.toml").write_text('[driver]\nflavour = "fast"\n')
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/gpunode.toml").write_text('[driver]\nflavour = "open"\n')
+    config = make_inputs(tmp_path / "in").config(extra='\n[agent]\nconfig = "gpunode.toml"\n')
+    result = cli("image", "bake", "--root", str(root), "--config", str(config))
+    assert result.code == 0, result.err
+    assert (root / "etc/gpunode/config.toml").read_text() == '[driver]\nflavour = "open"\n'
+
+
+def test_an_agent_config_named_before_image_is_refused_not_ignored(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    root = make_host("nc4as-t4-v3", "driver").root
+    config = make_inputs(tmp_path / "in").config()
+    check_refusal(cli, root, ["--config", str(config), "image", "bake", "--root", str(root),
+                              "--config", str(config)], 2,
+                  r"before 'image' names an agent config, which image bake does not read")
