@@ -181,3 +181,17 @@ def test_a_stage_left_by_a_killed_bake_is_swept_by_the_next_one(
     assert cli("image", "bake", "--root", str(root), "--config", str(config)).code == 0
     assert not list(root.rglob("*.gpunode-tmp"))
     assert (root / DRIVER_PATH).exists()
+
+
+def test_a_new_build_of_the_same_driver_replaces_its_file_and_nothing_else(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    root, _ = _baked_root(make_host, tmp_path, cli)
+    gpunode_inode = os.stat(root / GPUNODE_PATH).st_ino
+    inputs = make_inputs(tmp_path / "mirror")
+    inputs.add(f"flatcar-{DRIVER}.raw", b"hsqs the driver, rebuilt\n" * 10)
+    result = cli("image", "bake", "--root", str(root), "--config", str(inputs.config()))
+    assert result.code == 0, result.err
+    assert (root / DRIVER_PATH).read_bytes() == b"hsqs the driver, rebuilt\n" * 10
+    assert os.stat(root / GPUNODE_PATH).st_ino == gpunode_inode
+    assert sorted(line for line in result.out.splitlines() if line.startswith("changed ")) == [
+        f"changed {root}/{DRIVER_PATH}", f"changed {root}/etc/gpunode/baked.json"]
