@@ -88,8 +88,11 @@ def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         the_plan = boot.plan(host, config, boot.adapters_for(host, config))
         actions, problems, detection = the_plan.actions, the_plan.problems, the_plan.detection
         fields.update(actions=len(actions), problems=[p.step for p in problems])
+    from gpunode.status.baked import plan_note
+
+    baked = plan_note(host)  # a baked image: what it downloads at boot (nothing, or why)
     if args.json:
-        _print_json({"schema_version": 1, "root": str(host.root),
+        _print_json({"schema_version": 1, "root": str(host.root), "baked": baked,
                      "gpu_count": len(detection.gpus) if detection else None,
                      "changes": bool(actions),
                      "actions": [{"step": a.step, "description": a.description}
@@ -107,6 +110,8 @@ def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
             if p.hint:
                 lines.append(f"  hint: {p.hint}")
         print("\n".join(lines))
+    if baked and not args.json:
+        print(baked)
     return EXIT_OK
 
 
@@ -124,7 +129,8 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     from gpunode.kube import label, registration
 
     if args.registration:
-        return _registration(config, args)
+        return registration.print_form(config, args.registration, args.pool,
+                                       args.instance_type, args.json)
     registration.pool_settings(None, args.pool, args.instance_type)  # refused: no form given
     with log.step("label", dry_run=args.dry_run) as fields:
         want = label.for_host(host, config)
@@ -146,27 +152,6 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         else:
             print(render.label(want, outcome))
     label.require_decided(want, labelled=outcome is not None)  # exit 1, after the labels
-    return EXIT_OK
-
-
-def _registration(config: AgentConfig, args: argparse.Namespace) -> int:
-    """The registration form on stdout: YAML (the flags on one line for kubelet-flags), or
-    with --json the very same document as JSON (kubelet-flags: a JSON array of the flags)."""
-    from gpunode.kube import registration
-
-    pool, instance_type = registration.pool_settings(args.registration, args.pool,
-                                                     args.instance_type)
-    document = registration.form(args.registration, pool, instance_type,
-                                 config.kubernetes.taints, dict(config.kubernetes.labels),
-                                 config.source, config.kubernetes.stack)
-    if args.json:
-        _print_json(document)
-    elif isinstance(document, list):
-        print(" ".join(document))
-    else:
-        import yaml
-
-        print(yaml.safe_dump(document, sort_keys=False), end="")
     return EXIT_OK
 
 
@@ -277,6 +262,12 @@ def _nodes(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     return nodes.command(config, args.kubeconfig, args.context, args.json)
 
 
+def _image_bake(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    from gpunode.bake import image
+
+    return image.command(host, args)
+
+
 def _print_json(document: object) -> None:
     print(json.dumps(document, indent=2, sort_keys=False))
 
@@ -309,7 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = COMMANDS[cliargs.command_name(args)]
     try:
         host = _host(args.root)
-        config = _load_config(host, args.config)
+        # image bake replaces the image's agent config, or checks it itself (bake/image.py)
+        baking = cliargs.command_name(args) == "image bake"
+        config = AgentConfig() if baking else _load_config(host, args.config)
         log.configure(args.log_format, config.log.level)
         return run(host, config, args)
     except (ConfigError, UsageError) as exc:
@@ -361,6 +354,7 @@ COMMANDS: dict[str, Command] = {
     "containerd revert": cli_containerd.revert, "cdi generate": _cdi_generate,
     "nodes": _nodes,
     "watch": watch.command,
+    "image bake": _image_bake,
 }
 
 

@@ -65,6 +65,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
                        "so far, then exit")
     watch.add_argument("--dry-run", action="store_true", help="print each change as a JSON "
                        "line; contact nothing, remember nothing")
+
+    _image(commands.add_parser("image", help="bake gpunode and a driver into an OS image"))
     containerd = commands.add_parser("containerd", help="the container runtime step alone")
     _containerd(containerd.add_subparsers(dest="action", required=True, metavar="ACTION"))
     return parser
@@ -117,6 +119,16 @@ def _ignition(ignition_parser: argparse.ArgumentParser) -> None:
                                  "(checked first)")
     ignition_parser.add_argument("--units", metavar="DIR", help="directory holding the units "
                                  "(default: the units installed with gpunode)")
+
+
+def _image(image: argparse.ArgumentParser) -> None:
+    bake = image.add_subparsers(dest="action", required=True, metavar="ACTION").add_parser(
+        "bake", help="put gpunode's sysext, a Flatcar driver sysext and the node's config "
+        "into an image root, as a bake config names them")
+    bake.add_argument("--root", default=argparse.SUPPRESS, metavar="DIR",
+                      help="the image's root (/ inside the image-build machine)")
+    bake.add_argument("--config", dest="bake_config", required=True, metavar="BAKE.toml",
+                      help="the bake config (docs/cli.md, 'gpunode image bake')")
 
 
 def _containerd(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -76,6 +76,14 @@ class ConfigError(GpunodeError):
         super().__init__(f"{where}: {what}{reason}")
 
 
+class BakeConfigError(ConfigError):
+    """The bake config of `gpunode image bake` is unreadable or invalid: file, key, line."""
+
+    code = "bake-config-invalid"
+    hint = ("correct the bake config (docs/cli.md, 'gpunode image bake', lists every key and "
+            "its valid values)")
+
+
 # -- the host ------------------------------------------------------------------------------------
 
 
@@ -121,6 +129,13 @@ class RecordError(GpunodeError, ValueError):
 
     code = "boot-record-invalid"
     hint = "run 'gpunode boot' again to rewrite it"
+
+
+class BakeManifestError(RecordError):
+    """The bake manifest /etc/gpunode/baked.json exists but cannot be understood."""
+
+    code = "bake-manifest-invalid"
+    hint = "bake the image again ('gpunode image bake') to rewrite it"
 
 
 class LockBusy(GpunodeError):
@@ -279,6 +294,19 @@ class EditError(FileError):
     """containerd's config cannot be edited safely; file and line when known, and why."""
 
     code = "containerd-config-uneditable"
+
+
+class BakeError(GpunodeError):
+    """An artifact of `gpunode image bake` cannot be fetched or is not the one the bake config
+    pins (its sha512 differs); nothing of the bake was placed."""
+
+    code = "bake-failed"
+
+    def __init__(self, what: str, source: str, reason: str, hint: str = "") -> None:
+        self.what = what
+        self.source = source
+        self.reason = reason
+        super().__init__(f"Failed to bake {what} from '{source}': {reason}", hint)
 
 
 # -- Kubernetes ----------------------------------------------------------------------------------

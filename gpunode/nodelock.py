@@ -100,6 +100,10 @@ WRITTEN = (
     _file(JOURNAL), _file(LEDGER), _file(WRITABLE_CONFIG, BACKUP_SUFFIX), _file(IMPORT_FILE),
     _file(DROPIN), _file(KUBELET_DROPIN), _file(flatcar.ENABLED_SYSEXT), _file(CDI_SPEC),
     _file(MEMLOCK_DROPIN), _file(TOOLKIT_CONFIG),
+    # gpunode image bake (gpunode/bake/image.py): its artifacts' stages
+    # (".<file>.bake.gpunode-tmp", and write_atomic's temporaries of them), links and files
+    ("/opt/extensions/gpunode", r"[\w.+-]+"), ("/etc/flatcar/sysext", r"\.?flatcar-[\w.+-]+"),
+    ("/etc/extensions", r"gpunode\.raw|flatcar-[\w.+-]+"), ("/etc/gpunode", r"baked\.json"),
 )
 
 

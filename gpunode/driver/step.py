@@ -7,6 +7,7 @@ here) and the build adapters.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -132,7 +133,7 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
         cache_entry=cache.path if cache else None,
         build_enabled=config.build.enabled,
     )
-    choice = strategy.choose(config.strategy, facts)
+    choice = _baked(host, strategy.choose(config.strategy, facts))
     sysext_line = _missing_sysext_line(host, config, chosen.flavour)
     if choice.action == "fail" and sysext_line is None:
         raise DriverError(choice.reason, choice.hint)
@@ -168,6 +169,23 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
     return Plan(kernel=kernel, flavour=chosen, choice=choice, modules=wanted, load=load,
                 sysext_line=sysext_line, node_fixes=node_fixes, firmware=fw,
                 gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"))
+
+
+def _baked(host: Host, choice: strategy.Choice) -> strategy.Choice:
+    """A merged driver sysext that `gpunode image bake` put into the image says so: the
+    initramfs found it in place and downloaded nothing (gpunode/bake/image.py)."""
+    if choice.strategy != "flatcar-sysext" or choice.action != "load":
+        return choice
+    from gpunode.bake import manifest
+
+    try:
+        baked = manifest.baked_driver(manifest.load(host), (str(choice.source),))
+    except GpunodeError:
+        return choice  # a damaged manifest is status's bake check to report
+    if baked is None:
+        return choice
+    return dataclasses.replace(choice, reason=f"{choice.reason}, baked into the image for "
+                               f"Flatcar {baked.version}: no download")
 
 
 def load_preview(host: Host, config: DriverConfig, detection: Detection | None,

@@ -184,3 +184,24 @@ def plan_kubelet_dropin(host: Host, taints: tuple[str, ...], labels: dict[str, s
     if host.read_optional(KUBELET_DROPIN) == text:
         return None, "the kubelet drop-in is already in place"
     return text, f"write {KUBELET_DROPIN}"
+
+
+def print_form(config: Any, name: str, pool: str | None, instance_type: str | None,
+               as_json: bool) -> int:
+    """`gpunode label --registration NAME`: the form on stdout, YAML (the flags on one line for
+    kubelet-flags), or with --json the very same document as JSON (kubelet-flags: a JSON array
+    of the flags). `config` is the AgentConfig."""
+    pool, instance_type = pool_settings(name, pool, instance_type)
+    document = form(name, pool, instance_type, config.kubernetes.taints,
+                    dict(config.kubernetes.labels), config.source, config.kubernetes.stack)
+    if as_json:
+        import json
+
+        print(json.dumps(document, indent=2, sort_keys=False))
+    elif isinstance(document, list):
+        print(" ".join(document))
+    else:
+        import yaml
+
+        print(yaml.safe_dump(document, sort_keys=False), end="")
+    return 0

@@ -15,7 +15,7 @@ from gpunode.detect import (
 )
 from gpunode.driver import devices, nouveau
 from gpunode.state import BootRecord
-from gpunode.status import containerd, toolkit
+from gpunode.status import baked, containerd, toolkit
 from gpunode.status.facts import FAIL, OK, SKIP, WARN, Check, Report, StatusFacts, wanted_labels
 
 
@@ -32,7 +32,7 @@ def evaluate(facts: StatusFacts) -> Report:
         skipped = ("GPU detection undecided (see gpus)" if detection.undecided
                    else "no NVIDIA GPU on this host")
         checks += [Check(name, SKIP, skipped) for name in _GPU_CHECKS]
-        checks.append(_last_boot_check(facts))
+        checks += [*baked.check(facts.bake), _last_boot_check(facts)]
         verdict = "not-ready" if any(c.state == FAIL for c in checks) else "no-gpu"
         return Report(tuple(checks), verdict)
     driver = driverinfo.parse_version(facts.driver_version_text or "")
@@ -51,6 +51,7 @@ def evaluate(facts: StatusFacts) -> Report:
         containerd.process_check(facts, "kubelet"),
         _device_plugin(facts),
         _watch(facts),
+        *baked.check(facts.bake),
         _last_boot_check(facts),
     ]
     verdict = "not-ready" if any(c.state == FAIL for c in checks) else "ready"

@@ -156,6 +156,7 @@ class StatusFacts:
     # what `gpunode watch` last found (watch/state.py), and why its file cannot be read
     watch: Any = None
     watch_problem: str | None = None
+    bake: Any = None  # status/baked.py's BakeFacts; None: the image was not baked
 
     @property
     def undecided(self) -> str | None:
@@ -221,4 +222,5 @@ def to_json(facts: StatusFacts, report: Report) -> dict[str, Any]:
         "containerd_config": facts.containerd.config_path,
         "checks": [asdict(c) for c in report.checks],
         "last_boot": facts.last_boot.raw if facts.last_boot else None,
+        "baked": facts.bake.baked.document if facts.bake and facts.bake.baked else None,
     }

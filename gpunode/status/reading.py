@@ -15,7 +15,7 @@ from gpunode.host import Host
 from gpunode.kube import nodename
 from gpunode.processes import observe as observe_processes
 from gpunode.state import BootRecord, read_record
-from gpunode.status import containerd, toolkit
+from gpunode.status import baked, containerd, toolkit
 from gpunode.status.facts import CdiSpec, DeviceNodes, DevNode, Failure, NodeFacts, StatusFacts
 
 
@@ -73,6 +73,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         vgpu=_vgpu(host, detection) if detection and detection.gpus else None,
         watch=watch,
         watch_problem=watch_problem,
+        bake=baked.observe(host),
     )
 
 

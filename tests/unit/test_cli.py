@@ -18,7 +18,7 @@ FUNCTION_KEYS = {"address", "vendor_id", "device_id", "subsystem_vendor_id",
                  "subsystem_device_id", "class_code", "kind", "product_name", "numa_node",
                  "driver", "iommu_group", "unreadable"}
 STATUS_KEYS = {"schema_version", "root", "verdict", "ready", "config", "boot_time", "driver",
-               "containerd_config", "checks", "last_boot"}
+               "containerd_config", "checks", "last_boot", "baked"}
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

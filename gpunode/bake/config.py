@@ -1,0 +1,273 @@
+"""The bake config of `gpunode image bake`: typed, validated once, refused with file, key, line.
+
+```toml
+[gpunode]                      # required: gpunode's sysext
+source = "https://…/gpunode-0.2.0-x86-64.raw"   # http(s) URL, file:// URL, or a path
+sha512 = "…"                   # 128 lowercase hex digits
+
+[[driver]]                     # none or more: Flatcar's official driver sysexts
+name = "nvidia-drivers-570-open"   # as enabled-sysext.conf names it
+source = "https://{group}.release.flatcar-linux.net/{board}/{version}/flatcar-{name}.raw"
+sha512 = "…"
+
+[agent]
+config = "gpunode.toml"        # optional: installed as /etc/gpunode/config.toml (checked first)
+
+[download]
+timeout = 60                   # seconds a download may stall, 1 to 600
+attempts = 3                   # tries per download, 1 to 10
+```
+
+A relative path is relative to the bake config's own directory. `{version}`, `{board}`,
+`{group}` and `{name}` in a driver's source are the image's Flatcar version, board and update
+group and the driver's name (docs/cli.md). Every refusal is a BakeConfigError (exit 2) naming
+the file, the key (`driver[2].sha512`) and its line.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpunode.errors import BakeConfigError, HostError
+from gpunode.host import Host
+from gpunode.tomlread import key_line, loads_toml
+
+MAX_BAKE_CONFIG = 1 << 20
+# Flatcar's official NVIDIA driver sysexts (flatcar/scripts build_library/extra_sysexts.sh).
+DRIVER_NAME = re.compile(r"nvidia-drivers-(\d+)(-open)?")
+PLACEHOLDERS = ("version", "board", "group", "name")
+_SHA512 = re.compile(r"[0-9a-f]{128}")
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.raw")
+_SECTIONS = {"gpunode": ("source", "sha512"), "driver": ("name", "source", "sha512"),
+             "agent": ("config",), "download": ("timeout", "attempts")}
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where an artifact comes from: a URL (http, https) or a file on the baking machine."""
+
+    url: str | None  # http(s)
+    path: str | None  # absolute, on the machine gpunode runs on (file:// or a path)
+    text: str  # as written in the bake config (a driver's: placeholders expanded)
+
+    @property
+    def shown(self) -> str:
+        """For messages and the manifest: no query string, no user or password."""
+        if self.url is None:
+            return str(self.path)
+        parts = urllib.parse.urlsplit(self.url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        return urllib.parse.urlunsplit((parts.scheme, host + port, parts.path, "", ""))
+
+    @property
+    def file_name(self) -> str:
+        return (urllib.parse.urlsplit(self.url).path if self.url else str(self.path)) \
+            .rpartition("/")[2]
+
+
+@dataclass(frozen=True)
+class Artifact:
+    key: str  # "gpunode", "driver[1]": where the bake config names it
+    name: str  # "gpunode", "nvidia-drivers-570-open"
+    source: str  # as written (a driver's may hold placeholders)
+    sha512: str
+
+
+@dataclass(frozen=True)
+class BakeConfig:
+    file: str
+    base: Path  # the bake config's directory: relative sources are relative to it
+    gpunode: Artifact
+    drivers: tuple[Artifact, ...]
+    agent_config: str | None  # absolute path on this machine
+    timeout: int = 60
+    attempts: int = 3
+    text: str = ""
+
+    def line(self, key: str) -> int | None:
+        return _line(self.text, key)
+
+
+def load(path: str) -> BakeConfig:
+    """The bake config at `path` (a path on the machine gpunode runs on), validated."""
+    shown = str(Path(path).absolute())
+    try:
+        text = Host().read_optional(shown, limit=MAX_BAKE_CONFIG, errors="strict")
+    except HostError as exc:
+        raise BakeConfigError(shown, None, f"cannot be read: {exc.reason}") from None
+    if text is None:
+        raise BakeConfigError(shown, None, "does not exist")
+    return parse(text, shown)
+
+
+def parse(text: str, shown: str) -> BakeConfig:
+    doc = loads_toml(text, shown, lambda f, reason, line: BakeConfigError(f, None, reason, line))
+    for name in doc:
+        if name not in _SECTIONS:
+            raise BakeConfigError(shown, name, "unknown section; valid sections are "
+                                  f"{', '.join(_SECTIONS)}", _line(text, name))
+    if "gpunode" not in doc:
+        raise BakeConfigError(shown, "gpunode", "missing: the bake config names gpunode's "
+                              "sysext in [gpunode] (source and sha512)")
+    gpunode = _artifact(doc["gpunode"], "gpunode", "gpunode", text, shown)
+    drivers_doc = doc.get("driver", [])
+    if not isinstance(drivers_doc, list):
+        raise BakeConfigError(shown, "driver", "must be an array of tables ([[driver]])",
+                              _line(text, "driver"))
+    drivers = tuple(_artifact(d, f"driver[{i}]", None, text, shown)
+                    for i, d in enumerate(drivers_doc, 1))
+    seen: set[str] = set()
+    for d in drivers:
+        if d.name in seen:
+            raise BakeConfigError(shown, f"{d.key}.name", f"{d.name!r} is baked twice; name "
+                                  "each driver sysext once", _line(text, f"{d.key}.name"))
+        seen.add(d.name)
+    if len(drivers) > 1:
+        # Every enabled sysext is merged: two drivers would overlay each other's nvidia.ko.
+        raise BakeConfigError(shown, f"{drivers[1].key}.name", "only one driver sysext can be "
+                              "baked: Flatcar merges every enabled extension, and two NVIDIA "
+                              "drivers would overlay each other's modules",
+                              _line(text, f"{drivers[1].key}.name"))
+    agent = _table(doc.get("agent", {}), "agent", text, shown)
+    download = _table(doc.get("download", {}), "download", text, shown)
+    base = Path(shown).parent
+    agent_config = None
+    if "config" in agent:
+        value = _string(agent["config"], "agent.config", text, shown)
+        agent_config = str(base / value) if not value.startswith("/") else value
+    timeout = _integer(download.get("timeout", 60), "download.timeout", 1, 600, text, shown)
+    attempts = _integer(download.get("attempts", 3), "download.attempts", 1, 10, text, shown)
+    config = BakeConfig(shown, base, gpunode, drivers, agent_config, timeout, attempts, text)
+    for driver in drivers:
+        source(config, driver, {})  # the placeholders' names and the form, before any work
+    if not _FILE_NAME.fullmatch(source(config, gpunode, {}).file_name):
+        raise BakeConfigError(shown, "gpunode.source", "must name a file like "
+                              "gpunode-0.2.0-x86-64.raw (it keeps that name in "
+                              "/opt/extensions/gpunode)", _line(text, "gpunode.source"))
+    return config
+
+
+def source(config: BakeConfig, artifact: Artifact, values: dict[str, str]) -> Source:
+    """The artifact's source with the placeholders filled from `values`, checked."""
+    key = f"{artifact.key}.source"
+    text = artifact.source
+    if artifact.key != "gpunode":
+        for name in re.findall(r"\{([^{}]*)\}", text):
+            if name not in PLACEHOLDERS:
+                raise BakeConfigError(config.file, key, f"unknown placeholder {{{name}}}; "
+                                      f"valid are {', '.join('{' + p + '}' for p in PLACEHOLDERS)}",
+                                      config.line(key))
+            if name not in values and values:
+                raise BakeConfigError(config.file, key, f"{{{name}}} cannot be filled: the "
+                                      "image's os-release does not say it", config.line(key))
+        for name, value in values.items():
+            text = text.replace(f"{{{name}}}", value)
+    return _parse_source(text, config, key)
+
+
+def _parse_source(text: str, config: BakeConfig, key: str) -> Source:
+    def refuse(reason: str) -> BakeConfigError:
+        return BakeConfigError(config.file, key, f"{text!r}: {reason}", config.line(key))
+
+    if not text or not text.isprintable() or text != text.strip():
+        raise refuse("must be a URL or a path, without spaces around it or control characters")
+    if "://" not in text:
+        return Source(None, str(config.base / text) if not text.startswith("/") else text, text)
+    try:
+        parts = urllib.parse.urlsplit(text)
+        parts.port  # noqa: B018 -- parses it: ValueError for a bad port
+    except ValueError as exc:
+        raise refuse(f"not a URL: {exc}") from None
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise refuse("a file:// URL names a local absolute path (file:///path)")
+        return Source(None, urllib.parse.unquote(parts.path), text)
+    if parts.scheme not in ("http", "https"):
+        raise refuse("the bake fetches http, https or file URLs, or a path")
+    if not parts.hostname:
+        raise refuse("it names no host")
+    return Source(text, None, text)
+
+
+def _artifact(value: Any, key: str, name: str | None, text: str, shown: str) -> Artifact:
+    section = "gpunode" if key == "gpunode" else "driver"
+    table = _table(value, key, text, shown, section)
+    for wanted in _SECTIONS[section]:
+        if wanted not in table:
+            raise BakeConfigError(shown, f"{key}.{wanted}", "missing: "
+                                  f"[{section if section == 'gpunode' else '[driver]'}] "
+                                  f"needs {', '.join(_SECTIONS[section])}", _line(text, key))
+    strings = {k: _string(table[k], f"{key}.{k}", text, shown) for k in _SECTIONS[section]}
+    if not _SHA512.fullmatch(strings["sha512"]):
+        raise BakeConfigError(shown, f"{key}.sha512", "must be 128 lowercase hex digits (the "
+                              "artifact's sha512)", _line(text, f"{key}.sha512"))
+    if name is None:
+        name = strings["name"]
+        if not DRIVER_NAME.fullmatch(name):
+            raise BakeConfigError(shown, f"{key}.name", f"{name!r} is not a Flatcar driver "
+                                  "sysext: nvidia-drivers-<branch> or nvidia-drivers-<branch>-"
+                                  "open (e.g. nvidia-drivers-570-open)", _line(text, f"{key}.name"))
+    return Artifact(key, name, strings["source"], strings["sha512"])
+
+
+def _table(value: Any, key: str, text: str, shown: str, section: str | None = None
+           ) -> dict[str, Any]:
+    section = section or key
+    if not isinstance(value, dict):
+        raise BakeConfigError(shown, key, f"must be a table ([{section}]), not "
+                              f"{type(value).__name__}", _line(text, key))
+    for name in value:
+        if name not in _SECTIONS[section]:
+            raise BakeConfigError(shown, f"{key}.{name}", f"unknown key; valid keys in "
+                                  f"[{section}] are {', '.join(_SECTIONS[section])}",
+                                  _line(text, f"{key}.{name}"))
+    return value
+
+
+def _string(value: Any, key: str, text: str, shown: str) -> str:
+    if not isinstance(value, str):
+        raise BakeConfigError(shown, key, f"must be a string, not {type(value).__name__} "
+                              f"({value!r})", _line(text, key))
+    return value
+
+
+def _integer(value: Any, key: str, low: int, high: int, text: str, shown: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise BakeConfigError(shown, key, f"must be an integer from {low} to {high}, not "
+                              f"{value!r}", _line(text, key))
+    return value
+
+
+def _line(text: str, key: str) -> int | None:
+    """The line of `section.key`, `driver[N].key` (the N-th [[driver]] table) or a section."""
+    head, _, name = key.partition(".")
+    match = re.fullmatch(r"(\w+)\[(\d+)\]", head)
+    if match is None:
+        return key_line(text, head, name) if name else (key_line(text, "", head)
+                                                        or _header(text, head, 1))
+    start = _header(text, match.group(1), int(match.group(2)))
+    if start is None or not name:
+        return start
+    lines = text.splitlines()
+    for number in range(start + 1, len(lines) + 1):
+        line = lines[number - 1].strip()
+        if line.startswith("["):
+            break
+        if line.partition("=")[0].strip().strip('"') == name and "=" in line:
+            return number
+    return start
+
+
+def _header(text: str, section: str, nth: int) -> int | None:
+    count = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        if raw.strip().replace(" ", "") in (f"[{section}]", f"[[{section}]]"):
+            count += 1
+            if count == nth:
+                return number
+    return None
