@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
-import socket
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,9 @@ from gpunode.containerd import extras, step
 from gpunode.containerd.ledger import MEMLOCK_DROPIN
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd
+from helpers import fake_containerd
 from helpers.cluster_chart import CONFIG, chart_node, vector
+from helpers.fake_containerd import RecordingSystemd
 
 TEMPLATE = TEST_DATA / "containerd" / "cluster-chart" / "config.toml.tpl"
 # Each action of the template and what cluster-azure 8.0.0's values make of it (the README).
@@ -94,27 +94,6 @@ class Probe:
         return None
 
 
-@dataclass
-class Systemd:
-    """Records what is asked of systemd; containerd is in `state`."""
-
-    state: str
-    available: bool = True
-    calls: list[str] = field(default_factory=list)
-
-    def active_state(self, unit: str) -> str:
-        return self.state
-
-    def exec_start(self, unit: str) -> None:
-        return None
-
-    def daemon_reload(self) -> None:
-        self.calls.append("daemon-reload")
-
-    def restart(self, unit: str, timeout: float) -> None:
-        self.calls.append(f"restart {unit}")
-
-
 def tree(host: Host) -> dict[str, bytes | None]:
     return {str(p.relative_to(host.root)): p.read_bytes() if p.is_file() else None
             for p in sorted(host.root.rglob("*"))}
@@ -130,7 +109,7 @@ def test_the_boot_step_leaves_the_charts_file_and_the_node_alone(
 ) -> None:
     host = chart_node(make_host)
     before = tree(host)
-    systemd = Systemd(state="active")
+    systemd = RecordingSystemd(state="active")
     the_plan, outcome = step.configure(host, ContainerdConfig(), systemd, 5,
                                        probe=Probe(daemon))
     assert the_plan.describe() == [
@@ -147,7 +126,7 @@ def test_at_first_boot_the_memlock_dropin_is_written_and_nothing_restarted(
     lines), the LimitMEMLOCK drop-in beside it is read by one daemon-reload, and containerd
     starts once, with both."""
     host = chart_node(make_host, memlock=False)
-    systemd = Systemd(state="inactive")
+    systemd = RecordingSystemd(state="inactive")
     _, outcome = step.configure(host, ContainerdConfig(), systemd, 5, probe=Probe(daemon))
     assert (host.root / CONFIG).read_text() == (
         vector("cluster-azure-containerd-1.7", "expected") if daemon == (1, 7)
@@ -171,18 +150,9 @@ def test_the_cdi_lines_on_a_running_containerd_1_7_restart_it_once(
     make_host: HostFactory,
 ) -> None:
     host = chart_node(make_host)
-    directory = host.root / "run/containerd"  # the chart's file sets no [grpc] address
-    directory.mkdir(parents=True)
-    fd = os.open(directory, os.O_PATH)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        server.bind(f"/proc/self/fd/{fd}/containerd.sock")
-        server.listen()
-        systemd = Systemd(state="active")
+    with fake_containerd.listening(host):  # the chart's file sets no [grpc] address
+        systemd = RecordingSystemd(state="active")
         _, outcome = step.configure(host, ContainerdConfig(), systemd, 5, probe=Probe((1, 7)))
-    finally:
-        server.close()
-        os.close(fd)
     assert (outcome.restarted, systemd.calls) == (True, ["restart containerd.service"])
 
 
@@ -194,7 +164,7 @@ def test_the_charts_cdi_variant_is_left_alone_on_every_version(
 ) -> None:
     host = chart_node(make_host, "cluster-azure-cdi")
     before = tree(host)
-    systemd = Systemd(state="active")
+    systemd = RecordingSystemd(state="active")
     _, outcome = step.configure(host, ContainerdConfig(), systemd, 5, probe=Probe(daemon))
     assert (outcome.changed, systemd.calls) == (False, [])
     assert tree(host) == before

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -19,54 +19,22 @@ from gpunode.config import ContainerdConfig
 from gpunode.containerd import revert, step
 from gpunode.containerd.edit import EditError
 from gpunode.host import Host
-from gpunode.systemd import NoSystemd, SystemdError, UnitExec
+from gpunode.systemd import NoSystemd
 from gpunode_testing import fixtures
+from helpers import fake_containerd
+from helpers.fake_containerd import RecordingSystemd
 
 CONFIG = ContainerdConfig()
 
 
-@dataclass
-class FakeSystemd:
-    """Records calls; containerd is 'active'; restart fails while `broken` says so."""
-
-    state: str = "active"
-    available: bool = True
-    broken: set[str] = field(default_factory=set)  # config texts containerd refuses
-    host: Host | None = None
-    calls: list[str] = field(default_factory=list)
-
-    def active_state(self, unit: str) -> str:
-        return self.state
-
-    def exec_start(self, unit: str) -> UnitExec | None:
-        return None
-
-    def daemon_reload(self) -> None:
-        self.calls.append("daemon-reload")
-
-    def restart(self, unit: str, timeout: float) -> None:
-        self.calls.append(f"restart {unit}")
-        assert self.host is not None
-        text = self.host.read_optional("/etc/containerd/config.toml") or ""
-        if any(marker in text for marker in self.broken):
-            raise SystemdError(unit, "restart", "it is failed after the restart")
-
-
 def listen(host: Host) -> None:
-    """Make containerd's socket answer, as a running containerd would."""
-    import socket
-
-    directory = host.root / "run/containerd"
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory, os.O_PATH)  # a short name for a long tmp path (sun_path limit)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(f"/proc/self/fd/{fd}/containerd.sock")
-    server.listen()
-    os.close(fd)
-    SERVERS.append(server)
+    """containerd's socket answering for the rest of the session."""
+    SERVERS.append(fake_containerd.listen(host))
 
 
 SERVERS: list[object] = []
+
+
 
 
 def test_read_only_config_gets_a_writable_copy_and_a_dropin(flatcar: Host) -> None:
@@ -86,7 +54,7 @@ def test_read_only_config_gets_a_writable_copy_and_a_dropin(flatcar: Host) -> No
 def test_second_run_writes_nothing_and_restarts_nothing(flatcar: Host) -> None:
     step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), NoSystemd(), 5)
     files = {p: p.stat().st_mtime_ns for p in flatcar.root.rglob("*") if p.is_file()}
-    fake = FakeSystemd(host=flatcar)
+    fake = RecordingSystemd(host=flatcar)
     the_plan = step.plan(flatcar, CONFIG, NoSystemd())
     outcome = step.apply(flatcar, the_plan, fake, 5)
     assert not the_plan.changed
@@ -112,14 +80,14 @@ def test_config_in_etc_is_edited_in_place_with_a_backup_kept_once(
 
 def test_restart_happens_once_only_when_containerd_runs(flatcar: Host) -> None:
     listen(flatcar)
-    fake = FakeSystemd(host=flatcar)
+    fake = RecordingSystemd(host=flatcar)
     outcome = step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), fake, 5)
     assert outcome.restarted
     assert fake.calls == ["daemon-reload", "restart containerd.service"]
 
 
 def test_containerd_not_running_is_not_started(flatcar: Host) -> None:
-    fake = FakeSystemd(state="inactive", host=flatcar)
+    fake = RecordingSystemd(state="inactive", host=flatcar)
     outcome = step.apply(flatcar, step.plan(flatcar, CONFIG, NoSystemd()), fake, 5)
     assert (outcome.changed, outcome.restarted) == (True, False)
     assert fake.calls == ["daemon-reload"]
@@ -130,7 +98,7 @@ def test_failed_restart_restores_every_file_and_restarts_again(make_host: HostFa
     listen(host)
     target = host.root / "etc/containerd/config.toml"
     before = target.read_bytes()
-    fake = FakeSystemd(host=host, broken={"enable_cdi"})
+    fake = RecordingSystemd(host=host, broken={"enable_cdi"})
     the_plan = step.plan(host, ContainerdConfig(enable_cdi=True), NoSystemd())
     with pytest.raises(step.ContainerdStepError, match="previous config was restored and "
                        "containerd is running with it again"):
@@ -641,7 +609,7 @@ def test_a_failed_restart_on_flatcar_leaves_the_tree_as_it_was_no_empty_director
     (flatcar.root / "var/lib").mkdir(parents=True, exist_ok=True)
     assert not (flatcar.root / "etc/systemd/system/containerd.service.d").exists()
     before = snapshot(flatcar.root)
-    fake = FakeSystemd(host=flatcar, broken={"nvidia"})
+    fake = RecordingSystemd(host=flatcar, broken={"nvidia"})
     with pytest.raises(step.ContainerdStepError, match="previous config was restored"):
         step.configure(flatcar, CONFIG, fake, 5)
     assert snapshot(flatcar.root) == before

@@ -4,9 +4,7 @@ says of each. Real containerd's dumps: tests/integration/test_runtime_wiring_rea
 
 from __future__ import annotations
 
-import os
-import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
@@ -19,6 +17,8 @@ from gpunode.host import Host
 from gpunode.status import evaluate, observe
 from gpunode.systemd import NoSystemd
 from gpunode_testing import fixtures
+from helpers import fake_containerd
+from helpers.fake_containerd import RecordingSystemd
 
 TOOLKIT_TEXT = """# the sysext's copy
 disable-require = false
@@ -44,38 +44,6 @@ class Probe:
 
     def dump(self, binary: str, path: str) -> None:
         return None
-
-
-@dataclass
-class Systemd:
-    """Records calls; containerd is in `state`."""
-
-    state: str = "inactive"
-    available: bool = True
-    calls: list[str] = field(default_factory=list)
-
-    def active_state(self, unit: str) -> str:
-        return self.state
-
-    def exec_start(self, unit: str) -> None:
-        return None
-
-    def daemon_reload(self) -> None:
-        self.calls.append("daemon-reload")
-
-    def restart(self, unit: str, timeout: float) -> None:
-        self.calls.append(f"restart {unit}")
-
-
-def _listen(host: Host) -> socket.socket:
-    directory = host.root / "run/containerd"
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory, os.O_PATH)
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(f"/proc/self/fd/{fd}/containerd.sock")
-    server.listen()
-    os.close(fd)
-    return server
 
 
 # -- enable_cdi by version -----------------------------------------------------------------------
@@ -276,7 +244,7 @@ def test_first_boot_writes_the_memlock_dropin_reloads_and_does_not_restart(
     """containerd is not running yet at first boot: one daemon-reload (for both drop-ins),
     and it starts once, with them."""
     host = with_runtime_binary(make_host("nc4as-t4-v3", "driver"))
-    systemd = Systemd(state="inactive")
+    systemd = RecordingSystemd(state="inactive")
     outcome = step.apply(host, step.plan(host, ContainerdConfig(), systemd), systemd, 5)
     assert (host.root / MEMLOCK_DROPIN.lstrip("/")).read_text() == extras.MEMLOCK_TEXT
     assert (outcome.restarted, systemd.calls) == (False, ["daemon-reload"])
@@ -285,9 +253,9 @@ def test_first_boot_writes_the_memlock_dropin_reloads_and_does_not_restart(
 def test_a_new_memlock_dropin_restarts_a_running_containerd_once(make_host: HostFactory) -> None:
     host = make_host("nc4as-t4-v3", "ready")
     (host.root / MEMLOCK_DROPIN.lstrip("/")).unlink()
-    server = _listen(host)
+    server = fake_containerd.listen(host)
     try:
-        systemd = Systemd(state="active")
+        systemd = RecordingSystemd(state="active")
         outcome = step.apply(host, step.plan(host, ContainerdConfig(), systemd), systemd, 5)
     finally:
         server.close()
@@ -300,7 +268,7 @@ def test_the_toolkit_mode_alone_restarts_nothing(make_host: HostFactory) -> None
     path = host.root / TOOLKIT_CONFIG.lstrip("/")
     path.parent.mkdir(parents=True)
     path.write_text(TOOLKIT_TEXT)
-    systemd = Systemd(state="active")
+    systemd = RecordingSystemd(state="active")
     config = ContainerdConfig(toolkit_mode="cdi")
     outcome = step.apply(host, step.plan(host, config, systemd), systemd, 5)
     assert (outcome.changed, outcome.restarted, systemd.calls) == (True, False, [])
@@ -339,7 +307,7 @@ def test_a_memlock_dropin_rolled_back_after_a_kill_is_reloaded(
         with pytest.raises(Killed):
             step.apply(host, step.plan(host, ContainerdConfig(), NoSystemd()), NoSystemd(), 5)
     assert (host.root / MEMLOCK_DROPIN.lstrip("/")).exists()
-    systemd = Systemd()
+    systemd = RecordingSystemd(state="inactive")
     step.recover(host, systemd)
     assert not (host.root / MEMLOCK_DROPIN.lstrip("/")).exists()
     assert systemd.calls == ["daemon-reload"]
