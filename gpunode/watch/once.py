@@ -55,6 +55,10 @@ class Decision:
 
 def observe(host: Host, config: AgentConfig) -> Observed:
     stat = host.stat(KMSG)
+    if stat is None and not host.is_live:
+        raise HostError("read", host.display(KMSG), "does not exist: under --root the watch "
+                        "reads the node's kernel log from this file (its /dev/kmsg records, "
+                        "e.g. saved on the node with 'timeout 1 cat /dev/kmsg')")
     if stat is not None and stat.st_size > KMSG_LIMIT:
         raise HostError("read", host.display(KMSG), f"is {stat.st_size} bytes, more than the "
                         f"kernel's largest log buffer ({KMSG_LIMIT} bytes): not a kernel log")

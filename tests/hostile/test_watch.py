@@ -53,7 +53,8 @@ REFUSED = {
     "larger-than-any-kernel-log": (_too_large, r"kmsg.*more than the kernel's largest log"),
     "symlink-out-of-the-root": (_link_out, r"kmsg"),
     "symlink-loop": (_loop, r"kmsg.*too many levels of symbolic links"),
-    "absent": (_absent, r"kmsg"),
+    "absent": (_absent, r"kmsg'?: does not exist: under --root the watch reads the node's "
+                        r"kernel log"),
 }
 
 
