@@ -157,6 +157,27 @@ def build_config(host: Host, version: str) -> object:
         driver_url="/srv/mirror/driver.run", driver_sha256=sha(INSTALLER, "sha256")))
 
 
+def write_build_setup(root: Path, version: str, installer: bytes, image: bytes,
+                      command: list[str] | None = None) -> None:
+    """A node's mirror (the installer, the developer container) inside `root` and the agent
+    config of `gpunode driver build` from it, as a file: driver.build enabled, both pinned."""
+    import json
+
+    mirror = root / "srv/mirror"
+    mirror.mkdir(parents=True, exist_ok=True)
+    (mirror / "driver.run").write_bytes(installer)
+    (mirror / "dev.bin").write_bytes(image)
+    lines = ["[driver]", f'version = "{version}"', "", "[driver.build]", "enabled = true",
+             'dev_container_url = "/srv/mirror/dev.bin"',
+             f'dev_container_sha512 = "{sha(image, "sha512")}"',
+             'driver_url = "/srv/mirror/driver.run"',
+             f'driver_sha256 = "{sha(installer, "sha256")}"']
+    if command is not None:
+        lines.append(f"command = {json.dumps(command)}")
+    (root / "etc/gpunode").mkdir(parents=True, exist_ok=True)
+    (root / "etc/gpunode/config.toml").write_text("\n".join(lines) + "\n")
+
+
 # -- an installer for the real build.sh ----------------------------------------------------------
 
 KERNEL_MAKEFILE = """\

@@ -5,7 +5,6 @@ message naming the path, without a hang and with every file as it was, or read i
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -14,34 +13,18 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.driver import cache
+from helpers.driver_build import write_build_setup
 from hostile.support import Cli, check_refusal
 
 KERNEL = "6.6.95-flatcar"
 INSTALLER = b"#!/bin/sh\n# fake NVIDIA installer\n"
 IMAGE = b"fake developer container\n"
-BUILD_CONFIG = """\
-[driver]
-version = "570.195.03"
-[driver.build]
-enabled = true
-dev_container_url = "/srv/mirror/dev.bin"
-dev_container_sha512 = "{image}"
-driver_url = "/srv/mirror/driver.run"
-driver_sha256 = "{installer}"
-"""
-
-
 def _build_node(make_host: HostFactory, mutate: Callable[[Path], None]) -> Path:
     """A node set up for `driver build` from a mirror under the root; its cache dir and lock
     exist already (a failed build leaves them: they are the cache, not the refusal's doing)."""
     host = make_host("nc4as-t4-v3", "bare", extra={"/proc/sys/kernel/osrelease": KERNEL + "\n"})
     root = host.root
-    (root / "srv/mirror").mkdir(parents=True)
-    (root / "srv/mirror/driver.run").write_bytes(INSTALLER)
-    (root / "srv/mirror/dev.bin").write_bytes(IMAGE)
-    (root / "etc/gpunode").mkdir(parents=True, exist_ok=True)
-    (root / "etc/gpunode/config.toml").write_text(BUILD_CONFIG.format(
-        image=hashlib.sha512(IMAGE).hexdigest(), installer=hashlib.sha256(INSTALLER).hexdigest()))
+    write_build_setup(root, "570.195.03", INSTALLER, IMAGE)
     cache_dir = root / cache.CACHE_ROOT.lstrip("/")
     (cache_dir / KERNEL).mkdir(parents=True)
     (cache_dir / ".lock").write_bytes(b"")  # the lock an earlier build made

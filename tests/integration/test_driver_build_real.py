@@ -9,7 +9,6 @@ tests/unit/test_driver_build.py and tests/unit/test_driver_build_userspace.py.
 
 from __future__ import annotations
 
-import hashlib
 import http.server
 import json
 import mimetypes
@@ -42,6 +41,7 @@ from helpers.driver_build import (
     mirror_host,
     sha,
     strip_system_userspace,
+    write_build_setup,
 )
 from hostile.support import Cli
 
@@ -149,20 +149,6 @@ def test_a_configured_builder_command_runs_for_real_through_the_whole_build(host
 # -- build.sh run for real on a stand-in installer -----------------------------------------------
 
 T4 = fixtures.MACHINES["nc4as-t4-v3"]
-BUILD_CONFIG = """\
-[driver]
-version = "{version}"
-
-[driver.build]
-enabled = true
-dev_container_url = "/srv/mirror/dev.bin"
-dev_container_sha512 = "{image}"
-driver_url = "/srv/mirror/driver.run"
-driver_sha256 = "{installer}"
-command = {command}
-"""
-
-
 def built_node_root(make_host: HostFactory, tmp_path: Path, **installer: object) -> Path:
     """A T4 node with the driver loaded and no user-space of its own, set up for `gpunode
     driver build` with build.sh run for real on a stand-in installer of the loaded version."""
@@ -172,15 +158,8 @@ def built_node_root(make_host: HostFactory, tmp_path: Path, **installer: object)
     root = host.root
     strip_system_userspace(root)
     data = fake_installer(tmp_path, T4.driver_version, **installer)  # type: ignore[arg-type]
-    (root / "srv/mirror").mkdir(parents=True)
-    (root / "srv/mirror/driver.run").write_bytes(data)
-    (root / "srv/mirror/dev.bin").write_bytes(b"developer container image\n")
-    (root / "etc/gpunode").mkdir(parents=True, exist_ok=True)
-    (root / "etc/gpunode/config.toml").write_text(BUILD_CONFIG.format(
-        version=T4.driver_version, command=json.dumps(build_sh_command(
-            kernel_tree(tmp_path / "kernel", fixtures.KERNEL))),
-        image=hashlib.sha512(b"developer container image\n").hexdigest(),
-        installer=hashlib.sha256(data).hexdigest()))
+    write_build_setup(root, T4.driver_version, data, b"developer container image\n",
+                      build_sh_command(kernel_tree(tmp_path / "kernel", fixtures.KERNEL)))
     return root
 
 
