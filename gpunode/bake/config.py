@@ -6,7 +6,8 @@ source = "https://…/gpunode-0.2.0-x86-64.raw"   # http(s) URL, file:// URL, or
 sha512 = "…"                   # 128 lowercase hex digits
 
 [[driver]]                     # none or more: Flatcar's official driver sysexts
-name = "nvidia-drivers-570-open"   # as enabled-sysext.conf names it
+name = "nvidia-drivers-570-open"   # as enabled-sysext.conf names it (several: one per
+                                   # generation, chosen per node at boot: docs/image-bake.md)
 source = "https://{group}.release.flatcar-linux.net/{board}/{version}/flatcar-{name}.raw"
 sha512 = "…"
 
@@ -32,13 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpunode.driver.branches import NAME as DRIVER_NAME
 from gpunode.errors import BakeConfigError, HostError
 from gpunode.host import Host
 from gpunode.tomlread import key_line, loads_toml
 
 MAX_BAKE_CONFIG = 1 << 20
-# Flatcar's official NVIDIA driver sysexts (flatcar/scripts build_library/extra_sysexts.sh).
-DRIVER_NAME = re.compile(r"nvidia-drivers-(\d+)(-open)?")
 PLACEHOLDERS = ("version", "board", "group", "name")
 _SHA512 = re.compile(r"[0-9a-f]{128}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.raw")
@@ -127,12 +127,6 @@ def parse(text: str, shown: str) -> BakeConfig:
             raise BakeConfigError(shown, f"{d.key}.name", f"{d.name!r} is baked twice; name "
                                   "each driver sysext once", _line(text, f"{d.key}.name"))
         seen.add(d.name)
-    if len(drivers) > 1:
-        # Every enabled sysext is merged: two drivers would overlay each other's nvidia.ko.
-        raise BakeConfigError(shown, f"{drivers[1].key}.name", "only one driver sysext can be "
-                              "baked: Flatcar merges every enabled extension, and two NVIDIA "
-                              "drivers would overlay each other's modules",
-                              _line(text, f"{drivers[1].key}.name"))
     agent = _table(doc.get("agent", {}), "agent", text, shown)
     download = _table(doc.get("download", {}), "download", text, shown)
     base = Path(shown).parent

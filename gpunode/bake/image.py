@@ -12,6 +12,10 @@ Where things go, and why:
   reads every name in enabled-sysext.conf, looks for exactly that file (VERSION from the
   image's /usr/lib/os-release) and downloads it only when it is missing; then it makes that
   link itself. A baked file is therefore used as it is, until an OS update changes VERSION.
+- Several driver sysexts (an image for several GPU generations): each file in the same place,
+  none listed in enabled-sysext.conf and none linked — the initramfs would link every listed
+  one, and systemd-sysext would overlay their modules. At boot the driver step picks the one
+  the node's GPUs need (gpunode/driver/branches.py) and merges it from /run/extensions.
 - Flatcar's `nvidia.service` masked, the nouveau blacklist, the agent config (optional), and
   gpunode's units enabled (`multi-user.target.wants/` links to the sysext's own units).
 - The bake manifest `/etc/gpunode/baked.json`: what was baked, its version, sha512 and source.
@@ -36,7 +40,7 @@ from gpunode.bake import config as bake_config
 from gpunode.bake import fetch
 from gpunode.bake.manifest import MANIFEST, OS_RELEASES, SCHEMA_VERSION
 from gpunode.config import DEFAULT_CONFIG_PATH
-from gpunode.driver import nouveau
+from gpunode.driver import branches, nouveau
 from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, UsageError
 from gpunode.host import TEMP_SUFFIX, Host
 from gpunode.ignition import EXTENSION_LINK, EXTENSIONS_DIR, UNIT_NAMES
@@ -131,16 +135,19 @@ def plan(host: Host, config: bake_config.BakeConfig, image: Image) -> list[Place
                               f"sysext needs a Flatcar image, but --root {host.root} has "
                               f"ID={image.os_id or '(none)'} VERSION={image.version or '(none)'} "
                               "in its os-release", config.line(f"{config.drivers[0].key}.name"))
+    # One driver: Flatcar's initramfs links it and systemd-sysext merges it with the rest.
+    # Several: none is enabled (the initramfs would link them all, and their modules would
+    # overlay each other); the driver step merges the one the node's GPUs need at boot.
+    enabled = len(config.drivers) == 1
     for d in config.drivers:
         values = {k: v for k, v in (("version", image.version), ("board", image.board),
                                     ("group", image.group), ("name", d.name)) if v}
-        match = bake_config.DRIVER_NAME.fullmatch(d.name)
-        assert match is not None  # the bake config checked it
-        out.append(_placed(host, "driver-sysext", d.name, driver_path(d.name, str(image.version)),
-                           d.sha512, bake_config.source(config, d, values), image.version,
-                           {"branch": match.group(1),
-                            "flavour": "open" if match.group(2) else "proprietary",
-                            "link": driver_link(d.name)}))
+        baked = branches.Baked(d.name, driver_path(d.name, str(image.version)))
+        out.append(_placed(host, "driver-sysext", d.name, baked.path, d.sha512,
+                           bake_config.source(config, d, values), image.version,
+                           {"branch": str(baked.branch), "flavour": baked.flavour,
+                            "link": driver_link(d.name) if enabled else None,
+                            "activation": "initramfs" if enabled else "boot"}))
     return out
 
 
@@ -202,10 +209,12 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
     previous = _previous(host)
     links = {EXTENSION_LINK: artifacts[0].path, f"{UNIT_DIR}/{flatcar.NVIDIA_UNIT}": "/dev/null",
              **{f"{WANTS_DIR}/{unit}": f"{SYSEXT_UNITS}/{unit}" for unit in UNIT_NAMES},
-             **{a.extra["link"]: a.path for a in artifacts[1:]}}
+             **{a.extra["link"]: a.path for a in artifacts[1:] if a.extra["link"]}}
     files = {nouveau.BLACKLIST_FILE: nouveau.BLACKLIST_TEXT.encode()}
-    enabled = _enabled_sysexts(host, [a.name for a in artifacts[1:]],
-                               _old_drivers(previous, artifacts))
+    drivers = artifacts[1:]
+    enabled_names = [a.name for a in drivers if a.extra["link"]]
+    enabled = _enabled_sysexts(host, enabled_names, _old_drivers(previous, artifacts) + [
+        a.name for a in drivers if not a.extra["link"]])
     if enabled is not None:
         files[flatcar.ENABLED_SYSEXT] = enabled
     if agent_text is not None:

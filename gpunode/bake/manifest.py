@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gpunode import records
+from gpunode import envfile, records
 from gpunode.errors import BakeManifestError
 from gpunode.host import Host
 
@@ -89,3 +89,18 @@ def baked_driver(baked: Baked | None, merged: tuple[str, ...]) -> Artifact | Non
     if baked is None:
         return None
     return next((a for a in baked.drivers() if f"flatcar-{a.name}" in merged), None)
+
+
+def os_version(host: Host) -> str | None:
+    """The Flatcar version the node runs now (VERSION of its os-release)."""
+    release = next((t for p in OS_RELEASES if (t := host.read_optional(p)) is not None), "")
+    return envfile.values(release).get("VERSION") or None
+
+
+def usable_drivers(baked: Baked | None, host: Host) -> tuple[Artifact, ...]:
+    """The baked driver sysexts a boot can merge: for the OS version the node runs, in place."""
+    if baked is None:
+        return ()
+    version = os_version(host)
+    return tuple(a for a in baked.drivers()
+                 if version is not None and a.version == version and host.exists(a.path))

@@ -108,8 +108,10 @@ class KmodTools:
 
     def run(self, argv: tuple[str, ...]) -> None:
         if not self.may_load:
-            raise CommandFailed(argv, None, "modules are not loaded under --root: the "
-                                        "tree's kernel is not the one this machine runs")
+            what = ("extensions are not merged" if argv[0] == "systemd-sysext" else
+                    "modules are not loaded")
+            raise CommandFailed(argv, None, f"{what} under --root: the tree's kernel is not "
+                                "the one this machine runs")
         command.run(list(argv), self.timeout)
 
 

@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any
 from gpunode import command, driverinfo, flatcar, kernelinfo, log
 from gpunode.config import DriverConfig
 from gpunode.detect import Detection, PciFunction, loaded_modules
-from gpunode.driver import devices, firmware, flavour, modules, nouveau, strategy, userspace
+from gpunode.driver import (
+    branches,
+    devices,
+    firmware,
+    flavour,
+    modules,
+    nouveau,
+    strategy,
+    userspace,
+)
 from gpunode.errors import CommandFailed, DriverError, GpunodeError
 from gpunode.host import Host
 
@@ -22,6 +31,10 @@ if TYPE_CHECKING:
     from gpunode.driver.build import BuildInputs, BuildResult
 
 NVIDIA_SMI = ("/opt/bin/nvidia-smi", "/usr/bin/nvidia-smi")
+# A baked driver sysext merged at boot: linked where systemd-sysext looks and gone at the next
+# boot, which chooses again (the GPUs of a resized VM may be another generation).
+RUN_EXTENSIONS = "/run/extensions"
+SYSEXT_REFRESH = ("systemd-sysext", "refresh")
 
 
 @dataclass(frozen=True)
@@ -35,10 +48,11 @@ class Plan:
     gpu_addresses: tuple[str, ...] = ()  # GPUs the driver must see (not those on vfio-pci)
     node_fixes: tuple[str, ...] = ()  # device nodes a loaded driver lacks: "<path>: <why>"
     firmware: firmware.FirmwarePath | None = None  # the open modules of a build: their GSP
+    baked: str | None = None  # the baked driver sysext file to merge before loading
 
     @property
     def changed(self) -> bool:
-        return (bool(self.load.steps) or self.choice.action == "build"
+        return (bool(self.load.steps) or self.choice.action in ("build", "activate")
                 or self.sysext_line is not None or bool(self.node_fixes)
                 or self.firmware is not None)
 
@@ -48,6 +62,10 @@ class Plan:
         if self.sysext_line:
             lines.append(f"add '{self.sysext_line}' to {flatcar.ENABLED_SYSEXT} (takes effect "
                          "at the next boot)")
+        if self.baked is not None:
+            name = str(self.choice.source).removeprefix("flatcar-")
+            lines.append(f"link {sysext_link(name)} to {self.baked}, then run "
+                         f"{' '.join(SYSEXT_REFRESH)}")
         if self.choice.action == "build":
             lines.append(f"build {', '.join(self.modules)} for {self.kernel}, then load them")
         if self.firmware is not None:
@@ -103,6 +121,10 @@ def sysext_name(config: DriverConfig, chosen: str) -> str:
     return f"nvidia-drivers-{branch}{'-open' if chosen == 'open' else ''}"
 
 
+def sysext_link(name: str) -> str:
+    return f"{RUN_EXTENSIONS}/flatcar-{name}.raw"
+
+
 # -- plan ----------------------------------------------------------------------------------------
 
 
@@ -133,12 +155,15 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
         cache_entry=cache.path if cache else None,
         build_enabled=config.build.enabled,
     )
+    if version is None and not merged and config.strategy in ("auto", "flatcar-sysext"):
+        facts = dataclasses.replace(facts, **_baked_sysext(host, config, detection, chosen))
     choice = _baked(host, strategy.choose(config.strategy, facts))
-    sysext_line = _missing_sysext_line(host, config, chosen.flavour)
+    baked_path = facts.baked.baked.path if facts.baked and choice.action == "activate" else None
+    sysext_line = (None if baked_path else _missing_sysext_line(host, config, chosen.flavour))
     if choice.action == "fail" and sysext_line is None:
         raise DriverError(choice.reason, choice.hint)
     load = modules.LoadPlan()
-    if choice.action == "load" and choice.strategy == "flatcar-sysext":
+    if choice.action in ("load", "activate") and choice.strategy == "flatcar-sysext":
         load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
     elif choice.action == "load" and choice.source:
         load = directory_load(host, choice.source, wanted, config, kmod)
@@ -167,7 +192,7 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
         node_fixes = tuple(f"{n.path} ({n.major}:{n.minor}): {why}" for n in wanted_nodes(host)
                            if (why := devices.problem(host, n) or devices.link_problem(host, n)))
     return Plan(kernel=kernel, flavour=chosen, choice=choice, modules=wanted, load=load,
-                sysext_line=sysext_line, node_fixes=node_fixes, firmware=fw,
+                sysext_line=sysext_line, node_fixes=node_fixes, firmware=fw, baked=baked_path,
                 gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"))
 
 
@@ -186,6 +211,28 @@ def _baked(host: Host, choice: strategy.Choice) -> strategy.Choice:
         return choice
     return dataclasses.replace(choice, reason=f"{choice.reason}, baked into the image for "
                                f"Flatcar {baked.version}: no download")
+
+
+def _baked_sysext(host: Host, config: DriverConfig, detection: Detection,
+                  chosen: flavour.FlavourChoice) -> dict[str, Any]:
+    """The DriverFacts of the driver sysexts baked for this OS version and not merged: the one
+    to merge, or why none fits (gpunode/driver/branches.py)."""
+    from gpunode.bake import manifest
+
+    try:
+        usable = manifest.usable_drivers(manifest.load(host), host)
+    except GpunodeError:
+        return {}  # a damaged manifest is status's bake check to report
+    if not usable:
+        return {}
+    azure = on_azure(host)
+    needs = [flavour.need(g, azure) for g in detection.gpus if g.driver != "vfio-pci"]
+    try:
+        return {"baked": branches.choose(needs, [branches.Baked(a.name, a.path) for a in usable],
+                                         chosen.flavour, config.flavour, config.sysext)}
+    except DriverError as exc:
+        log.get().warning("driver.baked_unfit", error=str(exc))
+        return {"baked_refusal": str(exc)}
 
 
 def load_preview(host: Host, config: DriverConfig, detection: Detection | None,
@@ -245,6 +292,8 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
                               "fetches and merges the sysext at the next boot")
     load = the_plan.load
     source = the_plan.choice.source
+    if the_plan.baked is not None:
+        merge_baked(host, str(source).removeprefix("flatcar-"), the_plan.baked, kmod)
     if the_plan.choice.action == "build":
         source = _build(host, the_plan, config, build_adapters)
         load = directory_load(host, source, the_plan.modules, config, kmod)
@@ -268,6 +317,28 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
     return Outcome(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
                    version=version.version, loaded=loaded, nodes=tuple(nodes), source=source,
                    driver_root=found)
+
+
+def merge_baked(host: Host, name: str, path: str, kmod: modules.Kmod) -> None:
+    """Link the baked sysext into /run/extensions and have systemd-sysext merge it; refused
+    when it did not (its extension-release not for this OS, a damaged image)."""
+    link = sysext_link(name)
+    if host.read_link(link) != path:
+        host.symlink(link, path)
+    try:
+        kmod.run(SYSEXT_REFRESH)
+    except CommandFailed as exc:
+        host.remove(link)
+        raise DriverError(f"{' '.join(SYSEXT_REFRESH)} failed to merge the baked {name}: "
+                          f"{exc.stderr.strip() or exc}", "see 'systemd-sysext status' and "
+                          "'journalctl -b -t systemd-sysext'") from exc
+    if f"flatcar-{name}" not in merged_sysexts(host):
+        host.remove(link)
+        raise DriverError(f"{' '.join(SYSEXT_REFRESH)} did not merge the baked {name} "
+                          f"({path})", "its extension-release must match this OS ('systemd-"
+                          "sysext status', 'journalctl -b -t systemd-sysext'); bake the image "
+                          "again for this OS version")
+    log.get().info("driver.baked_merged", sysext=name, link=link, target=path)
 
 
 def _add_sysext_line(host: Host, name: str) -> None:

@@ -1,8 +1,9 @@
 """Which way the NVIDIA modules get loaded on this boot: a pure decision from observed facts.
 
-auto, in order: already loaded → verify only; a merged Flatcar driver sysext → modprobe;
-prebuilt modules for the running kernel → load them; a cached build for this kernel, driver
-and flavour → load it; building allowed → build, then load; else fail with a hint.
+auto, in order: already loaded → verify only; a merged Flatcar driver sysext → modprobe; one
+baked into the image that drives the GPUs → merge it, then modprobe; prebuilt modules for the
+running kernel → load them; a cached build for this kernel, driver and flavour → load it;
+building allowed → build, then load; else fail with a hint.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpunode import flatcar
+from gpunode.driver.branches import BranchChoice
 
 STRATEGIES = ("auto", "flatcar-sysext", "prebuilt", "build", "external")
 
@@ -22,12 +24,14 @@ class DriverFacts:
     prebuilt_dir: str | None  # a directory with nvidia.ko for the running kernel
     cache_entry: str | None  # a usable cached build for kernel + driver + flavour
     build_enabled: bool
+    baked: BranchChoice | None = None  # a baked driver sysext to merge, and why this one
+    baked_refusal: str | None = None  # why none of the baked driver sysexts drives the GPUs
 
 
 @dataclass(frozen=True)
 class Choice:
     strategy: str  # the strategy that will act (never "auto")
-    action: str  # "verify", "load", "build" or "fail"
+    action: str  # "verify", "load", "activate" (merge a baked sysext, load), "build", "fail"
     reason: str
     source: str | None = None  # sysext name or module directory
     hint: str = ""
@@ -52,9 +56,10 @@ def choose(configured: str, facts: DriverFacts) -> Choice:
         choice = candidates[name](facts)
         if choice.action != "fail":
             return choice
+    baked = f" ({facts.baked_refusal})" if facts.baked_refusal else ""
     return Choice("auto", "fail", f"nothing can provide the NVIDIA modules for kernel "
-                  f"{facts.kernel}: no Flatcar driver sysext is merged, no prebuilt modules, no "
-                  "cached build, and building is not enabled",
+                  f"{facts.kernel}: no Flatcar driver sysext is merged{baked}, no prebuilt "
+                  "modules, no cached build, and building is not enabled",
                   hint="enable the Flatcar driver sysext (driver.sysext, next boot), ship "
                   "modules in a driver.prebuilt_dirs directory, or set driver.build.enabled")
 
@@ -64,6 +69,14 @@ def _sysext(facts: DriverFacts) -> Choice:
         name = facts.merged_sysexts[0]
         return Choice("flatcar-sysext", "load", f"the Flatcar driver sysext {name} is merged",
                       source=name)
+    if facts.baked:
+        return Choice("flatcar-sysext", "activate", f"the driver sysext {facts.baked.reason} "
+                      "is baked into the image: merging it, no download",
+                      source=f"flatcar-{facts.baked.baked.name}")
+    if facts.baked_refusal:
+        return Choice("flatcar-sysext", "fail", facts.baked_refusal,
+                      hint="bake a driver sysext for these GPUs ('gpunode image bake'), or "
+                      "unset driver.sysext / driver.flavour")
     return Choice("flatcar-sysext", "fail", "no flatcar-nvidia-drivers sysext is merged",
                   hint=f"it is enabled in {flatcar.ENABLED_SYSEXT} and the initramfs "
                   "fetches it at the next boot; reboot the node")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpunode import envfile, kernelinfo
+from gpunode import kernelinfo
 from gpunode.bake import manifest
 from gpunode.errors import GpunodeError
 from gpunode.host import Host
@@ -37,10 +37,8 @@ def observe(host: Host) -> BakeFacts | None:
     if baked is None:
         return None
     kernel = (host.read_optional(kernelinfo.RELEASE) or "").strip() or None
-    release = next((t for p in manifest.OS_RELEASES if (t := host.read_optional(p)) is not None),
-                   "")
     missing = tuple(a.path for a in baked.artifacts if host.lstat(a.path) is None)
-    return BakeFacts(baked, None, kernel, envfile.values(release).get("VERSION"), missing)
+    return BakeFacts(baked, None, kernel, manifest.os_version(host), missing)
 
 
 def check(facts: BakeFacts | None) -> list[Check]:

@@ -61,7 +61,8 @@ MEANINGS: dict[str, str] = {
     "driver.version": "the driver version built and cached (its major names the sysext "
                       "branch)",
     "driver.sysext": "Flatcar sysext to enable; unset: from `version` and flavour when the "
-                     "strategy is `flatcar-sysext`",
+                     "strategy is `flatcar-sysext`; on an image baked with several driver "
+                     "sysexts, the one to merge (it must be baked and drive every GPU)",
     "driver.prebuilt_dirs": "directories holding `<uname -r>/…/nvidia*.ko`",
     "driver.extra_modules": "modules loaded after the three the driver needs",
     "driver.module_params": "`[driver.module_params]` table: module name → parameters, e.g. "

@@ -96,6 +96,24 @@ MACHINES: dict[str, Machine] = {m.name: m for m in (
     Machine("t4-nouveau", "Tesla T4 still held by nouveau (no blacklist)",
             (AZURE_NIC, gpu("0001:00:00.0", "1eb8", "10de:12a2", driver="nouveau", iommu=1)),
             nouveau=True, states=("bare",)),
+    Machine("nc40ads-h100-v5", "Azure Standard_NC40ads_H100_v5: 1x H100 NVL",
+            (AZURE_NIC, gpu("0001:00:00.0", "2321", "10de:1839", numa=0, iommu=1)),
+            driver_version="570.172.08", open_modules=True),
+    Machine("nc6s-v3", "Azure Standard_NC6s_v3: 1x Tesla V100 PCIe 16GB",
+            (AZURE_NIC, gpu("0001:00:00.0", "1db4", "10de:1214", iommu=1))),
+    Machine("hgx-b200", "A bare-metal HGX B200 node: 8x B200",
+            tuple(gpu(f"{i + 1:04x}:00:00.0", "2901", "10de:1999", numa=i // 4, iommu=i + 1)
+                  for i in range(8)),
+            dmi_product="HGX B200", dmi_vendor="Supermicro", driver_version="570.172.08",
+            open_modules=True),
+    Machine("mixed-t4-a100", "A bare-metal node with a Tesla T4 and an A100 PCIe",
+            (gpu("0000:3b:00.0", "1eb8", "10de:12a2", iommu=1),
+             gpu("0000:af:00.0", "20b5", "10de:1533", numa=1, iommu=2)),
+            dmi_product="PowerEdge R750", dmi_vendor="Dell Inc."),
+    Machine("mixed-v100-b200", "A bare-metal node with a V100 and a B200: no driver drives both",
+            (gpu("0000:3b:00.0", "1db4", "10de:1214", iommu=1),
+             gpu("0000:af:00.0", "2901", "10de:1999", numa=1, iommu=2)),
+            dmi_product="PowerEdge R760", dmi_vendor="Dell Inc.", states=("bare",)),
     Machine("a100-vfio", "2x A100 PCIe, the second bound to vfio-pci for passthrough",
             (AZURE_NIC, gpu("0001:00:00.0", "20b5", "10de:1533", iommu=1),
              gpu("0002:00:00.0", "20b5", "10de:1533", driver="vfio-pci", iommu=2)),
@@ -473,11 +491,14 @@ PCI_IDS_EXCERPT = """\
 #	List of PCI ID's (excerpt written by gpunode_testing.fixtures)
 10de  NVIDIA Corporation
 \t1af1  GA100 [A100 NVSwitch]
+\t1db4  GV100GL [Tesla V100 PCIe 16GB]
 \t1eb8  TU104GL [Tesla T4]
 \t\t10de 12a2  Tesla T4
 \t20b2  GA100 [A100 SXM4 80GB]
 \t20b5  GA100 [A100 PCIe 80GB]
 \t2236  GA102GL [A10]
+\t2321  GH100 [H100 NVL]
+\t2901  GB100 [B200]
 10df  Emulex Corporation
 \t0720  OneConnect NIC (Skyhawk)
 """

@@ -362,3 +362,57 @@ def test_restore_environment_gives_back_the_callers_library_path() -> None:
     for environ, expected in cases:
         entry.restore_environment(environ)
         assert environ == expected
+
+
+def driver_sysext(workdir: Path, name: str) -> Path:
+    """A stand-in for one of Flatcar's driver sysexts: its extension-release as Flatcar's
+    build_sysext writes it (ID=flatcar, this OS's VERSION_ID), and one file in /usr."""
+    version = configparser.ConfigParser()
+    version.read_string("[os]\n" + fixtures.FLATCAR_OS_RELEASE)
+    tree = workdir / f"{name}-tree"
+    release = tree / f"usr/lib/extension-release.d/extension-release.flatcar-{name}"
+    release.parent.mkdir(parents=True)
+    release.write_text(f"ID=flatcar\nVERSION_ID={version['os']['VERSION_ID']}\n"
+                       "ARCHITECTURE=x86-64\nSYSEXT_ID=flatcar-" + name + "\n")
+    marker = tree / f"usr/share/{name}/README"
+    marker.parent.mkdir(parents=True)
+    marker.write_text(f"{name} stand-in\n")
+    image = workdir / f"flatcar-{name}.raw"
+    subprocess.run(["mksquashfs", str(tree), str(image), "-all-root", "-noappend", "-quiet"],
+                   capture_output=True, check=True)
+    return image
+
+
+def test_a_baked_driver_sysext_merges_from_run_extensions_while_gpunode_runs_from_its_own(
+    built: Built, workdir: Path
+) -> None:
+    """The driver step's merge (gpunode.driver.step.merge_baked, run by the checkout's Python
+    inside the namespace) with the real systemd-sysext: the chosen baked file linked from
+    /run/extensions merges next to gpunode's own sysext, though a process holds a file of the
+    merged /usr open the whole time (gpunode itself runs from there at boot)."""
+    name = "nvidia-drivers-580"
+    version = fixtures.FLATCAR_OS_RELEASE.split("VERSION=")[1].split("\n")[0]
+    baked = f"/etc/flatcar/sysext/flatcar-{name}-{version}.raw"
+    image = driver_sysext(workdir, name)
+    merge = ("from pathlib import Path\n"
+             "from gpunode.host import Host\n"
+             "from gpunode.driver import step\n"
+             "from gpunode.driver.modules import KmodTools\n"
+             f"step.merge_baked(Host(Path('/')), {name!r}, {baked!r}, KmodTools())\n")
+    with flatcar_boot(built, workdir) as ns:
+        ns.wait_active("gpunode.service")
+        ns.run(["mkdir", "-p", "/etc/flatcar/sysext"])
+        ns.run(["cp", str(image), baked])
+        ns.run(["systemd-run", "--unit=holder", "sh", "-c",
+                "exec 3</usr/lib/gpunode/gpunode; exec sleep 300"])
+        ns.wait_active("holder.service")
+        done = ns.run([sys.executable, "-c", merge], env={"PYTHONPATH": str(REPO)},
+                      check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        status = ns.run(["systemd-sysext", "status"]).stdout
+        assert f"flatcar-{name}" in status and "gpunode" in status
+        assert ns.run(["readlink", f"/run/extensions/flatcar-{name}.raw"]).stdout.strip() == \
+            baked
+        assert ns.run(["cat", f"/usr/share/{name}/README"]).stdout == f"{name} stand-in\n"
+        assert ns.unit_property("holder.service", "ActiveState") == "active"
+        assert ns.run(["/usr/bin/gpunode", "--version"]).stdout.startswith("gpunode ")

@@ -21,6 +21,9 @@ EXPECTED_NAMES = {
     "20b2": "GA100 [A100 SXM4 80GB]",
     "1af1": "GA100 [A100 NVSwitch]",
     "2236": "GA102GL [A10]",
+    "1db4": "GV100GL [Tesla V100 PCIe 16GB]",
+    "2321": "GH100 [H100 NVL]",
+    "2901": "GB100 [B200]",
 }
 
 

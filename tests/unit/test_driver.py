@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -23,39 +23,7 @@ from gpunode.host import Host
 from gpunode_testing import fixtures
 from gpunode_testing.driver_files import write_build_userspace
 from helpers.driver_build import wanted_version
-
-
-@dataclass
-class FakeKernel:
-    """Records kmod calls; loading nvidia makes the fixture's /proc show a loaded driver."""
-
-    root: Path
-    machine: fixtures.Machine
-    fail: str | None = None  # a module whose load fails
-    calls: list[tuple[str, ...]] = field(default_factory=list)
-    deps: dict[str, list[str]] = field(default_factory=lambda: {
-        "nvidia_drm": ["drm", "drm_kms_helper", "nvidia_modeset"],
-        "nvidia_modeset": ["nvidia"], "nvidia_uvm": ["nvidia"], "nvidia": []})
-
-    def depends(self, path: str) -> list[str]:
-        name = Path(path).name.split(".ko")[0].replace("-", "_")
-        return self.deps[name]
-
-    def run(self, argv: tuple[str, ...]) -> None:
-        from gpunode.command import CommandFailed
-
-        self.calls.append(argv)
-        module = Path(argv[1]).name.split(".ko")[0].replace("-", "_")
-        if module == self.fail:
-            (self.root / "dev").mkdir(exist_ok=True)
-            (self.root / "dev/kmsg").write_text(
-                "3,100,5,-;NVRM: API mismatch: the client has the version 570.1\n"
-                "6,101,6,-;usb 1-1: something else\n")
-            raise CommandFailed(argv, 1, f"{argv[0]}: ERROR: could not insert '{module}': "
-                                "Invalid argument\n")
-        if module == "nvidia":
-            fixtures.load_driver(self.root, self.machine)
-
+from helpers.fake_kernel import FakeKernel
 
 T4 = fixtures.MACHINES["nc4as-t4-v3"]
 SYSEXT = "flatcar-nvidia-drivers-570"

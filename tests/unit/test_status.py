@@ -28,18 +28,18 @@ DRIVER = {**NODE, "cdi_spec": "warn", "containerd_runtime": "fail", "toolkit": "
           "device_plugin": "warn", "last_boot": "skip"}
 NO_GPU = {name: "skip" for name in CHECKS if name != "pci_scan"}
 
+GPU_MACHINES = ("nc4as-t4-v3", "nc24ads-a100-v4", "nd96amsr-a100-v4", "nvads-a10-v5",
+                "nc40ads-h100-v5", "nc6s-v3", "hgx-b200", "mixed-t4-a100")
 EXPECTED: dict[tuple[str, str], tuple[str, dict[str, str]]] = {
     ("azure-d4s-v5", "bare"): ("no-gpu", NO_GPU),
     ("t4-nouveau", "bare"): ("not-ready", {**BARE, "nouveau": "fail", "gpu_binding": "fail"}),
     ("a100-vfio", "bare"): ("not-ready", {**BARE, "gpu_binding": "warn"}),
     ("a100-vfio", "driver"): ("not-ready", {**DRIVER, "gpu_binding": "warn"}),
     ("a100-vfio", "ready"): ("ready", {**NODE, "gpu_binding": "warn"}),
-    **{(m, "bare"): ("not-ready", BARE) for m in ("nc4as-t4-v3", "nc24ads-a100-v4",
-                                                  "nd96amsr-a100-v4", "nvads-a10-v5")},
-    **{(m, "driver"): ("not-ready", DRIVER) for m in ("nc4as-t4-v3", "nc24ads-a100-v4",
-                                                      "nd96amsr-a100-v4", "nvads-a10-v5")},
-    **{(m, "ready"): ("ready", NODE) for m in ("nc4as-t4-v3", "nc24ads-a100-v4",
-                                             "nd96amsr-a100-v4", "nvads-a10-v5")},
+    ("mixed-v100-b200", "bare"): ("not-ready", BARE),
+    **{(m, "bare"): ("not-ready", BARE) for m in GPU_MACHINES},
+    **{(m, "driver"): ("not-ready", DRIVER) for m in GPU_MACHINES},
+    **{(m, "ready"): ("ready", NODE) for m in GPU_MACHINES},
 }
 
 
