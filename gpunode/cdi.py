@@ -136,22 +136,26 @@ def minimum_version(document: dict[str, Any]) -> str:
 
 
 def render(document: dict[str, Any], fmt: str = "yaml") -> bytes:
-    """The spec's bytes: JSON, or YAML under a one-line header saying who wrote it."""
-    if fmt == "json":
-        return (json.dumps(document, indent=2) + "\n").encode()
-    import yaml  # only here: the boot path pays for PyYAML only when it writes a spec
-
-    return (HEADER + yaml.safe_dump(document, sort_keys=False, default_flow_style=False)).encode()
+    """The spec's bytes: JSON, or for "yaml" the same JSON text under a one-line comment saying
+    who wrote it. JSON is YAML (YAML 1.2 is a superset; the CDI library's sigs.k8s.io/yaml and
+    PyYAML read it), so the .yaml file every CDI consumer reads is written and read back by
+    the boot and status with the json module alone: PyYAML costs the boot path more than
+    making the spec does (benchmarks/run.py)."""
+    text = json.dumps(document, indent=2) + "\n"
+    return (text if fmt == "json" else HEADER + text).encode()
 
 
 def parse(data: bytes) -> dict[str, Any]:
-    """A spec file's document (YAML, which JSON is a subset of); ValueError when it is none."""
-    import yaml
-
+    """A spec file's document (YAML, which JSON is a subset of); ValueError when it is none.
+    gpunode's own spec is read as JSON; only a spec in another YAML form loads PyYAML."""
     try:
-        document = yaml.safe_load(data.decode())
-    except (UnicodeDecodeError, yaml.YAMLError, RecursionError) as exc:
-        raise ValueError(f"not YAML: {str(exc).splitlines()[0] if str(exc) else exc}") from None
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not YAML: {exc}") from None
+    try:
+        document = json.loads(text.removeprefix(HEADER))
+    except (ValueError, RecursionError):
+        document = _yaml(text)
     if not isinstance(document, dict):
         raise ValueError("not a CDI spec: the document is not a mapping")
     if document.get("kind") != KIND:
@@ -160,6 +164,15 @@ def parse(data: bytes) -> dict[str, Any]:
     if not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
         raise ValueError("devices is not a list of devices")
     return document
+
+
+def _yaml(text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ValueError(f"not YAML: {str(exc).splitlines()[0] if str(exc) else exc}") from None
 
 
 def gpu_devices(document: dict[str, Any]) -> list[str]:

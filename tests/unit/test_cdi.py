@@ -322,7 +322,7 @@ def test_status_passes_the_spec_boot_wrote(make_host: HostFactory) -> None:
      "/usr/bin/nvidia-smi"),
     (lambda root: spec_file_at(root).write_text("devices: [\n"), "not YAML"),
     (lambda root: spec_file_at(root).write_text(
-        spec_file_at(root).read_text().replace("- name: '1'\n", "- name: one\n")),
+        spec_file_at(root).read_text().replace('"name": "1",', '"name": "one",')),
      "has 7 GPU devices, the driver sees 8 GPUs"),
 ], ids=["a-path-gone", "not-yaml", "a-gpu-missing"])
 def test_status_fails_a_spec_that_does_not_fit_the_node(
