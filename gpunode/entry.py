@@ -1,4 +1,5 @@
-"""The `gpunode` command's entry point: a no-op boot is answered before the CLI is imported."""
+"""The `gpunode` command's entry point: a no-op boot and `--version` are answered before the
+CLI is imported (argparse and the command modules cost several times Python's own start)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,12 @@ EXIT_BROKEN_PIPE = 141  # what a shell reports for a command killed by SIGPIPE (
 
 
 def main() -> int:
-    from gpunode import __version__, fastpath
+    from gpunode import __version__
+
+    if sys.argv[1:] == ["--version"]:  # as argparse's version action prints it (cliargs.py)
+        print(f"gpunode {__version__}")
+        return 0
+    from gpunode import fastpath
 
     parsed = fastpath.boot_args(sys.argv[1:])
     if parsed is not None:
