@@ -36,6 +36,7 @@ from gpunode.containerd.journal import JOURNAL
 from gpunode.containerd.ledger import (
     BACKUP_SUFFIX,
     DROPIN,
+    ENV_FILE,
     IMPORT_FILE,
     LEDGER,
     MEMLOCK_DROPIN,
@@ -98,8 +99,8 @@ WRITTEN = (
     ("/dev/char", r"\d+:\d+"),  # their /dev/char links
     ("/run/gpunode", r"[\w.-]+"),  # gpunode's own: the boot record, the fast path's stamp
     _file(JOURNAL), _file(LEDGER), _file(WRITABLE_CONFIG, BACKUP_SUFFIX), _file(IMPORT_FILE),
-    _file(DROPIN), _file(KUBELET_DROPIN), _file(flatcar.ENABLED_SYSEXT), _file(CDI_SPEC),
-    _file(MEMLOCK_DROPIN), _file(TOOLKIT_CONFIG),
+    _file(DROPIN), _file(ENV_FILE), _file(KUBELET_DROPIN), _file(flatcar.ENABLED_SYSEXT),
+    _file(CDI_SPEC), _file(MEMLOCK_DROPIN), _file(TOOLKIT_CONFIG),
     # gpunode image bake (gpunode/bake/image.py): its artifacts' stages
     # (".<file>.bake.gpunode-tmp", and write_atomic's temporaries of them), links and files
     ("/opt/extensions/gpunode", r"[\w.+-]+"), ("/etc/flatcar/sysext", r"\.?flatcar-[\w.+-]+"),

@@ -22,7 +22,8 @@ from gpunode.errors import SystemdError, Unavailable
 @dataclass(frozen=True)
 class UnitExec:
     argv: tuple[str, ...]  # ExecStart as systemd stores it (variables not yet expanded)
-    environment: dict[str, str]
+    environment: dict[str, str]  # Environment= only
+    environment_files: tuple[str, ...] = ()  # EnvironmentFile= paths (their values override)
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,8 @@ class DbusSystemd:
             return None
         argv = tuple(w.decode() for w in commands[-1][1])
         env = dict(_split_env(e.decode()) for e in handle.Service.Environment)
-        return UnitExec(argv=argv, environment=env)
+        files = tuple(path.decode() for path, _ in handle.Service.EnvironmentFiles)
+        return UnitExec(argv=argv, environment=env, environment_files=files)
 
     def main_process(self, unit: str) -> MainProcess | None:
         """The unit's running main process and when systemd started it; None where systemd

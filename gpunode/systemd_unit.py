@@ -31,6 +31,7 @@ class UnitSettings:
     environment: dict[str, str] = field(default_factory=dict)
     exec_start: tuple[str, ...] = ()  # argv of the last ExecStart=, variables expanded
     exec_start_raw: tuple[str, ...] = ()  # the same words as written (${VAR} unexpanded)
+    environment_files: tuple[str, ...] = ()  # EnvironmentFile= paths ("-" dropped)
     masked: bool = False
 
 
@@ -74,6 +75,7 @@ def read_unit(host: Host, name: str) -> UnitSettings:
         return UnitSettings(name=name, fragment=fragment, masked=True)
     dropins = _dropins(host, name)
     env: dict[str, str] = {}
+    env_files: list[str] = []
     exec_lines: list[str] = []
     for path in (fragment, *dropins):
         try:
@@ -81,7 +83,7 @@ def read_unit(host: Host, name: str) -> UnitSettings:
                 if key == "Environment":
                     _apply_environment(env, value)
                 elif key == "EnvironmentFile":
-                    _apply_environment_file(host, env, value)
+                    env_files = [] if not value else [*env_files, value.removeprefix("-")]
                 elif key == "ExecStart":
                     exec_lines = [] if not value else [*exec_lines, value]
         except ValueError as exc:  # shlex: unbalanced quotes
@@ -90,9 +92,12 @@ def read_unit(host: Host, name: str) -> UnitSettings:
         raw = shlex.split(exec_lines[-1]) if exec_lines else []
     except ValueError as exc:
         raise HostError("parse", host.display(fragment), f"ExecStart: {exc}") from exc
+    # systemd.exec(5): "Settings from these files override settings made with Environment=".
+    env.update(environment_files(host, env_files))
     argv = expand_words(raw, env)
     return UnitSettings(name=name, fragment=fragment, dropins=tuple(dropins), environment=env,
-                        exec_start=tuple(argv), exec_start_raw=tuple(raw))
+                        exec_start=tuple(argv), exec_start_raw=tuple(raw),
+                        environment_files=tuple(env_files))
 
 
 def _dropins(host: Host, name: str) -> list[str]:
@@ -136,10 +141,14 @@ def _apply_environment(env: dict[str, str], value: str) -> None:
             env[key] = val
 
 
-def _apply_environment_file(host: Host, env: dict[str, str], value: str) -> None:
-    path = value.removeprefix("-")
-    text = host.read_optional(path) if path.startswith("/") else None
-    env.update(envfile.values(text or ""))
+def environment_files(host: Host, paths: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """The variables of EnvironmentFile= files, later files overriding earlier ones; a file
+    that is not there (systemd's "-" prefix) or not absolute gives none."""
+    env: dict[str, str] = {}
+    for path in paths:
+        text = host.read_optional(path) if path.startswith("/") else None
+        env.update(envfile.values(text or ""))
+    return env
 
 
 _VAR_RE = re.compile(r"\$\{(\w+)\}|\$(\w+)")

@@ -12,6 +12,7 @@ image holds
     usr/lib/gpunode/gpunode, usr/lib/gpunode/_internal/...      the bundle
     usr/lib/systemd/system/gpunode.service, gpunode-label.service   byte for byte from units/
     usr/lib/systemd/system/multi-user.target.d/10-gpunode.conf      Wants= both units
+    usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf units/containerd-env.conf
     usr/lib/extension-release.d/extension-release.gpunode
 
 **glibc floor.** The bundle needs at least the glibc of the machine that built it: built on
@@ -83,6 +84,9 @@ UNIT_NAMES = ("gpunode.service", "gpunode-label.service")
 BUNDLE_DIR = Path("usr/lib/gpunode")
 BIN_LINK = Path("usr/bin/gpunode")
 DROP_IN = Path("usr/lib/systemd/system/multi-user.target.d/10-gpunode.conf")
+# containerd reads /etc/gpunode/containerd.env, which gpunode writes: no daemon-reload at
+# first boot (gpunode/containerd/ledger.py ENV_FILE, SHIPPED_DROPIN).
+CONTAINERD_DROP_IN = Path("usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf")
 RELEASE = Path(f"usr/lib/extension-release.d/extension-release.{NAME}")
 STRICT_XATTR = "user.extension-release.strict"
 STDLIB = f"python{sys.version_info.major}.{sys.version_info.minor}"  # as PyInstaller names it
@@ -116,7 +120,7 @@ EXCLUDE_MODULES = ("tkinter", "_tkinter", "pytest", "_pytest", "setuptools", "pi
 # itself. Each lands at the same path under _internal/, where importlib.resources finds it
 # (PyInstaller's resource reader serves on-disk files); checked after the build. The units are
 # there too, so the bundled `gpunode ignition` embeds the very units the image installs.
-PACKAGE_DATA = ("gpunode/driver/build.sh",
+PACKAGE_DATA = ("gpunode/driver/build.sh", "gpunode/units/containerd-env.conf",
                 *(f"gpunode/units/{unit}" for unit in UNIT_NAMES))
 # Modules gpunode imports lazily that the bundle must hold; checked after the build.
 LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
@@ -287,6 +291,8 @@ def stage(root: Path, bundle: Path, os_id: str) -> None:
         (system / unit).write_bytes((UNITS / unit).read_bytes())
     (root / DROP_IN).parent.mkdir(parents=True)
     (root / DROP_IN).write_text(DROP_IN_TEXT)
+    (root / CONTAINERD_DROP_IN).parent.mkdir(parents=True)
+    (root / CONTAINERD_DROP_IN).write_bytes((UNITS / "containerd-env.conf").read_bytes())
     (root / RELEASE).parent.mkdir(parents=True)
     (root / RELEASE).write_text(release_text(os_id))
 

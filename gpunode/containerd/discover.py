@@ -13,7 +13,7 @@ from gpunode.containerd import schema
 from gpunode.errors import ContainerdConfigError, HostError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
-from gpunode.systemd_unit import expand_words, read_unit, strip_exec_prefix
+from gpunode.systemd_unit import environment_files, expand_words, read_unit, strip_exec_prefix
 from gpunode.tomlread import loads_toml
 
 CONTAINERD_UNIT = "containerd.service"
@@ -28,6 +28,7 @@ class ActiveConfig:
     # unexpanded ExecStart: what a drop-in must override to point containerd elsewhere.
     raw_flag: str | None = None
     raw_exec: tuple[str, ...] = ()
+    env_files: tuple[str, ...] = ()  # the unit's EnvironmentFile= paths
 
     @property
     def binary(self) -> str:
@@ -40,15 +41,16 @@ def active_config(host: Host, systemd: Systemd | None = None) -> ActiveConfig:
     if systemd is not None:
         live = systemd.exec_start(CONTAINERD_UNIT)
         if live is not None:
-            argv = expand_words(live.argv, live.environment)
+            env = {**live.environment, **environment_files(host, live.environment_files)}
+            argv = expand_words(live.argv, env)
             flag = config_flag(argv)
             reason = f"systemd runs '{' '.join(argv)}'"
             if flag is None:
                 return ActiveConfig(CONTAINERD_DEFAULT_CONFIG, reason + "; containerd's default",
-                                    raw_exec=live.argv)
+                                    raw_exec=live.argv, env_files=live.environment_files)
             raw = config_flag(list(live.argv))
             return ActiveConfig(_absolute(flag, raw, f"systemd's {CONTAINERD_UNIT}"), reason, raw,
-                                live.argv)
+                                live.argv, live.environment_files)
     unit = read_unit(host, CONTAINERD_UNIT)
     if unit.fragment is None:
         return ActiveConfig(CONTAINERD_DEFAULT_CONFIG,
@@ -57,12 +59,12 @@ def active_config(host: Host, systemd: Systemd | None = None) -> ActiveConfig:
     if flag is None:
         return ActiveConfig(CONTAINERD_DEFAULT_CONFIG,
                             f"{CONTAINERD_UNIT} ExecStart has no --config; containerd's default",
-                            raw_exec=unit.exec_start_raw)
+                            raw_exec=unit.exec_start_raw, env_files=unit.environment_files)
     dropins = f" + {len(unit.dropins)} drop-in(s)" if unit.dropins else ""
     raw = config_flag(list(unit.exec_start_raw))
     return ActiveConfig(_absolute(flag, raw, host.display(unit.fragment)),
                         f"{CONTAINERD_UNIT}{dropins} runs '{' '.join(unit.exec_start)}'", raw,
-                        unit.exec_start_raw)
+                        unit.exec_start_raw, unit.environment_files)
 
 
 def _absolute(flag: str, raw: str | None, unit: str) -> str:

@@ -6,7 +6,11 @@ with `LimitMEMLOCK=infinity`, and the NVIDIA Container Toolkit's own `mode`.
   small for GPU serving. gpunode writes its own drop-in (`containerd.limit_memlock`, default
   on) and removes it again when switched off, only while it is still gpunode's (its first
   line). A changed drop-in needs a daemon-reload, and a restart when containerd runs; at first
-  boot gpunode runs before containerd starts, so it starts once, with the limit.
+  boot gpunode runs before containerd starts, so it starts once, with the limit. Where
+  gpunode's sysext put its shipped drop-in (ledger.SHIPPED_DROPIN, units/containerd-env.conf:
+  LimitMEMLOCK=infinity among its lines), there is nothing to write and so no daemon-reload at
+  first boot; `containerd.limit_memlock = false` then writes the drop-in with systemd's default
+  (8M since systemd 253), which, named after it, wins.
 - **The toolkit's mode.** `/etc/nvidia-container-runtime/config.toml`, `[nvidia-container-
   runtime] mode` (e.g. "cdi", as Giant Swarm's gpu-node-pool sets it): only when
   `containerd.toolkit_mode` is set, only that key changed (tomlkit; every other byte kept,
@@ -30,7 +34,7 @@ from typing import Any
 
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import tomltext
-from gpunode.containerd.ledger import MEMLOCK_DROPIN, TOOLKIT_CONFIG
+from gpunode.containerd.ledger import MEMLOCK_DROPIN, SHIPPED_DROPIN, TOOLKIT_CONFIG
 from gpunode.containerd.tomltext import Change
 from gpunode.errors import ContainerdStepError, EditError, GpunodeError
 from gpunode.host import Host
@@ -38,6 +42,7 @@ from gpunode.tomlread import loads_toml
 
 MEMLOCK_HEADER = "# Written by gpunode (containerd.limit_memlock): GPU containers lock memory."
 MEMLOCK_TEXT = f"{MEMLOCK_HEADER}\n[Service]\nLimitMEMLOCK=infinity\n"
+MEMLOCK_OFF_TEXT = f"{MEMLOCK_HEADER}\n[Service]\nLimitMEMLOCK=8M\n"  # over the shipped one
 TOOLKIT_TABLE = "nvidia-container-runtime"
 MAX_TOOLKIT_BYTES = 1 << 20
 TOOLKIT_HINT = ("install the NVIDIA Container Toolkit (on Flatcar: sysext-bakery's "
@@ -66,7 +71,8 @@ def plan(host: Host, config: ContainerdConfig) -> tuple[FileChange, ...]:
 
 def inputs(config: ContainerdConfig) -> list[str]:
     """The files these changes depend on (the no-op boot's stamp)."""
-    return [MEMLOCK_DROPIN, *([TOOLKIT_CONFIG] if config.toolkit_mode is not None else [])]
+    return [MEMLOCK_DROPIN, SHIPPED_DROPIN,
+            *([TOOLKIT_CONFIG] if config.toolkit_mode is not None else [])]
 
 
 def _regular(host: Host, path: str, what: str) -> bytes | None:
@@ -91,6 +97,22 @@ def _regular(host: Host, path: str, what: str) -> bytes | None:
 def _memlock(host: Host, wanted: bool) -> FileChange | None:
     current = _regular(host, MEMLOCK_DROPIN, "gpunode's LimitMEMLOCK drop-in")
     ours = current is not None and current.startswith(MEMLOCK_HEADER.encode())
+    shipped = b"\nLimitMEMLOCK=infinity\n" in (host.read_optional_bytes(SHIPPED_DROPIN) or b"")
+    if shipped:  # the sysext's drop-in sets the limit: only switching it off is a write
+        if current is not None and not ours:
+            raise ContainerdStepError(
+                f"{host.display(MEMLOCK_DROPIN)} is not gpunode's (it lacks gpunode's first "
+                "line); it overrides the LimitMEMLOCK of gpunode's shipped drop-in, and "
+                "gpunode will not overwrite it", "remove it")
+        if wanted:
+            if current is None or current == MEMLOCK_TEXT.encode():
+                return None
+            return FileChange(MEMLOCK_DROPIN, None, f"remove {MEMLOCK_DROPIN} (the shipped "
+                              f"{SHIPPED_DROPIN} sets LimitMEMLOCK=infinity)", True, current)
+        if current == MEMLOCK_OFF_TEXT.encode():
+            return None
+        return FileChange(MEMLOCK_DROPIN, MEMLOCK_OFF_TEXT.encode(), f"write {MEMLOCK_DROPIN} "
+                          "(LimitMEMLOCK=8M: containerd.limit_memlock = false)", True, current)
     if wanted:
         if current == MEMLOCK_TEXT.encode():
             return None

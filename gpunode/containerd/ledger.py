@@ -22,6 +22,12 @@ from gpunode.records import kind as _kind
 LEDGER = "/var/lib/gpunode/containerd.json"
 WRITABLE_CONFIG = "/etc/containerd/config.toml"
 DROPIN = "/etc/systemd/system/containerd.service.d/10-gpunode.conf"
+# With gpunode's shipped drop-in (units/containerd-env.conf, in the sysext at SHIPPED_DROPIN)
+# containerd reads CONTAINERD_CONFIG from this file at every start: pointing it at the writable
+# copy then needs no daemon-reload, which costs the first boot more than the rest of the step.
+ENV_FILE = "/etc/gpunode/containerd.env"
+SHIPPED_DROPIN = "/usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf"
+POINTERS = (DROPIN, ENV_FILE)  # what may point containerd at the writable copy
 IMPORT_FILE = "/etc/containerd/conf.d/99-gpunode-nvidia.toml"  # drop-in mode's file
 # Beside the config (containerd/extras.py): the LimitMEMLOCK drop-in, the toolkit's config.
 MEMLOCK_DROPIN = "/etc/systemd/system/containerd.service.d/20-gpunode-memlock.conf"
@@ -45,7 +51,7 @@ class Ledger:
     target: str  # the config file gpunode edits (or its writable copy)
     copied_from: str | None = None  # the read-only original of a writable copy
     backup: str | None = None  # <target>.gpunode-orig, when gpunode wrote it
-    dropin: str | None = None  # the containerd.service.d drop-in, when gpunode wrote it
+    dropin: str | None = None  # what points containerd at the copy (POINTERS), when written
     import_file: str | None = None  # drop-in mode's imported file, when gpunode wrote it
     added_runtime: str | None = None
     changes: tuple[Change, ...] = ()
@@ -125,11 +131,12 @@ def _check_paths(ledger: Ledger, reader: _Reader) -> None:
             reader.fail("target", f"must be {WRITABLE_CONFIG} when 'copied_from' is set")
         if not ledger.copied_from.startswith(READ_ONLY_PREFIXES):
             reader.fail("copied_from", "must be a file under /usr")
-    for key, value, allowed in (("backup", ledger.backup, ledger.target + BACKUP_SUFFIX),
-                                ("dropin", ledger.dropin, DROPIN),
-                                ("import_file", ledger.import_file, IMPORT_FILE)):
-        if value is not None and value != allowed:
-            reader.fail(key, f"is {value!r}; gpunode only writes {allowed!r} there")
+    for key, value, allowed in (("backup", ledger.backup, (ledger.target + BACKUP_SUFFIX,)),
+                                ("dropin", ledger.dropin, POINTERS),
+                                ("import_file", ledger.import_file, (IMPORT_FILE,))):
+        if value is not None and value not in allowed:
+            reader.fail(key, f"is {value!r}; gpunode only writes {' or '.join(map(repr, allowed))} "
+                        "there")
     owned = owned_paths(ledger.target)
     for path in ledger.written:
         if path not in owned:
@@ -148,7 +155,7 @@ def owned_paths(target: str) -> frozenset[str]:
     The one path policy of the ledger and of the undo journal (gpunode.containerd.journal,
     which adds its own file): a damaged record naming any other file (/etc/passwd) is
     refused, never written."""
-    return frozenset({target, target + BACKUP_SUFFIX, DROPIN, IMPORT_FILE, MEMLOCK_DROPIN,
+    return frozenset({target, target + BACKUP_SUFFIX, *POINTERS, IMPORT_FILE, MEMLOCK_DROPIN,
                       TOOLKIT_CONFIG, LEDGER})
 
 

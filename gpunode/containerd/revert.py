@@ -85,9 +85,9 @@ def _revert_writes(host: Host, recorded: Ledger) -> tuple[list[Write], list[str]
         if result is not None and result != current:
             writes.append(Write(target, result))
         _settle_backup(host, recorded, result, writes, notes)
-        if recorded.dropin is not None and _still_ours(host, recorded, DROPIN):
-            writes.append(Write(DROPIN, None))
-            notes.append(f"remove {DROPIN}")
+        if recorded.dropin is not None and _still_ours(host, recorded, recorded.dropin):
+            writes.append(Write(recorded.dropin, None))
+            notes.append(f"remove {recorded.dropin}")
     if MEMLOCK_DROPIN in recorded.written and _still_ours(host, recorded, MEMLOCK_DROPIN):
         writes.append(Write(MEMLOCK_DROPIN, None))
         notes.append(f"remove {MEMLOCK_DROPIN}")
@@ -137,20 +137,21 @@ def _revert_copy(host: Host, recorded: Ledger, current: bytes | None, result: by
              and not recorded.others_edited)
     # A copy someone removed leaves nothing to keep: the drop-in must not point at it.
     copy_is_original = clean or current is None or (result is not None and result == source)
-    dropin_ours = recorded.dropin is None or _still_ours(host, recorded, DROPIN)
+    pointer = recorded.dropin or DROPIN
+    dropin_ours = recorded.dropin is None or _still_ours(host, recorded, pointer)
     if copy_is_original and dropin_ours:
         if current is not None:
             writes.append(Write(target, None))
             notes.append(f"remove {target} (gpunode's copy of {original})")
-        if recorded.dropin is not None and host.exists(DROPIN):
-            writes.append(Write(DROPIN, None))
-            notes.append(f"remove {DROPIN}")
+        if recorded.dropin is not None and host.exists(pointer):
+            writes.append(Write(pointer, None))
+            notes.append(f"remove {pointer}")
         return
     if result is not None and result != current:
         writes.append(Write(target, result))
-    why = (f"{DROPIN} was changed since gpunode wrote it" if not dropin_ours else
+    why = (f"{pointer} was changed since gpunode wrote it" if not dropin_ours else
            f"{target} has changes made since gpunode copied it from {original}")
-    notes.append(f"keep {target} and {DROPIN} (containerd keeps reading the copy): {why}")
+    notes.append(f"keep {target} and {pointer} (containerd keeps reading the copy): {why}")
 
 
 def _settle_backup(host: Host, recorded: Ledger, result: bytes | None, writes: list[Write],

@@ -39,8 +39,10 @@ from gpunode.containerd.discover import (
 from gpunode.containerd.journal import JOURNAL
 from gpunode.containerd.ledger import (
     DROPIN,
+    ENV_FILE,
     IMPORT_FILE,
     LEDGER,
+    POINTERS,
     READ_ONLY_PREFIXES,
     WRITABLE_CONFIG,
     Ledger,
@@ -59,7 +61,8 @@ class Plan:
     before: str | None  # the target's text now; None when gpunode creates it
     edit: edit.Edit  # its text starts from the target's text, or the copied original's
     copied_from: str | None = None  # the read-only file a writable copy is made from
-    dropin_text: str | None = None  # the drop-in to write; None when none is needed
+    dropin_text: str | None = None  # what points containerd at the copy; None: not needed
+    dropin_path: str = DROPIN  # where: the drop-in, or ENV_FILE (then no daemon-reload)
     runtime_name: str = "nvidia"
     source_text: str = ""
     import_text: str | None = None  # drop-in mode: the imported file gpunode owns
@@ -87,7 +90,7 @@ class Plan:
             lines.append(f"copy {self.copied_from} to {self.target} (the original is on "
                          "read-only /usr)")
         if self.dropin_text is not None:
-            lines.append(f"write {DROPIN} so containerd reads {self.target}")
+            lines.append(f"write {self.dropin_path} so containerd reads {self.target}")
         if self.import_changed:
             lines.append(f"write {IMPORT_FILE} with runtime '{self.runtime_name}' (drop-in mode)")
         lines += [f"{self.target}: {line}" for line in self.edit.describe()]
@@ -106,7 +109,7 @@ class Plan:
                                           IMPORT_FILE if self.import_before else "/dev/null",
                                           IMPORT_FILE)
         if self.dropin_text is not None:
-            text += tomltext.unified_diff("", self.dropin_text, "/dev/null", DROPIN)
+            text += tomltext.unified_diff("", self.dropin_text, "/dev/null", self.dropin_path)
         for change in self.files:
             text += extras.diff(change)
         return text
@@ -153,7 +156,7 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
         active = active_config(host, systemd)
     binary = active.binary
     recorded = ledger.read(host)
-    target, copied_from, dropin = _target(host, active, recorded)
+    target, copied_from, dropin, dropin_path = _target(host, active, recorded)
     if recorded is not None and recorded.target != target:
         raise ContainerdStepError(
             f"gpunode's ledger {host.display(LEDGER)} records changes to {recorded.target}, "
@@ -166,7 +169,8 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     shown = host.display(source)
     common: dict[str, Any] = {
         "active": active, "target": target, "before": before, "copied_from": copied_from,
-        "dropin_text": dropin, "runtime_name": spec.name, "source_text": source_text,
+        "dropin_text": dropin, "dropin_path": dropin_path, "runtime_name": spec.name,
+        "source_text": source_text,
         "ledger": recorded, "files": files, "gpu_access": config.gpu_access}
     if config.mode == "drop-in" and config.runtime_wanted:
         refused = _import_refusal(probe, binary, copied_from)
@@ -218,28 +222,38 @@ def _import_refusal(probe: Probe, binary: str, copied_from: str | None) -> str |
 
 
 def _target(host: Host, active: ActiveConfig,
-            recorded: Ledger | None) -> tuple[str, str | None, str | None]:
-    """(file to write, read-only original it is copied from, drop-in text) for the active file."""
+            recorded: Ledger | None) -> tuple[str, str | None, str | None, str]:
+    """(file to write, read-only original it is copied from, the text and path of what points
+    containerd at it) for the active file."""
     if not active.path.startswith(READ_ONLY_PREFIXES):
-        return active.path, None, None
+        return active.path, None, None, DROPIN
     if host.exists(WRITABLE_CONFIG) and not (recorded and recorded.copied_from):
         raise ContainerdStepError(
             f"containerd reads {active.path} (read-only), and {host.display(WRITABLE_CONFIG)} "
             "exists but is not the config containerd uses; gpunode will not overwrite it",
             f"point containerd at {WRITABLE_CONFIG} (a containerd.service.d drop-in), or "
             "remove it, then run gpunode again")
-    return WRITABLE_CONFIG, active.path, _dropin_text(active)
+    return (WRITABLE_CONFIG, active.path, *_pointer(active))
 
 
-def _dropin_text(active: ActiveConfig) -> str:
-    header = ("# Written by gpunode: containerd reads a writable copy of its config, which has "
-              "the NVIDIA runtime.\n[Service]\n")
+def _pointer(active: ActiveConfig) -> tuple[str, str]:
+    """(text, path) of what makes containerd read the writable copy: where the unit reads
+    ENV_FILE (gpunode's shipped drop-in) and takes the path from a variable, that file — read
+    at containerd's next start, no daemon-reload; else a drop-in of its own."""
+    note = ("# Written by gpunode: containerd reads a writable copy of its config, which has "
+            "the NVIDIA runtime.\n")
     flag = active.raw_flag or ""
     if flag.startswith("${") and flag.endswith("}"):
-        return header + f"Environment={flag[2:-1]}={WRITABLE_CONFIG}\n"
+        if ENV_FILE in active.env_files:
+            return note + f"{flag[2:-1]}={WRITABLE_CONFIG}\n", ENV_FILE
+        return note + f"[Service]\nEnvironment={flag[2:-1]}={WRITABLE_CONFIG}\n", DROPIN
+    return note + "[Service]\n" + _exec_override(active), DROPIN
+
+
+def _exec_override(active: ActiveConfig) -> str:
     argv = list(active.raw_exec) or ["/usr/bin/containerd"]
     argv = _with_config(argv, WRITABLE_CONFIG)
-    return header + "ExecStart=\nExecStart=" + " ".join(argv) + "\n"
+    return "ExecStart=\nExecStart=" + " ".join(argv) + "\n"
 
 
 def _with_config(argv: list[str], path: str) -> list[str]:
@@ -266,7 +280,7 @@ def step_inputs(host: Host, the_plan: Plan, config: ContainerdConfig) -> list[st
     """The files boot's containerd step depends on (the no-op boot's stamp signs them)."""
     from gpunode.systemd_unit import unit_inputs
 
-    return [the_plan.active.path, the_plan.target, DROPIN, LEDGER, JOURNAL, IMPORT_FILE,
+    return [the_plan.active.path, the_plan.target, *POINTERS, LEDGER, JOURNAL, IMPORT_FILE,
             IMPORT_FILE.rpartition("/")[0] + "/", config.runtime_path, *extras.inputs(config),
             *unit_inputs(host, CONTAINERD_UNIT)]
 
@@ -373,7 +387,7 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float,
     # A unit drop-in (the writable copy's, the LimitMEMLOCK one) is read on a daemon-reload;
     # at first boot that comes before containerd starts, which then starts once, with it.
     unit_changed = any(f.restarts for f in the_plan.files)
-    reload = the_plan.dropin_text is not None or unit_changed
+    reload = (the_plan.dropin_text is not None and the_plan.dropin_path == DROPIN) or unit_changed
     if reload:
         systemd.daemon_reload()
     if not (the_plan.config_changed or unit_changed):  # the toolkit reads its own per container

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from gpunode.containerd import edit, journal, ledger, schema, tomltext
 from gpunode.containerd.extras import FileChange
 from gpunode.containerd.journal import Write
-from gpunode.containerd.ledger import BACKUP_SUFFIX, DROPIN, IMPORT_FILE, LEDGER, Ledger
+from gpunode.containerd.ledger import BACKUP_SUFFIX, IMPORT_FILE, LEDGER, Ledger
 from gpunode.errors import ContainerdStepError
 from gpunode.host import Host
 
@@ -23,6 +23,7 @@ class Plan(Protocol):
     edit: edit.Edit
     copied_from: str | None
     dropin_text: str | None
+    dropin_path: str
     source_text: str
     import_text: str | None
     ledger: Ledger | None
@@ -67,9 +68,9 @@ def configure_writes(host: Host, the_plan: Plan) -> list[Write]:
         record = replace(record, import_file=IMPORT_FILE)
     if the_plan.dropin_text is not None:
         data = the_plan.dropin_text.encode()
-        writes.append(Write(DROPIN, data))
-        written[DROPIN] = journal.sha256(data) or ""
-        record = replace(record, dropin=DROPIN)
+        writes.append(Write(the_plan.dropin_path, data))
+        written[the_plan.dropin_path] = journal.sha256(data) or ""
+        record = replace(record, dropin=the_plan.dropin_path)
     for change in the_plan.files:
         writes.append(Write(change.path, change.data))
         if change.data is None:

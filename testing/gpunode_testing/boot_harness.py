@@ -34,11 +34,13 @@ WantedBy=multi-user.target
 """
 
 
-def node_prepare(fixture: Path, gpunode_on_usr: bool = True) -> list[str]:
+def node_prepare(fixture: Path, gpunode_on_usr: bool = True,
+                 shipped_dropin: bool = False) -> list[str]:
     """Shell lines run inside before systemd starts (with /usr a copy-on-write overlay): the
     fixture's PCI functions and driver files over the real ones, its driver user-space, gpunode
     on /usr/bin (unless a test's system extension brings it), Flatcar's containerd config on
-    /usr."""
+    /usr; with `shipped_dropin`, the containerd drop-in gpunode's sysext ships
+    (units/containerd-env.conf), where the sysext puts it."""
     gpunode = Path(sys.executable).with_name("gpunode")
     lines = [f"mount -n --bind {fixture}/sys/bus/pci/devices /sys/bus/pci/devices"]
     if (fixture / "proc/driver/nvidia").exists():
@@ -50,6 +52,10 @@ def node_prepare(fixture: Path, gpunode_on_usr: bool = True) -> list[str]:
     if gpunode_on_usr:
         lines += [f"printf '#!/bin/sh\\nexec {gpunode} \"$@\"\\n' > /usr/bin/gpunode",
                   "chmod 755 /usr/bin/gpunode"]
+    if shipped_dropin:
+        shipped = "/usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf"
+        lines += [f"mkdir -p {shipped.rpartition('/')[0]}",
+                  f"cp {UNITS / 'containerd-env.conf'} {shipped}"]
     lines += [
         "printf '#!/bin/sh\\nexec runc \"$@\"\\n' > /usr/bin/nvidia-container-runtime",
         "chmod 755 /usr/bin/nvidia-container-runtime",

@@ -34,7 +34,8 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def boot_node(workdir: Path, machine: str, state: str) -> SystemdNamespace:
+def boot_node(workdir: Path, machine: str, state: str,
+              shipped_dropin: bool = False) -> SystemdNamespace:
     fixture = workdir / "fixture"
     fixtures.build(fixtures.MACHINES[machine], fixture,
                    fixtures.Options(state=state, flat_sysfs=True, dev_nodes="plain"))
@@ -42,7 +43,7 @@ def boot_node(workdir: Path, machine: str, state: str) -> SystemdNamespace:
              "containerd.service": CONTAINERD_UNIT, "kubelet.service": KUBELET_UNIT}
     return SystemdNamespace(units, workdir, overlays=("usr", "var/lib"),
                             enable=("gpunode.service", "containerd.service", "kubelet.service"),
-                            prepare=node_prepare(fixture))
+                            prepare=node_prepare(fixture, shipped_dropin=shipped_dropin))
 
 
 def _may_raise_rlimits() -> bool:
@@ -126,6 +127,31 @@ def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runt
                          *(f"/run/verify-{u.name}" for u in sorted(UNITS.glob("*.service")))],
                         check=False)
         assert verify.returncode == 0, verify.stderr
+
+
+def test_with_the_shipped_drop_in_the_first_boot_points_containerd_at_the_copy_unreloaded(
+    workdir: Path,
+) -> None:
+    """gpunode's sysext ships containerd.service.d/10-gpunode-env.conf: containerd starts once,
+    reading the writable copy named in /etc/gpunode/containerd.env and with LimitMEMLOCK from
+    the shipped drop-in, and nobody asked systemd to reload its units."""
+    with boot_node(workdir, "nc4as-t4-v3", "driver", shipped_dropin=True) as ns:
+        ns.wait_active("kubelet.service")
+        ns.wait_active("containerd.service")
+        assert gpunode_json(ns, "status", "--json")["ready"] is True
+        assert ns.main_argv("containerd.service")[1:3] == ["--config",
+                                                           "/etc/containerd/config.toml"]
+        assert props(ns, "containerd.service", "NRestarts")["NRestarts"] == "0"
+        assert ns.run(["cat", "/etc/gpunode/containerd.env"]).stdout.endswith(
+            "CONTAINERD_CONFIG=/etc/containerd/config.toml\n")
+        assert ns.run(["ls", "/etc/systemd/system/containerd.service.d"],
+                      check=False).stdout.strip() == ""
+        assert props(ns, "containerd.service", "LimitMEMLOCK")["LimitMEMLOCK"] == "infinity"
+        manager = ns.run(["journalctl", "--no-pager", "-o", "cat", "_PID=1"]).stdout
+        assert "Reloading" not in manager, manager
+        dump = ns.run(["containerd", "--config", "/etc/containerd/config.toml", "config",
+                       "dump"]).stdout
+        assert 'BinaryName = "/usr/bin/nvidia-container-runtime"' in dump
 
 
 def test_cpu_node_boot_is_a_no_op(workdir: Path) -> None:

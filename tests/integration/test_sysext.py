@@ -50,6 +50,7 @@ EXPECTED_PATHS = {
     "usr/lib/systemd/system/gpunode.service",
     "usr/lib/systemd/system/gpunode-label.service",
     "usr/lib/systemd/system/multi-user.target.d/10-gpunode.conf",
+    "usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf",
     "usr/lib/extension-release.d/extension-release.gpunode",
 }
 
@@ -215,7 +216,7 @@ def test_bundle_holds_gpunode_package_data_where_importlib_resources_finds_it(
                for name in names}
     assert shipped == set(load_build_script().PACKAGE_DATA) == {
         "gpunode/driver/build.sh", "gpunode/units/gpunode.service",
-        "gpunode/units/gpunode-label.service"}
+        "gpunode/units/gpunode-label.service", "gpunode/units/containerd-env.conf"}
     internal = built.tree / "usr/lib/gpunode/_internal"
     for data in shipped:
         assert (internal / data).read_bytes() == (REPO / data).read_bytes()
