@@ -31,7 +31,7 @@ BAKED_PATHS=(
 )
 
 usage() {
-    sed -n '5p' "$0" | sed 's/^#  *//' >&2
+    { printf 'usage: '; sed -n '5p' "$0" | sed 's/^#  *//'; } >&2
     exit 2
 }
 fail() { echo "bake-in-vm: $1" >&2; exit "${2:-1}"; }

@@ -25,7 +25,7 @@
 set -euo pipefail
 
 usage() {
-    sed -n '7,8p' "$0" | sed 's/^#  *//' >&2
+    { printf 'usage: '; sed -n '7,8p' "$0" | sed 's/^#  *//'; } >&2
     exit 2
 }
 

@@ -68,6 +68,31 @@ def test_the_scripts_pass_bash_n_and_shellcheck(script: Path) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize(("script", "argv", "message"), [
+    (MOUNTED, [], "^usage: sudo bake-mounted-image.sh --image"),
+    (MOUNTED, ["--image", "/nonexistent.bin", "--config", "{config}"], "--image /nonexistent.bin: "
+     "not a file"),
+    (MOUNTED, ["--image", "{config}", "--config", "/nonexistent.toml"], "--config /nonexistent"),
+    (MOUNTED, ["--image", "{config}", "--config", "{config}", "--gpunode", "x",
+               "--gpunode-sysext", "y"], "not both"),
+    (MOUNTED, ["--image", "{config}", "--bogus"], "unknown argument '--bogus'"),
+    (IN_VM, ["--config", "{config}"], "^usage: sudo bake-in-vm.sh --config"),
+    (IN_VM, ["--config", "{config}", "--gpunode-sysext", "{config}"], "not Flatcar"),
+    (IN_VM, ["--reset", "--config", "/nonexistent.toml", "--gpunode-sysext", "{config}"],
+     "--config /nonexistent.toml: not a file"),
+], ids=["mounted-no-args", "mounted-no-image", "mounted-no-config", "mounted-two-gpunodes",
+        "mounted-unknown-flag", "vm-no-sysext", "vm-not-flatcar", "vm-no-config"])
+def test_a_bad_invocation_exits_2_with_one_message_and_touches_nothing(
+        tmp_path: Path, script: Path, argv: list[str], message: str) -> None:
+    config = tmp_path / "bake.toml"
+    config.write_text("")
+    done = subprocess.run(["bash", str(script), *(a.format(config=config) for a in argv)],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert re.search(message, done.stderr), done.stderr
+    assert done.stdout == "" and sorted(tmp_path.iterdir()) == [config]
+
+
 def test_the_example_bake_config_and_agent_config_are_accepted_by_gpunode() -> None:
     config = bake_config.load(str(PIPELINES / "bake.toml"))
     assert [d.name for d in config.drivers] == ["nvidia-drivers-570-open"]
