@@ -54,7 +54,7 @@ if [ -z "$CONFIG" ] || [ -z "$SYSEXT" ]; then usage; fi
 OS_ID=$(. /usr/lib/os-release && echo "${ID-}")
 [ "$OS_ID" = flatcar ] || fail "this machine is not Flatcar (ID=$OS_ID in /usr/lib/os-release)" 2
 if [ -n "$RESET" ] && ! command -v flatcar-reset >/dev/null; then
-    fail "--reset needs flatcar-reset (Flatcar 3535 and newer); without it, clean up yourself" 2
+    fail "--reset needs flatcar-reset (Flatcar releases since 2023); without it, clean up yourself" 2
 fi
 
 STAGED=/run/extensions/gpunode.raw
