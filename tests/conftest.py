@@ -34,6 +34,9 @@ from hostile.support import Cli, make_cli
 
 HostFactory = Callable[..., Host]
 
+# The real sysext, built once per session for every file that asks for it (`built`).
+pytest_plugins = ["helpers.sysext"]
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent  # the checkout: pyproject.toml, gpunode/, docs/, units/, deploy/
 TEST_DATA = TESTS / "data"

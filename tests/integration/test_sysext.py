@@ -15,13 +15,9 @@ import pkgutil
 import secrets
 import shutil
 import subprocess
-import sys
-import tempfile
 import tomllib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -29,18 +25,16 @@ import gpunode
 from conftest import REPO
 from gpunode import ignition
 from gpunode_testing import fixtures
-from gpunode_testing.boot_harness import WORK_PARENT
 from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
 from helpers.ignition_example import SHA512, URL
+from helpers.sysext import FLATCAR_ENSURE_SYSEXT, IMAGE_NAME, Built, load_build_script
 
 # The systemd harness's own reads, and the machine's systemd-sysext.service (flatcar_boot).
 pytestmark = pytest.mark.allow_paths(
     *MACHINE_PATHS, "/lib/systemd/system/systemd-sysext.service")
 
 UNITS = REPO / "units"
-BUILD_SCRIPT = REPO / "packaging" / "build_sysext.py"
 ENTRY = REPO / "packaging" / "gpunode_main.py"
-IMAGE_NAME = f"gpunode-{gpunode.__version__}-x86-64.raw"
 NO_VENV = {"PATH": "/usr/bin:/bin"}  # no virtualenv, no PYTHONPATH, no PYTHONHOME
 
 EXPECTED_PATHS = {
@@ -53,61 +47,6 @@ EXPECTED_PATHS = {
     "usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf",
     "usr/lib/extension-release.d/extension-release.gpunode",
 }
-
-# Flatcar's ensure-sysext.service (it ships in /usr/lib/systemd/system there): after
-# systemd-sysext.service merged the images, reload the units and re-reach the targets.
-FLATCAR_ENSURE_SYSEXT = """\
-[Unit]
-BindsTo=systemd-sysext.service
-After=systemd-sysext.service
-DefaultDependencies=no
-ConditionDirectoryNotEmpty=|/etc/extensions
-ConditionDirectoryNotEmpty=|/run/extensions
-ConditionDirectoryNotEmpty=|/var/lib/extensions
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/usr/bin/systemctl daemon-reload
-ExecStart=/usr/bin/systemctl restart --no-block sockets.target timers.target multi-user.target
-[Install]
-WantedBy=sysinit.target
-"""
-
-
-def load_build_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("build_sysext", BUILD_SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@dataclass(frozen=True)
-class Built:
-    dir: Path  # build output and scratch; outside /tmp so a namespace sees it
-    image: Path
-    tree: Path  # the image unpacked by unsquashfs -d
-    stdout: str
-
-
-@pytest.fixture(scope="session")
-def built() -> Iterator[Built]:
-    """One build of the default (ID=flatcar) image per session, unpacked."""
-    WORK_PARENT.mkdir(parents=True, exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix="sysext-", dir=WORK_PARENT))
-    try:
-        done = subprocess.run(
-            [sys.executable, str(BUILD_SCRIPT), "--out", str(base / "out"),
-             "--work", str(base / "work")],
-            capture_output=True, text=True, timeout=1200, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-        image = base / "out" / IMAGE_NAME
-        tree = base / "tree"
-        subprocess.run(["unsquashfs", "-no-progress", "-d", str(tree), str(image)],
-                       capture_output=True, check=True)
-        yield Built(base, image, tree, done.stdout)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def image_paths(image: Path) -> set[str]:
