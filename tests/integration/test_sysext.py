@@ -15,6 +15,7 @@ import pkgutil
 import secrets
 import shutil
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
