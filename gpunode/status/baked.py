@@ -5,7 +5,9 @@ The driver sysext of a bake is the file of one Flatcar version
 (/etc/flatcar/sysext/flatcar-<name>-<VERSION>.raw): after an OS update without a re-bake the
 initramfs finds no file for the new VERSION and downloads one at boot, and the baked modules
 no longer match the running kernel. That is a warning (the node still works, with a download),
-never a failure. No manifest: no check at all (a node provisioned by Ignition).
+never a failure. The same for the baked prebuilt module sets and builds (gpunode/bake/
+optional.py): modules of one kernel each, which a node running another kernel cannot load
+(`kernel_drift`). No manifest: no check at all (a node provisioned by Ignition).
 """
 
 from __future__ import annotations
