@@ -41,7 +41,13 @@ from gpunode.bake.extras import Extras, toolkit_version
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig, BuildConfig, DriverConfig
 from gpunode.driver import build as driver_build
 from gpunode.driver import cache, modules
-from gpunode.errors import BakeArchiveError, BakeConfigError, DriverBuildError, GpunodeError
+from gpunode.errors import (
+    BakeArchiveError,
+    BakeConfigError,
+    BakeError,
+    DriverBuildError,
+    GpunodeError,
+)
 from gpunode.host import TEMP_SUFFIX, Host
 
 EXTENSIONS_DIR = "/opt/extensions"
@@ -153,6 +159,11 @@ def plan(host: Host, config: bake_config.BakeConfig, extras: Extras, image: Any,
         path = f"{agent.driver.prebuilt_dirs[0].rstrip('/')}/{kernel}"
         source = bake_config.source(config, p.artifact, {**values, "name": kernel})
         files = _set_in_place(host, path, p.artifact.sha512, previous)
+        if files is None and host.lstat(path) is not None and path not in _placed(previous):
+            raise BakeError(f"{PREBUILT} {kernel}", source.shown, f"{host.display(path)} "
+                            "exists and no earlier bake placed it: a bake replaces only what "
+                            "it placed", "remove it, or list another directory first in the "
+                            "agent config's driver.prebuilt_dirs")
         out.prebuilt.append(ModuleSet(kernel, path, p.artifact.sha512, source, files or {},
                                       files is None))
     if extras.build is not None:
@@ -232,6 +243,12 @@ def _previous(host: Host) -> dict[str, Any]:
         return manifest.read(host) or {}
     except GpunodeError:
         return {}  # image.py warns about it once
+
+
+def _placed(previous: dict[str, Any]) -> set[str]:
+    """The prebuilt sets' directories the last bake placed."""
+    return {a.get("path") for a in previous.get("artifacts", [])
+            if isinstance(a, dict) and a.get("what") == PREBUILT}
 
 
 def _set_in_place(host: Host, path: str, sha512: str,

@@ -1,5 +1,5 @@
 """Inputs of the optional bake artifacts, shared by tests/unit/test_bake_extras.py and
-tests/hostile/test_bake_extras.py: a stand-in toolkit sysext, prebuilt module set archives
+tests/hostile/test_bake_optional.py: a stand-in toolkit sysext, prebuilt module set archives
 (good and hostile), the fixture image's kernel, and the bake config sections naming them."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 where the sysext-bakery puts it, a prebuilt module set unpacked where the prebuilt strategy
 looks, a driver built (by a fake compiler) into the image's cache; a second bake that changes
 nothing, a changed input that replaces only itself, and a boot of the baked root that loads
-what was baked without a compile. (Bad inputs: tests/hostile/test_bake_extras.py.)"""
+what was baked without a compile. (Bad inputs: tests/hostile/test_bake_optional.py.)"""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from conftest import HostFactory
 from gpunode.bake import archive
 from helpers.bake import make_inputs, sha512
 from helpers.bake_extras import (
+    KERNEL,
     TOOLKIT_FILE,
     image_kernel,
     member,
@@ -290,3 +291,25 @@ def test_a_build_that_fails_places_nothing_of_the_bake(
     for placed in ("opt/extensions", "etc/gpunode/baked.json", "etc/extensions"):
         assert not (root / placed).exists()  # the verified sysexts were not placed either
     assert not list(root.rglob("*.gpunode-tmp"))
+
+
+def test_a_prebuilt_set_over_a_directory_no_bake_placed_is_refused(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    """driver.prebuilt_dirs naming the kernel's own module tree must not replace it."""
+    root = make_host("nc4as-t4-v3", "driver").root
+    image_kernel(root)
+    (root / f"usr/lib/modules/{KERNEL}/kernel").mkdir()
+    inputs = make_inputs(tmp_path / "in")
+    (tmp_path / "in/gpunode.toml").write_text('[driver]\nprebuilt_dirs = ["/usr/lib/modules"]\n')
+    config = inputs.config(extra=prebuilt_section(inputs) + '\n[agent]\nconfig = "gpunode.toml"\n')
+    check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config", str(config)], 1,
+                  rf"usr/lib/modules/{KERNEL} exists and no earlier bake placed it")
+
+
+def test_a_refused_archive_after_a_verified_toolkit_leaves_no_stage_of_either(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    inputs = make_inputs(tmp_path / "in")
+    extra = toolkit_section(inputs) + prebuilt_section(
+        inputs, tar_bytes(module_set(), [member("/abs", size=1)]))
+    _refused(make_host, tmp_path, cli, extra, r"member '/abs' has an absolute name",
+             "bake-archive-refused")
