@@ -18,6 +18,7 @@ import hashlib
 import io
 import lzma
 import re
+import stat
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -114,6 +115,25 @@ def unpack(host: Host, archive: str, directory: str, what: str, source: str) -> 
                                f"{exc or type(exc).__name__}", "give a tar archive (optionally "
                                "gzip, bzip2 or xz compressed)") from None
     return files
+
+
+def tree(host: Host, directory: str, prefix: str = "") -> dict[str, str] | None:
+    """What an unpacked set holds now: path → sha256 of every file below `directory`; None
+    when anything there is neither a regular file nor a directory."""
+    found: dict[str, str] = {}
+    for name in host.list_dir(directory):
+        path, rel = f"{directory}/{name}", f"{prefix}{name}"
+        st = host.lstat(path)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            below = tree(host, path, f"{rel}/")
+            if below is None:
+                return None
+            found.update(below)
+        elif st is not None and stat.S_ISREG(st.st_mode):
+            found[rel] = host.digest(path, "sha256")
+        else:
+            return None
+    return found
 
 
 def _name(raw: str, refuse: Callable[[str, str], BakeArchiveError]) -> str | None:

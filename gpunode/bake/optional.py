@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import stat
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
@@ -262,28 +261,9 @@ def _set_in_place(host: Host, path: str, sha512: str,
     if not isinstance(files, dict) or not files:
         return None
     try:
-        return files if _tree(host, path) == files else None
+        return files if archive.tree(host, path) == files else None
     except GpunodeError:
         return None
-
-
-def _tree(host: Host, directory: str, prefix: str = "") -> dict[str, str] | None:
-    """path → sha256 of every file below `directory`; None when anything there is neither a
-    regular file nor a directory."""
-    found: dict[str, str] = {}
-    for name in host.list_dir(directory):
-        path, rel = f"{directory}/{name}", f"{prefix}{name}"
-        st = host.lstat(path)
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            below = _tree(host, path, f"{rel}/")
-            if below is None:
-                return None
-            found.update(below)
-        elif st is not None and stat.S_ISREG(st.st_mode):
-            found[rel] = host.digest(path, "sha256")
-        else:
-            return None
-    return found
 
 
 # -- stage: fetch, verify, unpack, build; nothing placed yet -------------------------------------
