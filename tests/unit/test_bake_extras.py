@@ -313,9 +313,9 @@ def test_status_names_every_baked_artifact_and_says_no_download(
         "baked gpunode 0.2.0, nvidia-drivers-570-open, nvidia-runtime v1.17.5, prebuilt "
         f"modules for {KERNEL}, NVIDIA {T4.driver_version}-proprietary built for {KERNEL} "
         "(Flatcar 4459.2.1): no download at boot")
-    from gpunode.status.baked import plan_note
-
-    assert plan_note(Host(root)).endswith(": baked, no download")  # type: ignore[union-attr]
+    plan = cli("--root", str(root), "plan")
+    assert plan.code == 0, plan.err
+    assert f"built for {KERNEL} (Flatcar 4459.2.1): baked, no download" in plan.out
 
 
 def test_status_warns_when_the_running_kernel_is_not_the_prebuilt_sets(
