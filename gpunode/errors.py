@@ -309,6 +309,14 @@ class BakeError(GpunodeError):
         super().__init__(f"Failed to bake {what} from '{source}': {reason}", hint)
 
 
+class BakeArchiveError(BakeError):
+    """A prebuilt module set's archive holds a member `gpunode image bake` refuses to unpack
+    (an absolute name, `..`, a link, a device or FIFO, a file too large) or is no tar archive;
+    names the member, and nothing of the archive was placed."""
+
+    code = "bake-archive-refused"
+
+
 # -- Kubernetes ----------------------------------------------------------------------------------
 
 

@@ -44,6 +44,11 @@ _SHA512 = re.compile(r"[0-9a-f]{128}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.raw")
 _SECTIONS = {"gpunode": ("source", "sha512"), "driver": ("name", "source", "sha512"),
              "agent": ("config",), "download": ("timeout", "attempts")}
+# The optional artifacts' sections: read and checked by gpunode/bake/extras.py.
+_SECTIONS |= {"toolkit": ("name", "source", "sha512"),
+              "prebuilt": ("kernel", "source", "sha512"),
+              "build": ("enabled", "flavours", "kernel", "driver_url", "driver_sha256",
+                        "dev_container_url", "dev_container_sha512", "command")}
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,10 @@ Everything is checked before anything is written: the bake config, the image's o
 each artifact (fetched into a temporary name beside its place and verified there). Only then
 are the artifacts renamed into place, the small files and links written (each only when its
 bytes or target differ) and the manifest last. A second bake with the same inputs fetches
-nothing and writes nothing. No process runs and no service is asked: the build host's kernel
-and services are never touched, whatever the root.
+nothing and writes nothing. No process runs (but the builder of a `[build]`, in its own
+container) and no service is asked: the build host's kernel and services are never touched,
+whatever the root. The optional artifacts (toolkit sysext, prebuilt modules, a build):
+gpunode/bake/optional.py.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any
 
 from gpunode import __version__, envfile, flatcar, log, nodelock
 from gpunode.bake import config as bake_config
-from gpunode.bake import fetch
+from gpunode.bake import extras, fetch, optional
 from gpunode.bake.manifest import MANIFEST, OS_RELEASES, SCHEMA_VERSION
 from gpunode.config import DEFAULT_CONFIG_PATH
 from gpunode.driver import branches, nouveau
@@ -91,16 +93,20 @@ def command(host: Host, args: argparse.Namespace) -> int:
                          "(--config BAKE.toml), and the agent config to install in its [agent] "
                          "config")
     config = bake_config.load(args.bake_config)
+    wanted = extras.parse(config)  # the optional artifacts' sections: [toolkit], …
     image = read_image(host)
     agent_text = _agent_config(config, host)
     with log.step("image.bake", root=str(host.root)) as fields:
         artifacts = plan(host, config, image)
+        more = optional.plan(host, config, wanted, image, agent_text)
         with nodelock.held(host, "image bake", nodelock.WAIT_SECONDS):
-            changed = apply(host, config, image, artifacts, agent_text)
+            changed = apply(host, config, image, artifacts, agent_text, more)
         fields.update(changed=changed, fetched=[a.name for a in artifacts if a.fetch])
     for a in artifacts:
         print(f"{a.what} {a.name}: {host.display(a.path)} "
               f"({'fetched, sha512 verified' if a.fetch else 'in place, sha512 matches'})")
+    for line in optional.describe(host, more):
+        print(line)
     print("\n".join(f"changed {path}" for path in changed) if changed else
           "nothing changed: the image already holds this bake")
     return 0
@@ -185,8 +191,10 @@ def _agent_config(config: bake_config.BakeConfig, host: Host) -> bytes | None:
 
 
 def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: list[Placed],
-          agent_text: bytes | None) -> list[str]:
-    """Fetch and verify every artifact that must be, then place them all; what changed."""
+          agent_text: bytes | None, more: optional.Plan | None = None) -> list[str]:
+    """Fetch and verify every artifact that must be, then place them all; what changed.
+    `more`: the optional artifacts (gpunode/bake/optional.py), staged last, placed first."""
+    more = more or optional.Plan()
     staged: list[Placed] = []
     made: list[str] = []  # directories made for the stages: removed again when one fails
     try:
@@ -196,6 +204,7 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
                 fetch.stage(host, a.stage, a.source, a.sha512, f"{a.what} {a.name}",
                             config.timeout, config.attempts)
                 staged.append(a)
+        optional.stage(host, config, more)  # removes what it made itself when it fails
     except BaseException:
         for a in staged:
             host.remove(a.stage)
@@ -206,6 +215,7 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
     for a in staged:
         host.rename(a.stage, a.path)
         changed.append(host.display(a.path))
+    changed += optional.place(host, more)
     previous = _previous(host)
     links = {EXTENSION_LINK: artifacts[0].path, f"{UNIT_DIR}/{flatcar.NVIDIA_UNIT}": "/dev/null",
              **{f"{WANTS_DIR}/{unit}": f"{SYSEXT_UNITS}/{unit}" for unit in UNIT_NAMES},
@@ -230,7 +240,8 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
     for old in _stale(previous, artifacts):
         host.remove(old)
         changed.append(f"removed {host.display(old)}")
-    manifest = render_manifest(image, artifacts, agent_text, config)
+    manifest = render_manifest(image, artifacts, agent_text, config,
+                               optional.entries(host, more))
     if host.read_optional_bytes(MANIFEST) != manifest:
         host.write_atomic(MANIFEST, manifest, make_parents=True)
         changed.append(host.display(MANIFEST))
@@ -297,12 +308,14 @@ def _enabled_sysexts(host: Host, names: list[str], dropped: list[str]) -> bytes 
 
 
 def render_manifest(image: Image, artifacts: list[Placed], agent_text: bytes | None,
-                    config: bake_config.BakeConfig) -> bytes:
+                    config: bake_config.BakeConfig,
+                    more: list[dict[str, Any]] | None = None) -> bytes:
     import hashlib
 
     entries: list[dict[str, Any]] = [
         {"what": a.what, "name": a.name, "version": a.version, "path": a.path,
          "sha512": a.sha512, "source": a.source.shown, **a.extra} for a in artifacts]
+    entries += more or []  # the optional artifacts (gpunode/bake/optional.py)
     if agent_text is not None:
         entries.append({"what": "agent-config", "name": "config.toml", "version": None,
                         "path": AGENT_CONFIG, "sha512": hashlib.sha512(agent_text).hexdigest(),

@@ -14,6 +14,10 @@ from gpunode.errors import BakeManifestError
 from gpunode.host import Host
 
 MANIFEST = "/etc/gpunode/baked.json"
+VERSIONED = ("gpunode-sysext", "toolkit-sysext")  # described with their version
+# The artifacts of one kernel (gpunode/bake/optional.py's kinds), as describe() names them.
+_DESCRIBED = {"prebuilt-modules": "prebuilt modules for {a.kernel}",
+              "driver-build": "NVIDIA {a.name} built for {a.kernel}"}
 SCHEMA_VERSION = 1
 OS_RELEASES = ("/usr/lib/os-release", "/etc/os-release")  # the initramfs reads the first
 
@@ -26,6 +30,7 @@ class Artifact:
     path: str
     sha512: str
     source: str
+    kernel: str | None = None  # a prebuilt set's or a build's (gpunode/bake/optional.py)
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,14 @@ class Baked:
 
     def describe(self) -> str:
         """'gpunode 0.2.0, nvidia-drivers-570-open (Flatcar 4459.2.1)'"""
-        parts = [f"{a.name} {a.version}" if a.what == "gpunode-sysext" and a.version else a.name
+        parts = [f"{a.name} {a.version}" if a.what in VERSIONED and a.version else a.name
                  for a in self.artifacts if a.what.endswith("-sysext")]
+        parts += [_DESCRIBED[a.what].format(a=a) for a in self.artifacts if a.what in _DESCRIBED]
         return ", ".join(parts) + (f" (Flatcar {self.os_version})" if self.os_version else "")
+
+    def kernel_bound(self) -> tuple[Artifact, ...]:
+        """The prebuilt sets and builds: modules for one kernel each."""
+        return tuple(a for a in self.artifacts if a.what in _DESCRIBED and a.kernel)
 
 
 def read(host: Host) -> dict[str, Any] | None:
@@ -79,7 +89,8 @@ def load(host: Host) -> Baked | None:
             reader.fail(f"artifacts[{i}]", f"is {records.kind(entry)}, expected an object")
         r = records.Reader(entry, f"{shown} (artifacts[{i}])", BakeManifestError)
         artifacts.append(Artifact(r.text("what"), r.text("name"), r.text("version", True),
-                                  r.path("path"), r.text("sha512"), r.text("source")))
+                                  r.path("path"), r.text("sha512"), r.text("source"),
+                                  r.text("kernel", True, True)))
     return Baked(os_reader.text("version", True, True), os_reader.text("kernel", True, True),
                  tuple(artifacts), document)
 

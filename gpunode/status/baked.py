@@ -5,7 +5,9 @@ The driver sysext of a bake is the file of one Flatcar version
 (/etc/flatcar/sysext/flatcar-<name>-<VERSION>.raw): after an OS update without a re-bake the
 initramfs finds no file for the new VERSION and downloads one at boot, and the baked modules
 no longer match the running kernel. That is a warning (the node still works, with a download),
-never a failure. No manifest: no check at all (a node provisioned by Ignition).
+never a failure. The same for the baked prebuilt module sets and builds (gpunode/bake/
+optional.py): modules of one kernel each, which a node running another kernel cannot load
+(`kernel_drift`). No manifest: no check at all (a node provisioned by Ignition).
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ def check(facts: BakeFacts | None) -> list[Check]:
         return [Check("bake", WARN, f"baked {baked.describe()}, but {drift}: the driver "
                       "sysext for this version is downloaded at boot",
                       "bake the image again for this OS version ('gpunode image bake')")]
+    other = kernel_drift(facts)
+    if other:
+        return [Check("bake", WARN, f"baked {baked.describe()}, but {other}: its modules do "
+                      "not load on this kernel, and the node needs another driver source (a "
+                      "download or a compile at boot)",
+                      "bake the image again for this kernel ('gpunode image bake')")]
     if facts.missing:
         return [Check("bake", WARN, f"baked {baked.describe()}, but {', '.join(facts.missing)} "
                       "is gone", "bake the image again ('gpunode image bake')")]
@@ -72,6 +80,16 @@ def mismatch(facts: BakeFacts) -> str | None:
     return None
 
 
+def kernel_drift(facts: BakeFacts) -> str | None:
+    """The running kernel is none of those the baked prebuilt sets and builds are for."""
+    bound = facts.baked.kernel_bound() if facts.baked else ()
+    kernels = sorted({str(a.kernel) for a in bound})
+    if not kernels or not facts.kernel or facts.kernel in kernels:
+        return None
+    return (f"the running kernel is {facts.kernel}, not {' or '.join(kernels)} (the baked "
+            f"{' and '.join(sorted({a.what.replace('-', ' ') for a in bound}))})")
+
+
 def plan_note(host: Host) -> str | None:
     """The line `plan` prints for a baked image, None for one that is not."""
     facts = observe(host)
@@ -82,4 +100,7 @@ def plan_note(host: Host) -> str | None:
     drift = mismatch(facts)
     if drift:
         return f"bake: baked {facts.baked.describe()}, but {drift}: a download at boot"
+    other = kernel_drift(facts)
+    if other:
+        return f"bake: baked {facts.baked.describe()}, but {other}: not used"
     return f"bake: baked {facts.baked.describe()}: baked, no download"
