@@ -8,8 +8,10 @@ Two flows on the same fixture GPU node (a T4 with its driver loaded), several bo
   GPU Operator's toolkit container and Flatcar's own flow). Measured from "Starting
   containerd.service" to containerd active again after the restart.
 
-Both end when containerd is active with the nvidia runtime. Also: gpunode.service on a CPU-only
-node (the no-op every non-GPU pool runs). Timestamps are systemd's own (monotonic, from unit
+Both end when containerd is active with the nvidia runtime; gpunode's share is its flow without
+containerd's own start (leaving inactive to active). Also, on a CPU-only node (the no-op every
+non-GPU pool runs): gpunode.service's activation against a unit with the same settings that
+runs `python -c pass`. Timestamps are systemd's own (monotonic, from unit
 properties and the journal). Run as root: `.venv/bin/python benchmarks/boot_path.py`.
 """
 
@@ -53,8 +55,10 @@ def journal_start(ns: SystemdNamespace, unit: str) -> int:
     raise SystemExit(f"no 'Starting' message for {unit}")
 
 
-def one_boot(machine: str, flow: str) -> tuple[float, bool]:
-    """(milliseconds of the flow, whether containerd ended with the nvidia runtime)."""
+def one_boot(machine: str, flow: str) -> tuple[float, float, bool]:
+    """(milliseconds of the flow, of it without containerd's own start, whether containerd
+    ended with the nvidia runtime). gpunode's flow is a node with gpunode's sysext: its
+    shipped containerd drop-in in /usr (units/containerd-env.conf)."""
     work = WORK_PARENT / f"bench-{secrets.token_hex(4)}"
     work.mkdir(parents=True)
     try:
@@ -67,60 +71,104 @@ def one_boot(machine: str, flow: str) -> tuple[float, bool]:
             if flow == "gpunode" else {"peer-configure.service": PEER_UNIT}
         with SystemdNamespace({**units, **extra}, work, overlays=("usr", "var/lib"),
                               enable=tuple({**units, **extra}),
-                              prepare=node_prepare(fixture)) as ns:
+                              prepare=node_prepare(fixture,
+                                                   shipped_dropin=flow == "gpunode")) as ns:
             if flow == "peers":
                 ns.wait_for(lambda: int(ns.unit_property(
                     "peer-configure.service", "ExecMainExitTimestampMonotonic") or 0) > 0,
                     timeout=60, what="the peers' configure unit to finish")
             ns.wait_active("containerd.service")
             start = journal_start(ns, first)
-            end = int(ns.unit_property("containerd.service", "ActiveEnterTimestampMonotonic"))
+            times = ns.unit_properties("containerd.service", "ActiveEnterTimestampMonotonic",
+                                       "InactiveExitTimestampMonotonic")
+            end = int(times["ActiveEnterTimestampMonotonic"])
+            own_start = end - int(times["InactiveExitTimestampMonotonic"])
             argv = ns.main_argv("containerd.service")
             config = argv[2] if len(argv) > 2 else ""
             dump = ns.run(["containerd", "--config", config, "config", "dump"]).stdout
-            return (end - start) / 1000, "nvidia-container-runtime" in dump
+            return ((end - start) / 1000, (end - start - own_start) / 1000,
+                    "nvidia-container-runtime" in dump)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def main() -> int:
-    samples: dict[str, list[float]] = {"gpunode": [], "peers": []}
-    for _ in range(BOOTS):  # interleaved, so drift on the machine hits every flow alike
+def measure(boots: int = BOOTS) -> dict[str, float]:
+    """Medians (ms) of each flow, gpunode's share and the CPU node's activations, and ratios."""
+    samples: dict[str, list[float]] = {"gpunode": [], "peers": [], "share": []}
+    for _ in range(boots):  # interleaved, so drift on the machine hits every flow alike
         for flow in ("gpunode", "peers"):
-            ms, runtime = one_boot("nc4as-t4-v3", flow)
+            ms, share, runtime = one_boot("nc4as-t4-v3", flow)
             if not runtime:
                 raise SystemExit(f"{flow}: containerd did not end with the nvidia runtime")
             samples[flow].append(ms)
-    cpu = [one_boot_cpu() for _ in range(BOOTS)]
+            if flow == "gpunode":
+                samples["share"].append(share)
+    cpu = [one_boot_cpu() for _ in range(boots)]
+    gpunode_cpu = statistics.median(c[0] for c in cpu)
+    python_unit = statistics.median(c[1] for c in cpu)
     ours, peers = statistics.median(samples["gpunode"]), statistics.median(samples["peers"])
-    print(f"boot path in a real systemd ({BOOTS} boots each, medians):")
-    print(f"  gpunode: gpunode.service start → containerd active with the runtime: {ours:.0f} ms "
-          "(containerd started once)")
-    print(f"  peers: containerd start → configured → restarted → active: {peers:.0f} ms "
-          "(containerd started twice)")
-    print(f"  ratio peers / gpunode: {peers / ours:.2f}")
-    print(f"  gpunode.service on a CPU-only node (no-op): {statistics.median(cpu):.0f} ms")
+    return {"boot_path_gpunode_ms": ours, "boot_path_peers_ms": peers,
+            "boot_path_peers_ratio": peers / ours,
+            "boot_path_gpunode_share_ms": statistics.median(samples["share"]),
+            "cpu_node_gpunode_unit_ms": gpunode_cpu, "cpu_node_python_unit_ms": python_unit,
+            "cpu_node_noop_ratio": gpunode_cpu / python_unit}
+
+
+def report(result: dict[str, float], boots: int = BOOTS) -> None:
+    print(f"boot path in a real systemd ({boots} boots each, medians):")
+    print(f"  gpunode: gpunode.service start → containerd active with the runtime: "
+          f"{result['boot_path_gpunode_ms']:.0f} ms (containerd started once); gpunode's own "
+          f"share (without containerd's start): {result['boot_path_gpunode_share_ms']:.0f} ms")
+    print(f"  peers: containerd start → configured → restarted → active: "
+          f"{result['boot_path_peers_ms']:.0f} ms (containerd started twice)")
+    print(f"  ratio peers / gpunode: {result['boot_path_peers_ratio']:.2f}")
+    print(f"  CPU-only node, unit activation: gpunode.service "
+          f"{result['cpu_node_gpunode_unit_ms']:.0f} ms, a unit running python -c pass "
+          f"{result['cpu_node_python_unit_ms']:.0f} ms: {result['cpu_node_noop_ratio']:.2f}x")
+
+
+def main() -> int:
+    report(measure())
     return 0
 
 
-def one_boot_cpu() -> float:
+PYTHON_PASS_UNIT = "python-pass.service"
+
+
+def one_boot_cpu() -> tuple[float, float]:
+    """A CPU-only node: (gpunode.service's activation, that of a unit running `python -c pass`
+    with the same settings and ordering), ms from leaving inactive to active."""
     work = WORK_PARENT / f"bench-{secrets.token_hex(4)}"
     work.mkdir(parents=True)
     try:
         fixture = work / "fixture"
         fixtures.build(fixtures.MACHINES["azure-d4s-v5"], fixture,
                        fixtures.Options(state="bare", flat_sysfs=True, dev_nodes="plain"))
-        units = {"containerd.service": CONTAINERD_UNIT,
-                 "gpunode.service": (UNITS / "gpunode.service").read_text()}
+        gpunode = (UNITS / "gpunode.service").read_text()
+        # After gpunode.service, so the two never share the CPUs.
+        python = gpunode.replace("ExecStart=/usr/bin/gpunode boot",
+                                 f"ExecStart={sys.executable} -c pass").replace(
+                                     "\nBefore=", "\nAfter=gpunode.service\nBefore=", 1)
+        units = {"containerd.service": CONTAINERD_UNIT, "gpunode.service": gpunode,
+                 PYTHON_PASS_UNIT: python}
+        prepare = [*node_prepare(fixture, shipped_dropin=True),
+                   f"mkdir -p /run/systemd/system/{PYTHON_PASS_UNIT}.d",
+                   f"cp /run/systemd/system/gpunode.service.d/50-test-venv.conf "
+                   f"/run/systemd/system/{PYTHON_PASS_UNIT}.d/"]
         with SystemdNamespace(units, work, overlays=("usr", "var/lib"), enable=tuple(units),
-                              prepare=node_prepare(fixture)) as ns:
+                              prepare=prepare) as ns:
             ns.wait_active("containerd.service")
-            props = ns.unit_properties("gpunode.service", "ExecMainStartTimestampMonotonic",
-                                       "ExecMainExitTimestampMonotonic")
-            return (int(props["ExecMainExitTimestampMonotonic"]) -
-                    int(props["ExecMainStartTimestampMonotonic"])) / 1000
+            ns.wait_active(PYTHON_PASS_UNIT)
+            return activation(ns, "gpunode.service"), activation(ns, PYTHON_PASS_UNIT)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def activation(ns: SystemdNamespace, unit: str) -> float:
+    props = ns.unit_properties(unit, "InactiveExitTimestampMonotonic",
+                               "ActiveEnterTimestampMonotonic")
+    return (int(props["ActiveEnterTimestampMonotonic"]) -
+            int(props["InactiveExitTimestampMonotonic"])) / 1000
 
 
 if __name__ == "__main__":
