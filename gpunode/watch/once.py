@@ -25,8 +25,8 @@ from gpunode.config import AgentConfig
 from gpunode.errors import HostError, UsageError
 from gpunode.host import Host
 from gpunode.kube import labels
+from gpunode.watch import checks, vmsize, xid
 from gpunode.watch import state as watchstate
-from gpunode.watch import vmsize, xid
 from gpunode.watch.state import Finding, WatchState
 
 KMSG = "/dev/kmsg"
@@ -92,7 +92,8 @@ def decide(seen: Observed, previous: WatchState | None, fatal: tuple[int, ...],
     new = WatchState(boot_id=seen.boot_id, last_seq=previous.last_seq,
                      fatal=list(previous.fatal),
                      events={k: list(v) for k, v in previous.events.items()},
-                     gpus=previous.gpus or sorted(seen.present), condition=previous.condition)
+                     gpus=previous.gpus or sorted(seen.present), condition=previous.condition,
+                     findings={k: dict(v) for k, v in previous.findings.items()})
     decision = Decision(new)
     uuids = dict(seen.uuids)
     xids = []
@@ -206,11 +207,13 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
     seen = observe(host, config)
     if dry_run:
         decision = _decide(host, config, seen)
+        checks.run(host, config, decision.changes, decision.state.findings, dry_run=True)
         for change in decision.changes:
             print(json.dumps(change, sort_keys=False))
         return decision
     with host.lock(watchstate.WATCH_LOCK, wait=LOCK_WAIT_SECONDS):
         decision = _decide(host, config, seen)
+        checks.run(host, config, decision.changes, decision.state.findings, dry_run=False)
         if decision.changes:
             from gpunode.watch import report
 

@@ -46,6 +46,9 @@ class WatchState:
     missing: list[str] = field(default_factory=list)
     condition: dict[str, str] | None = None  # {status, reason, message} last reported
     updated_at: str = ""
+    # the latest repair or problem of checks.py, per kind ("containerd", "cdi"):
+    # {status: repaired|regenerated|problem, message, at[, restart]}
+    findings: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA, **asdict(self)}
@@ -94,8 +97,14 @@ def parse(doc: Any) -> WatchState:
     gpus, missing = _list(doc, "gpus"), _list(doc, "missing")
     if not all(isinstance(a, str) for a in [*gpus, *missing]):
         raise ValueError("gpus and missing are not lists of addresses")
+    findings = doc.get("findings") or {}
+    if not isinstance(findings, dict) or len(findings) > MAX_FINDINGS or not all(
+            isinstance(k, str) and isinstance(v, dict)
+            and all(isinstance(x, str) for x in [*v.keys(), *v.values()])
+            for k, v in findings.items()):
+        raise ValueError("findings is not a map of kind → {status, message, at}")
     return WatchState(boot_id, last_seq, fatal, dict(list(events.items())[-MAX_EVENT_KEYS:]),
-                      gpus, missing, condition, str(doc.get("updated_at") or ""))
+                      gpus, missing, condition, str(doc.get("updated_at") or ""), findings)
 
 
 def write(host: Host, state: WatchState) -> None:

@@ -8,20 +8,30 @@ import json
 from typing import Any
 
 import pytest
+from test_watch_once import FakeApi
 
 from conftest import HostFactory
+from gpunode.config import AgentConfig, KubernetesConfig, WatchConfig
 from gpunode.host import Host
-from gpunode.watch import vmsize
+from gpunode.watch import checks, once, state, vmsize
+from gpunode_testing import fixtures
+from helpers.fake_containerd import RecordingSystemd, listening
 from hostile.support import Cli
 
 T4 = "nc4as-t4-v3"
 
 
-def changes(cli: Cli, host: Host, *extra: str) -> list[dict[str, Any]]:
+def quiet_kernel(host: Host) -> Host:
+    """An empty /dev/kmsg under the root: a kernel that logged no Xid."""
     (host.root / "dev").mkdir(exist_ok=True)
     kmsg = host.root / "dev/kmsg"
     if not kmsg.exists():
         kmsg.write_text("")
+    return host
+
+
+def changes(cli: Cli, host: Host, *extra: str) -> list[dict[str, Any]]:
+    quiet_kernel(host)
     result = cli("--root", str(host.root), *extra, "watch", "--once", "--dry-run")
     assert result.code == 0, result.err
     return [json.loads(line) for line in result.out.splitlines()]
@@ -88,3 +98,147 @@ def test_off_azure_the_metadata_file_is_not_believed(cli: Cli,
     host = make_host(T4, "ready", extra={**metadata("Standard_NC64as_T4_v3"),
                                          "/sys/class/dmi/id/sys_vendor": "QEMU\n"})
     assert changes(cli, host) == []
+
+
+# -- containerd's config as gpunode configured it ----------------------------------------------
+
+# What another tool (a chart's template, a hand) leaves: Flatcar's config, no nvidia runtime.
+REWRITTEN = fixtures.FLATCAR_CONTAINERD_CONFIG
+CONFIG = AgentConfig(kubernetes=KubernetesConfig(node_name="t4-0"))
+
+
+def rewritten(make_host: HostFactory, **options: Any) -> Host:
+    host = quiet_kernel(make_host(T4, "ready", **options))
+    (host.root / "etc/containerd/config.toml").write_text(REWRITTEN)
+    return host
+
+
+def config_text(host: Host) -> str:
+    return (host.root / "etc/containerd/config.toml").read_text()
+
+
+def test_a_config_without_the_runtime_is_a_repair_that_dry_run_only_prints(
+        cli: Cli, make_host: HostFactory) -> None:
+    host = rewritten(make_host)
+    [repair] = changes(cli, host)
+    assert (repair["kind"], repair["type"], repair["reason"]) == (
+        "repair", "Warning", "ContainerdConfigRepaired")
+    assert repair["file"] == "/etc/containerd/config.toml"
+    assert "would repair as 'gpunode containerd configure' does" in repair["message"]
+    assert "add runtime 'nvidia'" in repair["message"]
+    assert config_text(host) == REWRITTEN
+    assert not (host.root / "run/gpunode/watch.json").exists()
+
+
+def test_the_repair_writes_what_configure_writes_and_reports_one_event(
+        make_host: HostFactory) -> None:
+    host = rewritten(make_host)
+    api = FakeApi()
+    once.run(host, CONFIG, False, lambda: api)
+    text = config_text(host)
+    assert 'runtimes.nvidia]' in text and 'BinaryName = "/usr/bin/nvidia-container-runtime"' in text
+    assert (host.root / "etc/containerd/config.toml.gpunode-orig").read_text() == REWRITTEN
+    assert (host.root / "var/lib/gpunode/containerd.json").exists()  # configure's ledger
+    [event] = api.events
+    assert (event["type"], event["reason"]) == ("Warning", "ContainerdConfigRepaired")
+    saved = state.read(host)[0]
+    assert saved is not None and saved.findings["containerd"]["status"] == "repaired"
+    api.events.clear()
+    once.run(host, CONFIG, False, lambda: api)
+    assert api.events == [] and config_text(host) == text
+
+
+def test_a_config_as_configured_is_left_alone(cli: Cli, make_host: HostFactory) -> None:
+    host = make_host(T4, "ready")
+    before = config_text(host)
+    assert changes(cli, host) == []
+    assert config_text(host) == before
+
+
+def test_a_containerd_gpunode_never_configured_is_not_gpunodes_to_repair(
+        cli: Cli, make_host: HostFactory) -> None:
+    host = rewritten(make_host)
+    (host.root / "run/gpunode/state.json").unlink()  # no boot record, no ledger
+    assert changes(cli, host) == []
+
+
+def shim(host: Host, pid: int = 4242) -> None:
+    """A container's shim process in the fixture's /proc, as the kernel names it."""
+    (host.root / f"proc/{pid}").mkdir(parents=True)
+    (host.root / f"proc/{pid}/comm").write_text("containerd-shim\n")
+
+
+def repair_with(host: Host, policy: str) -> tuple[dict[str, Any], RecordingSystemd]:
+    manager = RecordingSystemd(host=host)
+    found: list[dict[str, Any]] = []
+    config = AgentConfig(watch=WatchConfig(containerd_restart=policy))
+    with listening(host):
+        checks.run(host, config, found, {}, dry_run=False, manager=manager)
+    [repair] = found
+    return repair, manager
+
+
+def test_when_idle_a_running_containerd_without_containers_is_restarted(
+        make_host: HostFactory) -> None:
+    repair, manager = repair_with(rewritten(make_host), "when-idle")
+    assert repair["restart"] == "restarted"
+    assert "restart containerd.service" in manager.calls
+    assert repair["message"].endswith("; containerd was restarted")
+
+
+def test_when_idle_running_containers_leave_the_restart_pending(
+        make_host: HostFactory) -> None:
+    host = rewritten(make_host)
+    shim(host)
+    repair, manager = repair_with(host, "when-idle")
+    assert repair["restart"] == "pending"
+    assert "restart containerd.service" not in manager.calls
+    assert ('restart pending (1 container running; watch.containerd_restart = "when-idle")'
+            in repair["message"])
+    assert "runtimes.nvidia]" in config_text(host)  # repaired all the same
+
+
+def test_never_leaves_the_restart_pending_even_without_containers(
+        make_host: HostFactory) -> None:
+    repair, manager = repair_with(rewritten(make_host), "never")
+    assert repair["restart"] == "pending" and "restart containerd.service" not in manager.calls
+
+
+def test_always_restarts_under_running_containers(make_host: HostFactory) -> None:
+    host = rewritten(make_host)
+    shim(host)
+    repair, manager = repair_with(host, "always")
+    assert repair["restart"] == "restarted" and "restart containerd.service" in manager.calls
+
+
+def test_a_stopped_containerd_needs_no_restart(make_host: HostFactory) -> None:
+    host = rewritten(make_host)
+    manager = RecordingSystemd(state="inactive", host=host)
+    found: list[dict[str, Any]] = []
+    checks.run(host, AgentConfig(), found, {}, dry_run=False, manager=manager)
+    assert found[0]["restart"] == "not-needed" and manager.calls == []
+
+
+def test_a_restart_policy_the_config_does_not_know_is_refused_with_exit_2(
+        cli: Cli, make_host: HostFactory) -> None:
+    host = make_host(T4, "ready")
+    config = host.root / "etc/gpunode/config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text('[watch]\ncontainerd_restart = "sometimes"\n')
+    result = cli("--root", str(host.root), "watch", "--once", "--dry-run")
+    assert result.code == 2 and "watch.containerd_restart" in result.err
+
+
+def test_status_shows_the_last_repair_and_its_pending_restart(
+        cli: Cli, make_host: HostFactory) -> None:
+    host = rewritten(make_host)
+    shim(host)
+    repair, _ = repair_with(host, "when-idle")
+    state.write(host, state.WatchState(boot_id="", findings={"containerd": {
+        "status": "repaired", "message": repair["message"], "at": "2026-12-01T10:00:00Z",
+        "restart": "pending"}}))
+    result = cli("--root", str(host.root), "status", "--json")
+    [check] = [c for c in json.loads(result.out)["checks"] if c["name"] == "watch"]
+    assert check["state"] == "warn"
+    assert "repaired as 'gpunode containerd configure' does" in check["detail"]
+    assert "restart pending" in check["detail"] and "2026-12-01T10:00:00Z" in check["detail"]
