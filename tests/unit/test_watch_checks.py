@@ -5,6 +5,8 @@ CDI spec kept current (gpunode/watch/checks.py)."""
 from __future__ import annotations
 
 import json
+import shutil
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -242,3 +244,66 @@ def test_status_shows_the_last_repair_and_its_pending_restart(
     assert check["state"] == "warn"
     assert "repaired as 'gpunode containerd configure' does" in check["detail"]
     assert "restart pending" in check["detail"] and "2026-12-01T10:00:00Z" in check["detail"]
+
+
+# -- the CDI spec, current with the driver and its GPUs ------------------------------------------
+
+SPEC = "var/run/cdi/nvidia.yaml"
+ND96 = "nd96amsr-a100-v4"
+
+
+def test_a_spec_of_an_older_driver_is_regenerated_naming_both_versions(
+        cli: Cli, make_host: HostFactory) -> None:
+    old = make_host(T4, "ready")
+    newer = make_host(replace(fixtures.MACHINES[T4], driver_version="550.144.06"), "ready")
+    (newer.root / SPEC).write_bytes((old.root / SPEC).read_bytes())
+    [change] = changes(cli, newer)
+    assert (change["kind"], change["reason"]) == ("cdi", "CDISpecRegenerated")
+    assert change["message"] == ("gpunode watch: would regenerate /var/run/cdi/nvidia.yaml "
+                                 "(driver 550.127.08 → 550.144.06)")
+    assert (newer.root / SPEC).read_bytes() == (old.root / SPEC).read_bytes()  # dry run
+    once.run(newer, CONFIG, False, FakeApi)
+    assert b"libcuda.so.550.144.06" in (newer.root / SPEC).read_bytes()
+    assert b"libcuda.so.550.127.08" not in (newer.root / SPEC).read_bytes()
+
+
+def test_a_gpu_the_driver_no_longer_has_is_taken_out_of_the_spec(
+        cli: Cli, make_host: HostFactory) -> None:
+    host = make_host(ND96, "ready")
+    gone = host.root / "proc/driver/nvidia/gpus/0008:00:00.0"
+    uuid = next(line.split()[-1] for line in (gone / "information").read_text().splitlines()
+                if line.startswith("GPU UUID"))
+    shutil.rmtree(gone)
+    [change] = changes(cli, host)
+    assert change["kind"] == "cdi"
+    assert f"devices gone: 7, {uuid}" in change["message"]
+
+
+def test_a_current_spec_is_left_alone(cli: Cli, make_host: HostFactory) -> None:
+    host = make_host(ND96, "ready")
+    before = (host.root / SPEC).read_bytes()
+    once.run(quiet_kernel(host), CONFIG, False, FakeApi)
+    assert (host.root / SPEC).read_bytes() == before
+
+
+def test_a_spec_that_is_not_gpunodes_is_not_touched(cli: Cli, make_host: HostFactory) -> None:
+    old = make_host(T4, "ready")
+    newer = make_host(replace(fixtures.MACHINES[T4], driver_version="550.144.06"), "ready")
+    theirs = (old.root / SPEC).read_bytes().split(b"\n", 1)[1]  # nvidia-ctk's, say: no header
+    (newer.root / SPEC).write_bytes(theirs)
+    assert changes(cli, newer) == []
+
+
+def test_a_driver_gone_is_one_event_per_boot_and_the_spec_stays(
+        make_host: HostFactory) -> None:
+    host = quiet_kernel(make_host(T4, "ready"))
+    before = (host.root / SPEC).read_bytes()
+    (host.root / "proc/driver/nvidia/version").unlink()
+    api = FakeApi()
+    once.run(host, CONFIG, False, lambda: api)
+    [event] = [e for e in api.events if e["reason"] == "CDISpecUnchecked"]
+    assert "cannot regenerate the CDI spec" in event["message"]
+    api.events.clear()
+    once.run(host, CONFIG, False, lambda: api)
+    assert [e for e in api.events if e["reason"] == "CDISpecUnchecked"] == []
+    assert (host.root / SPEC).read_bytes() == before
