@@ -10,7 +10,6 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_watch_once import FakeApi
 
 from conftest import HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig, WatchConfig
@@ -18,6 +17,7 @@ from gpunode.host import Host
 from gpunode.watch import checks, once, state, vmsize
 from gpunode_testing import fixtures
 from helpers.fake_containerd import RecordingSystemd, listening
+from helpers.watch_api import FakeApi
 from hostile.support import Cli
 
 T4 = "nc4as-t4-v3"
