@@ -24,6 +24,7 @@ are only printed. `findings` in the watch's state keeps the latest of each (stat
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gpunode import log, processes, records
@@ -35,6 +36,9 @@ from gpunode.host import Host
 SHIM = "containerd-shim"  # /proc/PID/comm of every container's shim (15 characters)
 NODE_LOCK_WAIT = 10.0  # another gpunode command changing the node: repair on a later pass
 SPEC_LIMIT = 4 << 20  # gpunode's spec is a few KiB; anything larger is not its own
+KINDS = {"ContainerdConfigRepaired": "containerd", "ContainerdConfigUnchecked": "containerd",
+         "ContainerdConfigRepairFailed": "containerd", "CDISpecRegenerated": "cdi",
+         "CDISpecUnchecked": "cdi", "CDISpecRegenerateFailed": "cdi"}  # Event reason → check
 
 
 def run(host: Host, config: AgentConfig, changes: list[dict[str, Any]],
@@ -44,6 +48,9 @@ def run(host: Host, config: AgentConfig, changes: list[dict[str, Any]],
     from gpunode import systemd
 
     manager = manager if manager is not None else systemd.for_host(host.is_live)
+    for finding in findings.values():  # done on an earlier pass whose report failed
+        if "event" in finding:
+            changes.append(json.loads(finding.pop("event")))
     drift = containerd_drift(host, config, manager)
     spec = cdi_drift(host, config)
     if dry_run or (not _acts(drift) and not _acts(spec)):
@@ -64,6 +71,22 @@ def run(host: Host, config: AgentConfig, changes: list[dict[str, Any]],
     except LockBusy as exc:
         log.get().warning("watch.repair_deferred", error=str(exc),
                           note="the next pass repairs what is still out of place")
+
+
+def keep_unreported(host: Host, new: Any, changes: list[dict[str, Any]]) -> None:
+    """The report of this pass failed (the API server away): keep its repairs and problems
+    in the state the pass started from, so the next pass reports them (a repair is done and
+    would otherwise go unsaid; the kernel log is read again anyway)."""
+    from gpunode.watch import state
+
+    previous, _ = state.read(host)
+    if previous is None or previous.boot_id != new.boot_id:
+        previous = state.WatchState(boot_id=new.boot_id)
+    for change in changes:
+        kind = KINDS.get(change.get("reason", ""))
+        if kind is not None and kind in new.findings:
+            previous.findings[kind] = {**new.findings[kind], "event": json.dumps(change)}
+    state.write(host, previous)
 
 
 def _acts(found: Any) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 from gpunode import detect, driverinfo, kernelinfo, log, records
 from gpunode import state as bootstate
 from gpunode.config import AgentConfig
-from gpunode.errors import HostError, UsageError
+from gpunode.errors import GpunodeError, HostError, UsageError
 from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.watch import checks, vmsize, xid
@@ -217,7 +217,11 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
         if decision.changes:
             from gpunode.watch import report
 
-            report.apply(host, config, decision.changes, api_factory)
+            try:
+                report.apply(host, config, decision.changes, api_factory)
+            except GpunodeError:
+                checks.keep_unreported(host, decision.state, decision.changes)
+                raise
         watchstate.write(host, decision.state)
     return decision
 

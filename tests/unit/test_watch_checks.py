@@ -13,6 +13,7 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig, WatchConfig
+from gpunode.errors import ApiError
 from gpunode.host import Host
 from gpunode.watch import checks, once, state, vmsize
 from gpunode_testing import fixtures
@@ -148,6 +149,29 @@ def test_the_repair_writes_what_configure_writes_and_reports_one_event(
     api.events.clear()
     once.run(host, CONFIG, False, lambda: api)
     assert api.events == [] and config_text(host) == text
+
+
+class AwayApi(FakeApi):
+    """An API server that cannot be reached."""
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        raise ApiError("create event", None, "connection refused")
+
+
+def test_a_repair_whose_event_could_not_be_sent_is_reported_by_the_next_pass(
+        make_host: HostFactory) -> None:
+    host = rewritten(make_host)
+    with pytest.raises(ApiError):
+        once.run(host, CONFIG, False, AwayApi)
+    repaired = config_text(host)
+    assert "runtimes.nvidia]" in repaired
+    api = FakeApi()
+    once.run(host, CONFIG, False, lambda: api)
+    assert [e["reason"] for e in api.events] == ["ContainerdConfigRepaired"]
+    assert config_text(host) == repaired
+    api.events.clear()
+    once.run(host, CONFIG, False, lambda: api)
+    assert api.events == []
 
 
 def test_a_config_as_configured_is_left_alone(cli: Cli, make_host: HostFactory) -> None:
