@@ -116,7 +116,9 @@ def _report(changes: list[dict[str, Any]], findings: dict[str, dict[str, str]], 
 
 def configured_by_gpunode(host: Host) -> bool:
     """gpunode configured containerd on this node: its ledger is there, or this boot's
-    containerd step succeeded (a config that already had everything gets no ledger)."""
+    containerd step succeeded finding nothing to change (a config that already had everything
+    gets no ledger). A boot that changed the config wrote a ledger: that ledger gone means
+    `gpunode containerd revert` took gpunode's changes out, which the watch leaves so."""
     from gpunode.containerd.ledger import LEDGER
 
     try:
@@ -126,7 +128,7 @@ def configured_by_gpunode(host: Host) -> bool:
     except (GpunodeError, ValueError):
         return False  # status reports an unusable boot record; the watch claims nothing
     step = record.step("containerd") if record is not None else None
-    return step is not None and step.get("outcome") == "ok"
+    return step is not None and step.get("outcome") == "ok" and not step.get("changed")
 
 
 def containerd_drift(host: Host, config: AgentConfig, manager: Any) -> Any:

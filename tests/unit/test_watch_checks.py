@@ -188,6 +188,15 @@ def test_a_containerd_gpunode_never_configured_is_not_gpunodes_to_repair(
     assert changes(cli, host) == []
 
 
+def test_a_config_reverted_after_boot_changed_it_stays_reverted(
+        cli: Cli, make_host: HostFactory) -> None:
+    host = rewritten(make_host)
+    record = json.loads((host.root / "run/gpunode/state.json").read_text())
+    record["steps"][-1].update(changed=True)  # boot wrote it (and its ledger): revert ran since
+    (host.root / "run/gpunode/state.json").write_text(json.dumps(record))
+    assert changes(cli, host) == []
+
+
 def shim(host: Host, pid: int = 4242) -> None:
     """A container's shim process in the fixture's /proc, as the kernel names it."""
     (host.root / f"proc/{pid}").mkdir(parents=True)
