@@ -172,3 +172,41 @@ def test_damaged_findings_in_the_state_are_warned_about_once(cli: Cli, host: Hos
     warnings = [e for e in map(json.loads, result.err.splitlines())
                 if e["event"] == "watch.state_unusable"]
     assert len(warnings) == 1 and "findings" in str(warnings[0]["error"])
+
+
+HEADER = b"# Written by gpunode (gpunode cdi generate); gpunode boot keeps it current.\n"
+
+
+def _spec_huge(path: Path) -> None:
+    with path.open("wb") as f:
+        f.write(HEADER)
+        f.truncate(5 << 20)
+
+
+SPECS = {"fifo": _fifo, "directory": _directory, "five-mib": _spec_huge,
+         "symlink-loop": _loop, "symlink-out-of-the-root": _out_of_root}
+
+
+def _replace_spec(host: Host, make: Any) -> None:
+    path = host.root / "var/run/cdi/nvidia.yaml"
+    path.unlink()
+    make(path)
+
+
+@pytest.mark.parametrize("make", SPECS.values(), ids=list(SPECS))
+def test_a_cdi_spec_that_cannot_be_read_is_one_event_and_left_alone(
+        cli: Cli, host: Host, make: Any) -> None:
+    _replace_spec(host, make)
+    [event] = dry_run(cli, host)
+    assert (event["type"], event["reason"]) == ("Warning", "CDISpecUnchecked")
+    assert "cannot read the CDI spec" in event["message"]
+
+
+@pytest.mark.parametrize("body", [b"devices: [1, 2\n", b"- just\n- a list\n",
+                                  b"a: &a [*a, *a]\n" * 1000, os.urandom(2048)],
+                         ids=["not-yaml", "not-a-mapping", "aliases", "binary"])
+def test_gpunodes_own_spec_with_a_damaged_body_is_regenerated(cli: Cli, host: Host,
+                                                              body: bytes) -> None:
+    (host.root / "var/run/cdi/nvidia.yaml").write_bytes(HEADER + body)
+    [change] = dry_run(cli, host)
+    assert (change["kind"], change["reason"]) == ("cdi", "CDISpecRegenerated")
