@@ -79,13 +79,14 @@ def keep_unreported(host: Host, new: Any, changes: list[dict[str, Any]]) -> None
     would otherwise go unsaid; the kernel log is read again anyway)."""
     from gpunode.watch import state
 
+    kept = {kind: {**new.findings[kind], "event": json.dumps(change)} for change in changes
+            for kind in [KINDS.get(change.get("reason", ""))] if kind in new.findings}
+    if not kept:
+        return  # nothing done that a rerun would not find again: the state stays as it was
     previous, _ = state.read(host)
     if previous is None or previous.boot_id != new.boot_id:
         previous = state.WatchState(boot_id=new.boot_id)
-    for change in changes:
-        kind = KINDS.get(change.get("reason", ""))
-        if kind is not None and kind in new.findings:
-            previous.findings[kind] = {**new.findings[kind], "event": json.dumps(change)}
+    previous.findings.update(kept)
     state.write(host, previous)
 
 
