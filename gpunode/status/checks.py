@@ -330,7 +330,7 @@ def _watch_findings(findings: dict[str, dict[str, str]], detail: str) -> Check:
     if any(f.get("status") == "problem" for f in findings.values()):
         return Check("watch", WARN, text, "fix what it names; the watch looks again on its "
                      "next pass")
-    if findings.get("containerd", {}).get("restart") == "pending":
+    if findings.get("containerd", {}).get("restart") in ("pending", "unknown"):
         return Check("watch", WARN, text, "restart containerd when the node's pods can take "
                      "it ('systemctl restart containerd'); containerd_running says whether it "
                      "still runs with the old config")

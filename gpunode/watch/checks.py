@@ -176,8 +176,11 @@ def _containerd_change(host: Host, config: AgentConfig, drift: Any, manager: Any
     what = "; ".join(drift.describe())
     allowed, why = restart_allowed(host, config.watch.containerd_restart)
     running = manager.active_state(CONTAINERD_UNIT) == "active"
+    unmanaged = not getattr(manager, "available", True)
+    why = (manager.unavailable_reason or "no service manager answers") if unmanaged else why
     if dry_run:
-        restart = ("not-needed" if not (running and drift.config_changed) else
+        restart = ("unknown" if unmanaged and drift.config_changed else
+                   "not-needed" if not (running and drift.config_changed) else
                    "restart" if allowed else "pending")
         return _repair(drift.target, what, restart, why, would=True)
     fields: dict[str, Any] = {}
@@ -189,7 +192,8 @@ def _containerd_change(host: Host, config: AgentConfig, drift: Any, manager: Any
         return _problem("ContainerdConfigRepairFailed",
                         f"repairing {drift.target} failed: {exc}; it is as it was")
     restart = ("restarted" if outcome.restarted else
-               "pending" if outcome.restart_pending else "not-needed")
+               "pending" if outcome.restart_pending else
+               "unknown" if unmanaged and drift.config_changed else "not-needed")
     log.get().warning("watch.containerd_repaired", config=outcome.target, restart=restart,
                       changes=list(outcome.descriptions))
     return _repair(outcome.target, what, restart, why, would=False)
@@ -200,6 +204,8 @@ def _repair(target: str, what: str, restart: str, why: str, would: bool) -> dict
             "restart": "; containerd would be restarted",
             "pending": f"; restart pending ({why}): run 'systemctl restart containerd' when "
                        "the node's pods can take it",
+            "unknown": f"; whether containerd runs with the old config is unknown ({why}): "
+                       "whoever runs it must restart it",
             "not-needed": ""}[restart]
     verb = "would repair" if would else "repaired"
     return {"kind": "repair", "type": "Warning", "reason": "ContainerdConfigRepaired",

@@ -129,6 +129,8 @@ def test_a_config_without_the_runtime_is_a_repair_that_dry_run_only_prints(
     assert repair["file"] == "/etc/containerd/config.toml"
     assert "would repair as 'gpunode containerd configure' does" in repair["message"]
     assert "add runtime 'nvidia'" in repair["message"]
+    assert repair["restart"] == "unknown"  # under --root no systemd says whether it runs
+    assert "no systemd manages this root" in repair["message"]
     assert config_text(host) == REWRITTEN
     assert not (host.root / "run/gpunode/watch.json").exists()
 
