@@ -4,7 +4,8 @@
 the boot whose id it names (/proc/sys/kernel/random/boot_id): records up to `last_seq` were
 read, `fatal` are the fatal Xids found (they hold until the next boot), `events` when the
 last Event per GPU and Xid was sent (kernel microseconds, for the rate limit), `gpus` the GPUs
-the watch first saw this boot, `condition` the GPUReady it last reported. `gpunode status`
+the watch first saw this boot, `condition` the GPUReady it last reported, `findings` the
+latest containerd repair, CDI regeneration or problem of checks.py. `gpunode status`
 reads it back (its `watch` check). Every list is bounded, so the file stays small however
 many lines the kernel logs.
 """
