@@ -10,7 +10,8 @@ it), and reports a Warning Event, `{"kind": "repair", …}`. A running container
 only as `watch.containerd_restart` allows: `when-idle` (the default) only while no container
 runs — no `containerd-shim` process, the kernel's 15-character name of containerd-shim and
 containerd-shim-runc-v2 (TASK_COMM_LEN) — `never`, or `always`; otherwise the Event says
-"restart pending", as does `gpunode status`.
+"restart pending", as does `gpunode status`, and a later pass makes the restart once the
+policy allows it (restart_due), unless containerd was restarted since.
 
 CDI: gpunode's own spec (/var/run/cdi/nvidia.yaml, its header) is regenerated as boot's cdi
 step makes it (cdinode.py) when the loaded driver's version or the set of devices differs
@@ -38,6 +39,7 @@ NODE_LOCK_WAIT = 10.0  # another gpunode command changing the node: repair on a 
 SPEC_LIMIT = 4 << 20  # gpunode's spec is a few KiB; anything larger is not its own
 KINDS = {"ContainerdConfigRepaired": "containerd", "ContainerdConfigUnchecked": "containerd",
          "ContainerdConfigRepairFailed": "containerd", "CDISpecRegenerated": "cdi",
+         "ContainerdRestarted": "containerd", "ContainerdRestartFailed": "containerd",
          "CDISpecUnchecked": "cdi", "CDISpecRegenerateFailed": "cdi"}  # Event reason → check
 
 
@@ -53,9 +55,10 @@ def run(host: Host, config: AgentConfig, changes: list[dict[str, Any]],
             changes.append(json.loads(finding.pop("event")))
     drift = containerd_drift(host, config, manager)
     spec = cdi_drift(host, config)
-    if dry_run or (not _acts(drift) and not _acts(spec)):
-        _report(changes, findings, "containerd", _containerd_change(host, config, drift,
-                                                                    manager, dry_run))
+    due = drift is None and restart_due(host, config, manager, findings)
+    if dry_run or not (_acts(drift) or _acts(spec) or due):
+        _report(changes, findings, "containerd",
+                _containerd(host, config, manager, findings, drift, due, dry_run))
         _report(changes, findings, "cdi", _cdi_change(host, spec, dry_run))
         return
     from gpunode import nodelock
@@ -64,10 +67,10 @@ def run(host: Host, config: AgentConfig, changes: list[dict[str, Any]],
     try:
         with nodelock.held(host, "watch", NODE_LOCK_WAIT):
             drift = containerd_drift(host, config, manager)  # as it is now, under the lock
+            due = drift is None and restart_due(host, config, manager, findings)
             _report(changes, findings, "containerd",
-                    _containerd_change(host, config, drift, manager, False))
-            _report(changes, findings, "cdi",
-                    _cdi_change(host, cdi_drift(host, config), False))
+                    _containerd(host, config, manager, findings, drift, due, False))
+            _report(changes, findings, "cdi", _cdi_change(host, cdi_drift(host, config), False))
     except LockBusy as exc:
         log.get().warning("watch.repair_deferred", error=str(exc),
                           note="the next pass repairs what is still out of place")
@@ -90,6 +93,14 @@ def keep_unreported(host: Host, new: Any, changes: list[dict[str, Any]]) -> None
     state.write(host, previous)
 
 
+def _containerd(host: Host, config: AgentConfig, manager: Any,
+                findings: dict[str, dict[str, str]], drift: Any, due: bool,
+                dry_run: bool) -> dict[str, Any] | None:
+    if due:
+        return _restart_change(host, config, manager, findings, dry_run)
+    return _containerd_change(host, config, drift, manager, dry_run)
+
+
 def _acts(found: Any) -> bool:
     return found is not None and not isinstance(found, str)
 
@@ -103,8 +114,9 @@ def _report(changes: list[dict[str, Any]], findings: dict[str, dict[str, str]], 
         return
     finding = {"status": change.pop("status"), "message": change["message"],
                "at": records.utc_timestamp()}
-    if change.get("restart"):
-        finding["restart"] = change["restart"]
+    for key in ("restart", "file"):
+        if change.get(key):
+            finding[key] = change[key]
     if finding["status"] == "problem" and findings.get(kind, {}).get("message") == \
             finding["message"]:
         return
@@ -197,6 +209,54 @@ def _containerd_change(host: Host, config: AgentConfig, drift: Any, manager: Any
     log.get().warning("watch.containerd_repaired", config=outcome.target, restart=restart,
                       changes=list(outcome.descriptions))
     return _repair(outcome.target, what, restart, why, would=False)
+
+
+def restart_due(host: Host, config: AgentConfig, manager: Any,
+                findings: dict[str, dict[str, str]]) -> bool:
+    """A restart an earlier repair left pending may be made now: containerd still runs from
+    before the repaired file was written (systemd's start time of its main process against
+    the file's mtime, as status judges a pending restart) and the policy allows it now. Once
+    containerd was restarted since (by anyone), the finding says so."""
+    from gpunode.containerd.discover import CONTAINERD_UNIT
+    from gpunode.containerd.ledger import WRITABLE_CONFIG
+
+    finding = findings.get("containerd") or {}
+    if finding.get("restart") != "pending" or not getattr(manager, "available", False):
+        return False
+    try:
+        main = manager.main_process(CONTAINERD_UNIT)
+        written = host.stat(finding.get("file") or WRITABLE_CONFIG)
+    except GpunodeError:
+        return False
+    if main is None or written is None:
+        return False
+    if main.started > written.st_mtime:
+        finding["restart"] = "restarted"  # someone did: it runs the repaired file
+        return False
+    return restart_allowed(host, config.watch.containerd_restart)[0]
+
+
+def _restart_change(host: Host, config: AgentConfig, manager: Any,
+                    findings: dict[str, dict[str, str]], dry_run: bool) -> dict[str, Any]:
+    """The restart a repair left pending, made now that the policy allows it."""
+    from gpunode.containerd import restart
+    from gpunode.containerd.ledger import WRITABLE_CONFIG
+
+    target = findings.get("containerd", {}).get("file") or WRITABLE_CONFIG
+    if not dry_run:
+        try:
+            restart.restart(host, manager, host.read_optional(target) or "",
+                            config.containerd.restart_timeout)
+        except GpunodeError as exc:
+            return _problem("ContainerdRestartFailed", f"restarting containerd after the "
+                            f"repair failed: {exc}; see 'journalctl -u containerd'")
+    verb = "would restart" if dry_run else "restarted"
+    return {"kind": "event", "type": "Normal", "reason": "ContainerdRestarted",
+            "message": f"gpunode watch: {verb} containerd, which ran the config from before "
+                       f"the repair of {target}, now that watch.containerd_restart = "
+                       f"\"{config.watch.containerd_restart}\" allows it",
+            "file": target, "restart": "restart" if dry_run else "restarted",
+            "status": "repaired"}
 
 
 def _repair(target: str, what: str, restart: str, why: str, would: bool) -> dict[str, Any]:

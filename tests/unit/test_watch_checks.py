@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from conftest import HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig, WatchConfig
 from gpunode.errors import ApiError
 from gpunode.host import Host
+from gpunode.systemd import MainProcess
 from gpunode.watch import checks, once, state, vmsize
 from gpunode_testing import fixtures
 from helpers.fake_containerd import RecordingSystemd, listening
@@ -246,6 +248,59 @@ def test_always_restarts_under_running_containers(make_host: HostFactory) -> Non
     shim(host)
     repair, manager = repair_with(host, "always")
     assert repair["restart"] == "restarted" and "restart containerd.service" in manager.calls
+
+
+@dataclass
+class StartedSystemd(RecordingSystemd):
+    """A recording systemd that also says when containerd's main process started."""
+
+    started: float = 0.0
+
+    def main_process(self, unit: str) -> MainProcess:
+        return MainProcess(pid=4000, started=self.started)
+
+
+def pending_repair(make_host: HostFactory) -> tuple[Host, dict[str, dict[str, str]]]:
+    """A node whose repair left containerd's restart pending (a container ran then)."""
+    host = rewritten(make_host)
+    shim(host)
+    findings: dict[str, dict[str, str]] = {}
+    checks.run(host, AgentConfig(), [], findings, dry_run=False,
+               manager=RecordingSystemd(host=host))
+    assert findings["containerd"]["restart"] == "pending"
+    return host, findings
+
+
+def test_a_pending_restart_is_made_once_no_container_runs(make_host: HostFactory) -> None:
+    host, findings = pending_repair(make_host)
+    (host.root / "proc/4242/comm").unlink()  # the last container is gone
+    manager = StartedSystemd(host=host, started=fixtures.BOOT_TIME + 10)
+    found: list[dict[str, Any]] = []
+    with listening(host):
+        checks.run(host, AgentConfig(), found, findings, dry_run=False, manager=manager)
+    assert manager.calls == ["restart containerd.service"]
+    [event] = found
+    assert (event["type"], event["reason"]) == ("Normal", "ContainerdRestarted")
+    assert findings["containerd"]["restart"] == "restarted"
+
+
+def test_a_pending_restart_waits_while_containers_run(make_host: HostFactory) -> None:
+    host, findings = pending_repair(make_host)
+    manager = StartedSystemd(host=host, started=fixtures.BOOT_TIME + 10)
+    found: list[dict[str, Any]] = []
+    checks.run(host, AgentConfig(), found, findings, dry_run=False, manager=manager)
+    assert found == [] and manager.calls == []
+    assert findings["containerd"]["restart"] == "pending"
+
+
+def test_a_containerd_restarted_by_someone_since_is_no_longer_pending(
+        make_host: HostFactory) -> None:
+    host, findings = pending_repair(make_host)
+    manager = StartedSystemd(host=host, started=time.time() + 60)
+    found: list[dict[str, Any]] = []
+    checks.run(host, AgentConfig(), found, findings, dry_run=False, manager=manager)
+    assert found == [] and manager.calls == []
+    assert findings["containerd"]["restart"] == "restarted"
 
 
 def test_a_stopped_containerd_needs_no_restart(make_host: HostFactory) -> None:
