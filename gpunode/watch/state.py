@@ -104,6 +104,9 @@ def parse(doc: Any) -> WatchState:
             and all(isinstance(x, str) for x in [*v.keys(), *v.values()])
             for k, v in findings.items()):
         raise ValueError("findings is not a map of kind → {status, message, at}")
+    for finding in findings.values():
+        if "event" in finding and not _event(finding["event"]):
+            raise ValueError("a finding's unreported event is not an Event's JSON")
     return WatchState(boot_id, last_seq, fatal, dict(list(events.items())[-MAX_EVENT_KEYS:]),
                       gpus, missing, condition, str(doc.get("updated_at") or ""), findings)
 
@@ -112,6 +115,16 @@ def write(host: Host, state: WatchState) -> None:
     state.updated_at = records.utc_timestamp()
     host.write_atomic(WATCH_STATE, (json.dumps(state.to_json(), indent=2) + "\n").encode(),
                       make_parents=True)
+
+
+def _event(text: str) -> bool:
+    """`text` is a change the watch kept to report again (checks.keep_unreported)."""
+    try:
+        change = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(change, dict) and all(
+        isinstance(change.get(k), str) for k in ("kind", "type", "reason", "message"))
 
 
 def _list(doc: dict[str, Any], key: str) -> list[Any]:

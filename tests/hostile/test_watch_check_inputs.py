@@ -156,22 +156,27 @@ def test_a_real_pass_leaves_such_a_config_as_it_was_and_reports_it_once(
 
 
 DAMAGED_FINDINGS = {
-    "not-a-map": b'"repaired"',
-    "a-finding-not-an-object": b'{"containerd": 1}',
-    "a-value-not-a-string": b'{"containerd": {"status": 1}}',
+    "not-a-map": (b'"repaired"', "findings is not a map"),
+    "a-finding-not-an-object": (b'{"containerd": 1}', "findings is not a map"),
+    "a-value-not-a-string": (b'{"containerd": {"status": 1}}', "findings is not a map"),
+    "an-unreported-event-not-json": (b'{"containerd": {"status": "repaired", "event": "{"}}',
+                                     "unreported event is not an Event"),
+    "an-unreported-event-not-an-event": (b'{"cdi": {"status": "regenerated", "event": "[1]"}}',
+                                         "unreported event is not an Event"),
 }
 
 
-@pytest.mark.parametrize("data", DAMAGED_FINDINGS.values(), ids=list(DAMAGED_FINDINGS))
+@pytest.mark.parametrize(("data", "said"), DAMAGED_FINDINGS.values(),
+                         ids=list(DAMAGED_FINDINGS))
 def test_damaged_findings_in_the_state_are_warned_about_once(cli: Cli, host: Host,
-                                                             data: bytes) -> None:
+                                                             data: bytes, said: str) -> None:
     (host.root / "run/gpunode/watch.json").write_bytes(
         b'{"schema_version": 1, "boot_id": "", "last_seq": -1, "findings": ' + data + b"}")
     result = cli("--root", str(host.root), "watch", "--once", "--dry-run")
     assert result.code == 0, result.err
     warnings = [e for e in map(json.loads, result.err.splitlines())
                 if e["event"] == "watch.state_unusable"]
-    assert len(warnings) == 1 and "findings" in str(warnings[0]["error"])
+    assert len(warnings) == 1 and said in str(warnings[0]["error"])
 
 
 HEADER = b"# Written by gpunode (gpunode cdi generate); gpunode boot keeps it current.\n"
