@@ -129,6 +129,9 @@ class WatchConfig:
     # application's own errors; every other one is a Node Event. A code in both is fatal.
     fatal_xids: tuple[int, ...] = DEFAULT_FATAL
     ignored_xids: tuple[int, ...] = DEFAULT_IGNORED
+    # When the watch may restart containerd after repairing its config (gpunode/watch/checks.py):
+    # "when-idle" (no container runs), "never" or "always"; otherwise the restart is pending.
+    containerd_restart: str = "when-idle"
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,7 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("driver.build", "driver_sha256"): lambda v: _hex_digest(v, 64),
     ("watch", "fatal_xids"): lambda v: _xids(v),
     ("watch", "ignored_xids"): lambda v: _xids(v),
+    ("watch", "containerd_restart"): _one_of("when-idle", "never", "always"),
 }
 
 

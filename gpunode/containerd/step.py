@@ -121,6 +121,7 @@ class Outcome:
     restarted: bool
     target: str
     descriptions: tuple[str, ...] = ()
+    restart_pending: bool = False  # containerd runs with the old config (restart not allowed)
 
 
 def spec_from(config: ContainerdConfig, daemon: schema.Daemon | None = None,
@@ -320,13 +321,15 @@ def _known_targets(host: Host, systemd: Systemd | None, explicit: str | None) ->
 def configure(host: Host, config: ContainerdConfig, systemd: Systemd, restart_timeout: float,
               explicit: str | None = None, force: bool = False,
               report: dict[str, Any] | None = None,
-              probe: Probe | None = None) -> tuple[Plan, Outcome]:
+              probe: Probe | None = None, restart_allowed: bool = True) -> tuple[Plan, Outcome]:
     """`containerd configure` and boot's containerd step: roll back an interrupted change,
     plan from the files as that leaves them, apply. `report` (the step's log fields) says
-    what happened as it happens, so a failure's event is as true as a success's (apply)."""
+    what happened as it happens, so a failure's event is as true as a success's (apply).
+    `restart_allowed` False (the watch's repair under its restart policy) leaves a running
+    containerd running with the old config: its restart is pending."""
     recover(host, systemd, explicit or config.config_path)
     the_plan = plan(host, config, systemd, explicit, force=force, probe=probe)
-    return the_plan, apply(host, the_plan, systemd, restart_timeout, report)
+    return the_plan, apply(host, the_plan, systemd, restart_timeout, report, restart_allowed)
 
 
 @dataclass(frozen=True)
@@ -362,7 +365,7 @@ def preview(host: Host, config: ContainerdConfig, systemd: Systemd | None,
 
 
 def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float,
-          report: dict[str, Any] | None = None) -> Outcome:
+          report: dict[str, Any] | None = None, restart_allowed: bool = True) -> Outcome:
     """Write the plan and restart containerd when it runs. `report` gets `config`,
     `planned_change` (the plan changes something) and `changed` (the files are changed now):
     `changed` turns true only once the transaction has committed, and false again once a
@@ -397,6 +400,10 @@ def apply(host: Host, the_plan: Plan, systemd: Systemd, restart_timeout: float,
         restart.note_not_restarted(systemd, the_plan.target)
         return Outcome(changed=True, restarted=False, target=the_plan.target,
                        descriptions=descriptions)
+    if not restart_allowed:
+        report.update(restart_pending=True)
+        return Outcome(changed=True, restarted=False, target=the_plan.target,
+                       descriptions=descriptions, restart_pending=True)
     try:
         restart.restart(host, systemd, the_plan.edit.text, restart_timeout)
     except GpunodeError as failure:

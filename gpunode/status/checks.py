@@ -312,8 +312,29 @@ def _watch(facts: StatusFacts) -> Check:
         return Check("watch", FAIL, f"GPU missing since the watch first saw it: "
                      f"{', '.join(found.missing)}", "check 'lspci -d 10de:' and the kernel "
                      "log ('dmesg | grep NVRM'); the GPU may have fallen off the bus")
-    return Check("watch", OK, f"no fatal Xid and no GPU lost this boot (kernel log read to "
-                 f"record {found.last_seq}, at {found.updated_at or 'an unknown time'})")
+    condition = found.condition or {}
+    if condition.get("reason") == "GPUMissing":  # fewer GPUs than the boot or VM size says
+        return Check("watch", FAIL, condition.get("message", "GPU missing"), "check 'lspci -d "
+                     "10de:' and the kernel log ('dmesg | grep NVRM')")
+    detail = (f"no fatal Xid and no GPU lost this boot (kernel log read to record "
+              f"{found.last_seq}, at {found.updated_at or 'an unknown time'})")
+    return _watch_findings(found.findings, detail)
+
+
+def _watch_findings(findings: dict[str, dict[str, str]], detail: str) -> Check:
+    """The watch's last repairs and problems (watch/checks.py): a problem, or a containerd
+    restart it left pending, is a warning."""
+    said = [f"{f.get('message', '').removeprefix('gpunode watch: ')} (at {f.get('at', '?')})"
+            for _, f in sorted(findings.items())]
+    text = "; ".join([detail, *said])[:1024]
+    if any(f.get("status") == "problem" for f in findings.values()):
+        return Check("watch", WARN, text, "fix what it names; the watch looks again on its "
+                     "next pass")
+    if findings.get("containerd", {}).get("restart") in ("pending", "unknown"):
+        return Check("watch", WARN, text, "restart containerd when the node's pods can take "
+                     "it ('systemctl restart containerd'); containerd_running says whether it "
+                     "still runs with the old config")
+    return Check("watch", OK, text)
 
 
 def _last_boot_check(facts: StatusFacts) -> Check:

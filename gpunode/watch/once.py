@@ -22,11 +22,11 @@ from typing import Any
 from gpunode import detect, driverinfo, kernelinfo, log, records
 from gpunode import state as bootstate
 from gpunode.config import AgentConfig
-from gpunode.errors import HostError, UsageError
+from gpunode.errors import GpunodeError, HostError, UsageError
 from gpunode.host import Host
 from gpunode.kube import labels
+from gpunode.watch import checks, vmsize, xid
 from gpunode.watch import state as watchstate
-from gpunode.watch import xid
 from gpunode.watch.state import Finding, WatchState
 
 KMSG = "/dev/kmsg"
@@ -45,6 +45,7 @@ class Observed:
     uuids: dict[str, str]  # GPU address → UUID, as the driver says under /proc
     present: list[str]  # the GPUs' addresses now
     boot_gpus: int | None  # how many GPUs this boot's `gpunode boot` detected
+    vm_size: vmsize.Claim | None = None  # on Azure: the GPUs the VM size has (vmsize.py)
 
 
 @dataclass
@@ -67,7 +68,8 @@ def observe(host: Host, config: AgentConfig) -> Observed:
     found = detect.detect(host, use_udev=config.detect.use_udev)
     return Observed(boot_id=(host.read_optional(kernelinfo.BOOT_ID) or "").strip(),
                     records=kmsg, uuids={a: i.uuid for a, i in infos.items() if i.uuid},
-                    present=[g.address for g in found.gpus], boot_gpus=_boot_gpus(host))
+                    present=[g.address for g in found.gpus], boot_gpus=_boot_gpus(host),
+                    vm_size=vmsize.claim(host))
 
 
 def _boot_gpus(host: Host) -> int | None:
@@ -90,7 +92,8 @@ def decide(seen: Observed, previous: WatchState | None, fatal: tuple[int, ...],
     new = WatchState(boot_id=seen.boot_id, last_seq=previous.last_seq,
                      fatal=list(previous.fatal),
                      events={k: list(v) for k, v in previous.events.items()},
-                     gpus=previous.gpus or sorted(seen.present), condition=previous.condition)
+                     gpus=previous.gpus or sorted(seen.present), condition=previous.condition,
+                     findings={k: dict(v) for k, v in previous.findings.items()})
     decision = Decision(new)
     uuids = dict(seen.uuids)
     xids = []
@@ -116,6 +119,7 @@ def decide(seen: Observed, previous: WatchState | None, fatal: tuple[int, ...],
                             note="an application error (k8s-device-plugin's list)")
     new.missing = sorted(set(new.gpus) - set(seen.present))
     short = seen.boot_gpus is not None and len(seen.present) < seen.boot_gpus
+    short = short or (seen.vm_size is not None and len(seen.present) < seen.vm_size.gpus)
     condition = _condition(new, short, seen, uuids)
     if condition is not None:
         decision.changes.insert(0, condition)
@@ -172,8 +176,12 @@ def _condition(new: WatchState, short: bool, seen: Observed,
         names = f" (missing: {', '.join(new.missing)})" if new.missing else ""
         if new.missing:
             gpu = {"address": new.missing[0], "uuid": uuids.get(new.missing[0])}
-        wanted = labels.Condition("False", "GPUMissing", f"gpunode watch: {len(seen.present)} "
-                                  f"of the {expected} GPUs this boot detected are present{names}")
+        said = f"of the {expected} GPUs this boot detected are present{names}"
+        vm = seen.vm_size
+        if vm is not None and vm.gpus > expected:  # the VM size knows more than the boot saw
+            said = f"of the {vm.gpus} GPUs of an Azure {vm.size} are present ({vm.source})"
+        wanted = labels.Condition("False", "GPUMissing",
+                                  f"gpunode watch: {len(seen.present)} {said}")
     elif new.condition is not None and new.condition["reason"] in WATCH_REASONS:
         # its cause cleared: True here, made what `gpunode label` would say by run()
         wanted = labels.Condition("True", "GPUReady", f"gpunode watch: all {len(seen.present)} "
@@ -199,15 +207,21 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
     seen = observe(host, config)
     if dry_run:
         decision = _decide(host, config, seen)
+        checks.run(host, config, decision.changes, decision.state.findings, dry_run=True)
         for change in decision.changes:
             print(json.dumps(change, sort_keys=False))
         return decision
     with host.lock(watchstate.WATCH_LOCK, wait=LOCK_WAIT_SECONDS):
         decision = _decide(host, config, seen)
+        checks.run(host, config, decision.changes, decision.state.findings, dry_run=False)
         if decision.changes:
             from gpunode.watch import report
 
-            report.apply(host, config, decision.changes, api_factory)
+            try:
+                report.apply(host, config, decision.changes, api_factory)
+            except GpunodeError:
+                checks.keep_unreported(host, decision.state, decision.changes)
+                raise
         watchstate.write(host, decision.state)
     return decision
 

@@ -4,7 +4,8 @@
 the boot whose id it names (/proc/sys/kernel/random/boot_id): records up to `last_seq` were
 read, `fatal` are the fatal Xids found (they hold until the next boot), `events` when the
 last Event per GPU and Xid was sent (kernel microseconds, for the rate limit), `gpus` the GPUs
-the watch first saw this boot, `condition` the GPUReady it last reported. `gpunode status`
+the watch first saw this boot, `condition` the GPUReady it last reported, `findings` the
+latest containerd repair, CDI regeneration or problem of checks.py. `gpunode status`
 reads it back (its `watch` check). Every list is bounded, so the file stays small however
 many lines the kernel logs.
 """
@@ -46,6 +47,9 @@ class WatchState:
     missing: list[str] = field(default_factory=list)
     condition: dict[str, str] | None = None  # {status, reason, message} last reported
     updated_at: str = ""
+    # the latest repair or problem of checks.py, per kind ("containerd", "cdi"):
+    # {status: repaired|regenerated|problem, message, at[, restart]}
+    findings: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA, **asdict(self)}
@@ -94,14 +98,33 @@ def parse(doc: Any) -> WatchState:
     gpus, missing = _list(doc, "gpus"), _list(doc, "missing")
     if not all(isinstance(a, str) for a in [*gpus, *missing]):
         raise ValueError("gpus and missing are not lists of addresses")
+    findings = doc.get("findings") or {}
+    if not isinstance(findings, dict) or len(findings) > MAX_FINDINGS or not all(
+            isinstance(k, str) and isinstance(v, dict)
+            and all(isinstance(x, str) for x in [*v.keys(), *v.values()])
+            for k, v in findings.items()):
+        raise ValueError("findings is not a map of kind → {status, message, at}")
+    for finding in findings.values():
+        if "event" in finding and not _event(finding["event"]):
+            raise ValueError("a finding's unreported event is not an Event's JSON")
     return WatchState(boot_id, last_seq, fatal, dict(list(events.items())[-MAX_EVENT_KEYS:]),
-                      gpus, missing, condition, str(doc.get("updated_at") or ""))
+                      gpus, missing, condition, str(doc.get("updated_at") or ""), findings)
 
 
 def write(host: Host, state: WatchState) -> None:
     state.updated_at = records.utc_timestamp()
     host.write_atomic(WATCH_STATE, (json.dumps(state.to_json(), indent=2) + "\n").encode(),
                       make_parents=True)
+
+
+def _event(text: str) -> bool:
+    """`text` is a change the watch kept to report again (checks.keep_unreported)."""
+    try:
+        change = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(change, dict) and all(
+        isinstance(change.get(k), str) for k in ("kind", "type", "reason", "message"))
 
 
 def _list(doc: dict[str, Any], key: str) -> list[Any]:

@@ -97,6 +97,11 @@ MEANINGS: dict[str, str] = {
     "watch.ignored_xids": "Xid codes that are the application's own errors, never reported "
                           "(default: the NVIDIA device plugin's list); a code in both lists "
                           "is fatal; any other Xid is a Node Event",
+    "watch.containerd_restart": "after the watch repairs containerd's config: `when-idle` "
+                                "restarts a running containerd only while no container runs "
+                                "on the node, `never` leaves it to you, `always` restarts it "
+                                "at once; otherwise the Event and `status` say \"restart "
+                                "pending\"",
 }
 
 # A value every check refuses, per TOML type: the refusal is the rule, in load_config's words.
