@@ -17,14 +17,14 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpunode import flatcar, kernelinfo, log, records
+from gpunode import bootrecord, flatcar, kernelinfo, log, records
+from gpunode.bootrecord import STATE_PATH
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
 from gpunode.detect import SYSFS_PCI_DEVICES, Detection, detect, require_decided
 from gpunode.driver import smilink
 from gpunode.driver.modules import Kmod
 from gpunode.errors import ConflictError, DriverError, GpunodeError
 from gpunode.host import Host
-from gpunode.state import SCHEMA_VERSION, STATE_PATH
 from gpunode.systemd import Systemd
 
 
@@ -344,14 +344,16 @@ def _registration_inputs(ctx: Context) -> list[str]:
             *unit_inputs(ctx.host, registration.KUBELET_UNIT)]
 
 
-# Boot walks them in this order. Each step after detect is attempted even when an earlier one
+# Boot walks them in this order. Each step after preflight is attempted even when an earlier one
 # failed: the runtime config does not need the driver, and the record names every problem at
-# once. A failed gate (preflight, detect) stops the boot there.
+# once. A failed gate (detect, preflight) stops the boot there.
 STEPS: tuple[Step, ...] = (
-    Step("preflight", _preflight_plan, _preflight_apply, _preflight_inputs, gate=True,
-         quiet=True),
     Step("detect", _detect_plan, _detect_apply, lambda ctx: [f"{SYSFS_PCI_DEVICES}/"], gate=True,
          observes=True),
+    # Only where there is a GPU for two drivers to race over: a CPU node's boot is decided
+    # from sysfs alone (gpunode/fastpath.py no_gpu), without asking systemd anything.
+    Step("preflight", _preflight_plan, _preflight_apply, _preflight_inputs, applies=_has_gpus,
+         gate=True, quiet=True),
     Step("driver", _driver_plan, _driver_apply, _driver_inputs, applies=_has_gpus),
     Step("nvidia_smi", smilink.step_plan, smilink.step_apply, smilink.step_inputs,
          applies=smilink.applies),
@@ -447,10 +449,8 @@ def _recorded(run: BootRun, step: Step) -> Iterator[dict[str, Any]]:
 
 
 def write_record(host: Host, run: BootRun) -> None:
-    record = {"schema_version": SCHEMA_VERSION, "started_at": run.started_at,
-              "finished_at": _now(), "outcome": run.outcome, "steps": run.steps}
-    host.write_atomic(STATE_PATH, (json.dumps(record, indent=2) + "\n").encode(),
-                      make_parents=True)
+    host.write_atomic(STATE_PATH, bootrecord.render(run.started_at, _now(), run.outcome,
+                                                    run.steps), make_parents=True)
 
 
 def _now() -> str:

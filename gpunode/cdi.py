@@ -29,12 +29,14 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from gpunode import nodepaths
+
 if TYPE_CHECKING:  # cheap to import: nodelock names SPEC_PATH
     from gpunode.driver.devices import Node
     from gpunode.driver.userspace import DriverRoot
 
 KIND = "nvidia.com/gpu"
-SPEC_PATH = "/var/run/cdi/nvidia.yaml"  # in CDI's and containerd's default spec dirs
+SPEC_PATH = nodepaths.CDI_SPEC_PATH
 HOOK = "/usr/bin/nvidia-cdi-hook"
 LIB_DIR = "/usr/local/nvidia/lib64"
 BIN_DIR = "/usr/local/nvidia/bin"

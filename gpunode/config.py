@@ -18,10 +18,9 @@ from gpunode.driver.flavour import FLAVOURS
 from gpunode.driver.strategy import STRATEGIES
 from gpunode.errors import ConfigError, HostError, UsageError
 from gpunode.host import Host
+from gpunode.nodepaths import DEFAULT_CONFIG_PATH
 from gpunode.tomlread import key_line, loads_toml
 from gpunode.watch.xid import DEFAULT_FATAL, DEFAULT_IGNORED
-
-DEFAULT_CONFIG_PATH = "/etc/gpunode/config.toml"
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DETECT_SOURCES = ("auto", "udev", "sysfs")

@@ -26,9 +26,8 @@ from typing import Any
 from gpunode.errors import HostError, UndecidedError
 from gpunode.host import Host
 from gpunode.integers import parse_int, parse_uint
+from gpunode.nodepaths import SYSFS_PCI_DEVICES
 from gpunode.pciids import NVIDIA_VENDOR_ID, nvidia_names
-
-SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"
 
 KINDS = ("gpu", "nvswitch", "audio", "other")
 

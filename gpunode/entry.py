@@ -1,5 +1,6 @@
-"""The `gpunode` command's entry point: a no-op boot and `--version` are answered before the
-CLI is imported (argparse and the command modules cost several times Python's own start)."""
+"""The `gpunode` command's entry point: a no-op boot, a CPU node's boot and `--version` are
+answered before the CLI is imported (argparse and the command modules cost several times
+Python's own start)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def main() -> int:
         root, config, log_format = parsed
         if config is None and fastpath.unchanged(root, __version__, config):
             fastpath.report_unchanged(log_format)
+            return 0
+        if config is None and fastpath.no_gpu_boot(root, log_format):
             return 0
     from gpunode.cli import main as cli_main
 

@@ -8,8 +8,14 @@ recomputes them; when all are equal it logs one event and exits, without importi
 pipeline (which costs several times Python's own start). /run is empty after a reboot, so the
 first boot of every kernel always runs in full.
 
-This module must stay cheap to import: os, json, gpunode.safeio (itself os and stat) and
-gpunode.records (json, math, time) only.
+The CPU node's boot (no_gpu_boot below) is decided here too, before anything else is
+imported: sysfs lists no NVIDIA function at all, there is no agent config and no CDI spec to
+clean up. Then the boot record says "no-gpu", as the whole pipeline would write it
+(gpunode.bootrecord), and nothing else happens — every CPU pool of a fleet sharing a GPU
+image pays for Python's start and a directory listing, not for gpunode's imports.
+
+This module must stay cheap to import: os, json, gpunode.safeio (itself os and stat),
+gpunode.records (json, math, time), gpunode.bootrecord (json) and gpunode.nodepaths only.
 That is why it is the one module that reads the host without gpunode.host.Host: importing Host
 (dataclasses, pathlib, fcntl) doubles the start of a no-op boot, ~20 ms to ~40 ms measured with
 `python -X importtime -c "import gpunode.fastpath, gpunode.host"` on the test machine (and
@@ -25,9 +31,10 @@ import json
 import os
 import stat
 import sys
+import time
 from typing import Any
 
-from gpunode import records, safeio
+from gpunode import bootrecord, nodepaths, records, safeio
 
 STAMP = "/run/gpunode/inputs.json"
 STAMP_VERSION = 2
@@ -154,3 +161,92 @@ def report_unchanged(log_format: str | None) -> None:
     else:
         sys.stderr.write(json.dumps({"event": "boot.unchanged", "outcome": "ok", "level": "info",
                                      "timestamp": stamp}, separators=(",", ":")) + "\n")
+
+
+def no_gpu_boot(root: str, log_format: str | None) -> bool:
+    """The CPU node's boot, when it can be decided from sysfs alone: True once its record is
+    written and its events logged. False — the whole pipeline decides and reports — as soon as
+    anything is not plain: an NVIDIA function (of any class), a function whose vendor cannot
+    be read, no PCI listing, an agent config (it may ask for anything; the pipeline checks
+    it), a CDI spec (gpunode's is removed on a node without GPU), or a record that cannot be
+    replaced safely."""
+    started = records.utc_timestamp()
+    start = _clock()
+    try:
+        devices = safeio.resolve(root, nodepaths.SYSFS_PCI_DEVICES)
+        functions = os.listdir(devices)
+        for name in functions:
+            vendor = safeio.read(f"{devices}/{name}/vendor", 64).decode("ascii").strip()
+            if not vendor.startswith("0x") or vendor[2:].lower() == nodepaths.NVIDIA_VENDOR_ID:
+                return False
+        for path in (nodepaths.DEFAULT_CONFIG_PATH, nodepaths.CDI_SPEC_PATH):
+            if os.path.lexists(safeio.resolve(root, path, follow=False)):
+                return False
+    except (OSError, UnicodeDecodeError, safeio.Refused):
+        return False
+    detect = {"name": "detect", "outcome": "ok", "duration_ms": round(_clock() - start, 2),
+              "error": None, "hint": None, "code": None, "gpus": 0, "functions": 0,
+              "changed": False}  # functions: NVIDIA's, as detect counts them
+    record = bootrecord.render(started, records.utc_timestamp(), "no-gpu", [detect])
+    if not _write_new(root, bootrecord.STATE_PATH, record):
+        return False
+    _log(log_format, {"event": "step.done", "step": "detect",
+                      "duration_ms": detect["duration_ms"], "gpus": 0, "functions": 0,
+                      "changed": False})
+    _log(log_format, {"event": "boot.done", "outcome": "no-gpu", "steps": ["detect"]})
+    return True
+
+
+def _clock() -> float:
+    return time.perf_counter() * 1000
+
+
+def _write_new(root: str, path: str, data: bytes) -> bool:
+    """`data` at `path` under `root`, all at once (a temporary file beside it, fsynced, renamed
+    over it); False, with nothing changed, where the place is not plain: a parent that is not a
+    directory, a target that is not one regular file (Host.write_atomic's refusals, reported
+    by the whole pipeline instead)."""
+    directory, _, name = path.rpartition("/")
+    try:
+        real = safeio.resolve(root, directory)
+        os.makedirs(real, mode=0o755, exist_ok=True)
+        try:
+            st = os.lstat(f"{real}/{name}")
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+                return False
+        except FileNotFoundError:
+            pass
+        temp = f"{real}/.{name}.{os.getpid()}{nodepaths.TEMP_SUFFIX}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+    except (OSError, safeio.Refused):
+        return False
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.rename(temp, f"{real}/{name}")
+    except OSError:
+        _unlink_quietly(temp)
+        return False
+    return True
+
+
+def _unlink_quietly(path: str) -> None:
+    """contextlib.suppress would import contextlib (~4 ms): more than this whole path."""
+    try:
+        os.unlink(path)
+    except OSError:
+        return
+
+
+def _log(log_format: str | None, event: dict[str, Any]) -> None:
+    """One event as gpunode's logging writes it (gpunode/log.py): JSON, or the console line."""
+    stamp = records.utc_timestamp()
+    if log_format == "console" or (log_format is None and sys.stderr.isatty()):
+        fields = " ".join(f"{k}={v}" for k, v in event.items() if k != "event")
+        sys.stderr.write(f"{stamp} [info     ] {event['event']:<15} {fields}\n")
+    else:
+        sys.stderr.write(json.dumps({**event, "level": "info", "timestamp": stamp},
+                                    separators=(",", ":")) + "\n")

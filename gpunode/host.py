@@ -32,13 +32,13 @@ from typing import BinaryIO
 
 from gpunode import safeio
 from gpunode.errors import HostError, LockTimeout
+from gpunode.nodepaths import TEMP_SUFFIX
 
 _MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
 # Files the kernel writes: their text is read with replacement, never refused for its bytes.
 _KERNEL_PREFIXES = ("/proc/", "/sys/")
 ATTRIBUTE_LIMIT = 1 << 16  # a sysfs attribute is at most a page; 64 KiB leaves room
 CHUNK = 1 << 20  # streamed reads and writes (downloads, images, digests of modules)
-TEMP_SUFFIX = ".gpunode-tmp"  # of every temporary gpunode makes (nodelock.sweep removes them)
 _GLOB_MAGIC = "*?[\\"
 _LOCK_POLL_SECONDS = 0.05
 _LOCK_NOTE_LIMIT = 256

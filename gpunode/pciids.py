@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from gpunode.errors import HostError
 from gpunode.host import Host
-
-NVIDIA_VENDOR_ID = "10de"
+from gpunode.nodepaths import NVIDIA_VENDOR_ID
 
 PCI_IDS_PATHS = ("/usr/share/misc/pci.ids", "/usr/share/hwdata/pci.ids")
 

@@ -10,11 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpunode import records
+from gpunode.bootrecord import SCHEMA_VERSION, STATE_PATH
 from gpunode.errors import RecordError
 from gpunode.host import Host
-
-STATE_PATH = "/run/gpunode/state.json"
-SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)

@@ -51,3 +51,17 @@ def test_no_op_boot_imports_none_of_the_pipeline(make_host: HostFactory) -> None
     assert "gpunode.fastpath" in imported
     assert not imported & {"gpunode.cli", "argparse", "dataclasses", "tomllib", "psutil"}
     assert json.loads(stderr.splitlines()[-1])["event"] == "boot.unchanged"
+
+
+def test_a_cpu_node_s_first_boot_imports_none_of_the_pipeline(make_host: HostFactory) -> None:
+    node = make_host("azure-d4s-v5", "bare")
+    command = [sys.executable, "-X", "importtime", "-m", "gpunode", "--root", str(node.root),
+               "boot"]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "gpunode.fastpath" in imported
+    assert not imported & {"gpunode.cli", "gpunode.host", "argparse", "dataclasses", "tomllib"}
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert [e["event"] for e in events] == ["step.done", "boot.done"]
+    assert json.loads((node.root / "run/gpunode/state.json").read_text())["outcome"] == "no-gpu"

@@ -202,7 +202,23 @@ def test_boot_refuses_to_run_alongside_flatcars_nvidia_service(
     adapters = boot.Adapters(systemd=FlatcarNvidiaEnabled(), kmod=None)  # type: ignore[arg-type]
     run = boot.boot(host, AgentConfig(), adapters)
     assert run.outcome == "failed"
-    (step,) = run.steps
-    assert step["name"] == "preflight"
+    detected, step = run.steps  # detect first: only a node with a GPU can have the race
+    assert (detected["name"], step["name"]) == ("detect", "preflight")
     assert "Flatcar's nvidia.service is inactive and enabled" in step["error"]
     assert step["hint"].startswith("mask it: 'systemctl mask nvidia.service'")
+
+
+def test_a_cpu_node_boots_no_gpu_whatever_flatcars_nvidia_service_is(
+    make_host: HostFactory,
+) -> None:
+    from gpunode import boot
+    from gpunode.config import AgentConfig
+    from gpunode.systemd import NoSystemd
+
+    class FlatcarNvidiaEnabled(NoSystemd):
+        def enabled(self, unit: str) -> bool:
+            return unit == "nvidia.service"
+
+    adapters = boot.Adapters(systemd=FlatcarNvidiaEnabled(), kmod=None)  # type: ignore[arg-type]
+    run = boot.boot(make_host("azure-d4s-v5", "bare"), AgentConfig(), adapters)
+    assert (run.outcome, [s["name"] for s in run.steps]) == ("no-gpu", ["detect"])

@@ -159,10 +159,10 @@ def test_plan_names_flatcars_nvidia_service_as_the_problem_boot_stops_at(
 ) -> None:
     _, the_plan, run = walk(CASES["t4-ready-nvidia-service-enabled"], make_host)
     (problem,) = the_plan.problems
-    assert (problem.step, problem.code, the_plan.actions) == ("preflight", run.steps[0]["code"], [])
+    assert (problem.step, problem.code, the_plan.actions) == ("preflight", run.steps[1]["code"], [])
     assert "Flatcar's nvidia.service is inactive and enabled" in problem.error
     assert problem.hint and problem.hint.startswith("mask it: 'systemctl mask nvidia.service'")
-    assert [s["name"] for s in run.steps] == ["preflight"]
+    assert [s["name"] for s in run.steps] == ["detect", "preflight"]
 
 
 def test_plan_names_the_kubelet_drop_in_that_boot_then_writes(make_host: HostFactory) -> None:
