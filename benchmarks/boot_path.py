@@ -104,14 +104,18 @@ def measure(boots: int = BOOTS) -> dict[str, float]:
             if flow == "gpunode":
                 samples["share"].append(share)
     cpu = [one_boot_cpu() for _ in range(boots)]
+    configured = [one_boot_cpu(agent_config=True) for _ in range(boots)]
     gpunode_cpu = statistics.median(c[0] for c in cpu)
-    python_unit = statistics.median(c[1] for c in cpu)
+    python_unit = statistics.median(c[1] for c in cpu + configured)
+    gpunode_configured = statistics.median(c[0] for c in configured)
     ours, peers = statistics.median(samples["gpunode"]), statistics.median(samples["peers"])
     return {"boot_path_gpunode_ms": ours, "boot_path_peers_ms": peers,
             "boot_path_peers_ratio": peers / ours,
             "boot_path_gpunode_share_ms": statistics.median(samples["share"]),
             "cpu_node_gpunode_unit_ms": gpunode_cpu, "cpu_node_python_unit_ms": python_unit,
-            "cpu_node_noop_ratio": gpunode_cpu / python_unit}
+            "cpu_node_noop_ratio": gpunode_cpu / python_unit,
+            "cpu_node_configured_unit_ms": gpunode_configured,
+            "cpu_node_configured_ratio": gpunode_configured / python_unit}
 
 
 def report(result: dict[str, float], boots: int = BOOTS) -> None:
@@ -124,7 +128,10 @@ def report(result: dict[str, float], boots: int = BOOTS) -> None:
     print(f"  ratio peers / gpunode: {result['boot_path_peers_ratio']:.2f}")
     print(f"  CPU-only node, unit activation: gpunode.service "
           f"{result['cpu_node_gpunode_unit_ms']:.0f} ms, a unit running python -c pass "
-          f"{result['cpu_node_python_unit_ms']:.0f} ms: {result['cpu_node_noop_ratio']:.2f}x")
+          f"{result['cpu_node_python_unit_ms']:.0f} ms: {result['cpu_node_noop_ratio']:.2f}x; "
+          f"with an agent config (the pipeline checks it): "
+          f"{result['cpu_node_configured_unit_ms']:.0f} ms, "
+          f"{result['cpu_node_configured_ratio']:.2f}x")
 
 
 def main() -> int:
@@ -135,9 +142,11 @@ def main() -> int:
 PYTHON_PASS_UNIT = "python-pass.service"
 
 
-def one_boot_cpu() -> tuple[float, float]:
+def one_boot_cpu(agent_config: bool = False) -> tuple[float, float]:
     """A CPU-only node: (gpunode.service's activation, that of a unit running `python -c pass`
-    with the same settings and ordering), ms from leaving inactive to active."""
+    with the same settings and ordering), ms from leaving inactive to active. Without an agent
+    config by default (the node gpunode decides from sysfs alone); with one, the pipeline
+    checks it and runs."""
     work = WORK_PARENT / f"bench-{secrets.token_hex(4)}"
     work.mkdir(parents=True)
     try:
@@ -151,7 +160,7 @@ def one_boot_cpu() -> tuple[float, float]:
                                      "\nBefore=", "\nAfter=gpunode.service\nBefore=", 1)
         units = {"containerd.service": CONTAINERD_UNIT, "gpunode.service": gpunode,
                  PYTHON_PASS_UNIT: python}
-        prepare = [*node_prepare(fixture, shipped_dropin=True),
+        prepare = [*node_prepare(fixture, shipped_dropin=True, agent_config=agent_config),
                    f"mkdir -p /run/systemd/system/{PYTHON_PASS_UNIT}.d",
                    f"cp /run/systemd/system/gpunode.service.d/50-test-venv.conf "
                    f"/run/systemd/system/{PYTHON_PASS_UNIT}.d/"]

@@ -17,7 +17,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpunode import bootrecord, flatcar, kernelinfo, log, records
+from gpunode import bootrecord, flatcar, kernelinfo, log, timestamps
 from gpunode.bootrecord import STATE_PATH
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
 from gpunode.detect import SYSFS_PCI_DEVICES, Detection, detect, require_decided
@@ -454,4 +454,4 @@ def write_record(host: Host, run: BootRun) -> None:
 
 
 def _now() -> str:
-    return records.utc_timestamp()
+    return timestamps.utc_timestamp()

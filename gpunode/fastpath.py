@@ -14,8 +14,9 @@ clean up. Then the boot record says "no-gpu", as the whole pipeline would write 
 (gpunode.bootrecord), and nothing else happens — every CPU pool of a fleet sharing a GPU
 image pays for Python's start and a directory listing, not for gpunode's imports.
 
-This module must stay cheap to import: os, json, gpunode.safeio (itself os and stat),
-gpunode.records (json, math, time), gpunode.bootrecord (json) and gpunode.nodepaths only.
+This module must stay cheap to import: os, stat, sys, time, gpunode.safeio (os, stat, errno),
+gpunode.timestamps (time), gpunode.bootrecord and gpunode.nodepaths (nothing); json only
+where a stamp is read or written (with `re`, it costs more than a CPU node's whole boot).
 That is why it is the one module that reads the host without gpunode.host.Host: importing Host
 (dataclasses, pathlib, fcntl) doubles the start of a no-op boot, ~20 ms to ~40 ms measured with
 `python -X importtime -c "import gpunode.fastpath, gpunode.host"` on the test machine (and
@@ -27,14 +28,16 @@ stat, lstat, readlink, listdir and safeio.read are done on what it returns.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import sys
 import time
-from typing import Any
 
-from gpunode import bootrecord, nodepaths, records, safeio
+from gpunode import bootrecord, nodepaths, safeio, timestamps
+
+TYPE_CHECKING = False  # typing's import costs as much as this module's whole CPU-node boot
+if TYPE_CHECKING:
+    from typing import Any
 
 STAMP = "/run/gpunode/inputs.json"
 STAMP_VERSION = 2
@@ -104,6 +107,8 @@ def unchanged(root: str, version: str, config: str | None) -> bool:
     the full boot runs and writes a new one."""
     try:
         text = safeio.decode(safeio.read(safeio.resolve(root, STAMP), _STAMP_LIMIT))
+        import json
+
         stamp = json.loads(text)
     except (OSError, safeio.Refused, ValueError, RecursionError):
         return False
@@ -154,11 +159,13 @@ def boot_args(argv: list[str]) -> tuple[str, str | None, str | None] | None:
 
 def report_unchanged(log_format: str | None) -> None:
     """The one event a no-op boot logs (the console format stays readable by hand)."""
-    stamp = records.utc_timestamp()
+    stamp = timestamps.utc_timestamp()
     if log_format == "console" or (log_format is None and sys.stderr.isatty()):
         sys.stderr.write(f"{stamp} [info     ] boot.unchanged  nothing changed since the last "
                          "successful boot\n")
     else:
+        import json
+
         sys.stderr.write(json.dumps({"event": "boot.unchanged", "outcome": "ok", "level": "info",
                                      "timestamp": stamp}, separators=(",", ":")) + "\n")
 
@@ -170,7 +177,7 @@ def no_gpu_boot(root: str, log_format: str | None) -> bool:
     be read, no PCI listing, an agent config (it may ask for anything; the pipeline checks
     it), a CDI spec (gpunode's is removed on a node without GPU), or a record that cannot be
     replaced safely."""
-    started = records.utc_timestamp()
+    started = timestamps.utc_timestamp()
     start = _clock()
     try:
         devices = safeio.resolve(root, nodepaths.SYSFS_PCI_DEVICES)
@@ -184,16 +191,12 @@ def no_gpu_boot(root: str, log_format: str | None) -> bool:
                 return False
     except (OSError, UnicodeDecodeError, safeio.Refused):
         return False
-    detect = {"name": "detect", "outcome": "ok", "duration_ms": round(_clock() - start, 2),
-              "error": None, "hint": None, "code": None, "gpus": 0, "functions": 0,
-              "changed": False}  # functions: NVIDIA's, as detect counts them
-    record = bootrecord.render(started, records.utc_timestamp(), "no-gpu", [detect])
+    duration = round(_clock() - start, 2)
+    record = bootrecord.no_gpu(started, timestamps.utc_timestamp(), duration)
     if not _write_new(root, bootrecord.STATE_PATH, record):
         return False
-    _log(log_format, {"event": "step.done", "step": "detect",
-                      "duration_ms": detect["duration_ms"], "gpus": 0, "functions": 0,
-                      "changed": False})
-    _log(log_format, {"event": "boot.done", "outcome": "no-gpu", "steps": ["detect"]})
+    for line in no_gpu_events(duration, log_format, timestamps.utc_timestamp()):
+        sys.stderr.write(line)
     return True
 
 
@@ -241,12 +244,15 @@ def _unlink_quietly(path: str) -> None:
         return
 
 
-def _log(log_format: str | None, event: dict[str, Any]) -> None:
-    """One event as gpunode's logging writes it (gpunode/log.py): JSON, or the console line."""
-    stamp = records.utc_timestamp()
+def no_gpu_events(duration_ms: float, log_format: str | None, stamp: str) -> list[str]:
+    """The two lines a CPU node's boot logs, as gpunode/log.py renders the pipeline's (JSON, or
+    the console line where stderr is a terminal), without the json module."""
     if log_format == "console" or (log_format is None and sys.stderr.isatty()):
-        fields = " ".join(f"{k}={v}" for k, v in event.items() if k != "event")
-        sys.stderr.write(f"{stamp} [info     ] {event['event']:<15} {fields}\n")
-    else:
-        sys.stderr.write(json.dumps({**event, "level": "info", "timestamp": stamp},
-                                    separators=(",", ":")) + "\n")
+        return [f"{stamp} [info     ] step.done       step=detect duration_ms={duration_ms!r} "
+                "gpus=0 functions=0 changed=False\n",
+                f"{stamp} [info     ] boot.done       outcome=no-gpu steps=['detect']\n"]
+    return ['{"event":"step.done","step":"detect","duration_ms":' + repr(float(duration_ms))
+            + ',"gpus":0,"functions":0,"changed":false,"level":"info","timestamp":"'
+            + stamp + '"}\n',
+            '{"event":"boot.done","outcome":"no-gpu","steps":["detect"],"level":"info",'
+            '"timestamp":"' + stamp + '"}\n']

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any, TextIO
 
-from gpunode import records
+from gpunode import timestamps
 from gpunode.errors import GpunodeError
 
 EventDict = MutableMapping[str, Any]
@@ -28,7 +28,7 @@ LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 
 def add_timestamp(_logger: Any, _method: str, event: EventDict) -> EventDict:
-    event["timestamp"] = records.utc_timestamp()
+    event["timestamp"] = timestamps.utc_timestamp()
     return event
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -160,11 +159,3 @@ def kind(value: Any) -> str:
         return "a list"
     return "an object"
 
-
-TIMESTAMP_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # RFC 3339 in UTC, to the second
-
-
-def utc_timestamp(when: float | None = None) -> str:
-    """`when` (seconds since the epoch; now when None) as every gpunode record, log line and
-    Node condition writes it: 2026-11-29T08:00:00Z."""
-    return time.strftime(TIMESTAMP_FORMAT, time.gmtime(when))

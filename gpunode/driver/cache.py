@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from gpunode import kernelinfo, log, records
+from gpunode import kernelinfo, log, records, timestamps
 from gpunode.errors import DriverBuildError, HostError
 from gpunode.host import Host
 
@@ -126,7 +126,7 @@ def make_manifest(kernel: str, driver: str, flavour: str, flatcar_version: str |
         "userspace": dict(sorted(userspace.items())),
         "links": dict(sorted(links.items())),
         "inputs": dict(inputs),
-        "built_at": records.utc_timestamp(built_at.timestamp()),
+        "built_at": timestamps.utc_timestamp(built_at.timestamp()),
         "build_seconds": round(seconds, 3),
     }
 

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gpunode import records, status
+from gpunode import status, timestamps
 from gpunode.config import AgentConfig
 from gpunode.errors import ApiError, UndecidedError
 from gpunode.host import Host
@@ -84,7 +84,7 @@ def apply(host: Host, config: AgentConfig, want: Desired, api: NodeApi | None = 
     if patch is not None:
         api.patch_node(want.node, patch)
     conditions = (node.get("status") or {}).get("conditions") or []
-    stamp = now or records.utc_timestamp()
+    stamp = now or timestamps.utc_timestamp()
     status_patch = labels.condition_patch(conditions, want.condition, stamp)
     if status_patch is not None:
         api.patch_status(want.node, status_patch)

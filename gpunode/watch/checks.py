@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gpunode import log, processes, records
+from gpunode import log, processes, timestamps
 from gpunode import state as bootstate
 from gpunode.config import AgentConfig
 from gpunode.errors import GpunodeError
@@ -113,7 +113,7 @@ def _report(changes: list[dict[str, Any]], findings: dict[str, dict[str, str]], 
             findings.pop(kind)  # its cause cleared
         return
     finding = {"status": change.pop("status"), "message": change["message"],
-               "at": records.utc_timestamp()}
+               "at": timestamps.utc_timestamp()}
     for key in ("restart", "file"):
         if change.get(key):
             finding[key] = change[key]

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpunode import log, records
+from gpunode import log, timestamps
 from gpunode.config import AgentConfig
 from gpunode.host import Host
 from gpunode.kube import labels, nodename
@@ -29,7 +29,7 @@ def apply(host: Host, config: AgentConfig, changes: list[dict[str, Any]],
                                                     k.request_timeout)
     name, _ = nodename.node_name(host, k.node_name)
     deadline = time.monotonic() + k.request_timeout
-    now = records.utc_timestamp()
+    now = timestamps.utc_timestamp()
     for change in changes:
         if change["kind"] == "condition":
             node = with_retries(lambda: api.get_node(name), f"get node {name}", deadline)

@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from gpunode import records
+from gpunode import records, timestamps
 from gpunode.errors import HostError
 from gpunode.host import Host
 
@@ -112,7 +112,7 @@ def parse(doc: Any) -> WatchState:
 
 
 def write(host: Host, state: WatchState) -> None:
-    state.updated_at = records.utc_timestamp()
+    state.updated_at = timestamps.utc_timestamp()
     host.write_atomic(WATCH_STATE, (json.dumps(state.to_json(), indent=2) + "\n").encode(),
                       make_parents=True)
 

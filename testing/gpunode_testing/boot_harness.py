@@ -35,12 +35,14 @@ WantedBy=multi-user.target
 
 
 def node_prepare(fixture: Path, gpunode_on_usr: bool = True,
-                 shipped_dropin: bool = False) -> list[str]:
+                 shipped_dropin: bool = False, agent_config: bool = True) -> list[str]:
     """Shell lines run inside before systemd starts (with /usr a copy-on-write overlay): the
     fixture's PCI functions and driver files over the real ones, its driver user-space, gpunode
     on /usr/bin (unless a test's system extension brings it), Flatcar's containerd config on
     /usr; with `shipped_dropin`, the containerd drop-in gpunode's sysext ships
-    (units/containerd-env.conf), where the sysext puts it."""
+    (units/containerd-env.conf), where the sysext puts it; without `agent_config`, no
+    /etc/gpunode/config.toml (only for a fixture without NVIDIA functions, which udev's view
+    of the fixture's directories cannot mislead)."""
     gpunode = Path(sys.executable).with_name("gpunode")
     lines = [f"mount -n --bind {fixture}/sys/bus/pci/devices /sys/bus/pci/devices"]
     if (fixture / "proc/driver/nvidia").exists():
@@ -65,8 +67,9 @@ def node_prepare(fixture: Path, gpunode_on_usr: bool = True,
         "rm -rf /var/lib/gpunode",  # (overlay) a node gpunode never touched
         # udev gives devices outside /sys/devices the subsystem "subsystem", so the fixture's
         # directories in /sys/bus/pci/devices are read as plain sysfs files.
-        "mkdir -p /etc/gpunode",
-        "printf '[detect]\\nsource = \"sysfs\"\\n' > /etc/gpunode/config.toml",
+        *(["mkdir -p /etc/gpunode",
+           "printf '[detect]\\nsource = \"sysfs\"\\n' > /etc/gpunode/config.toml"]
+          if agent_config else []),
         # This test's gpunode is a venv whose interpreter lives under /root (pyenv) and whose
         # checkout may live under /var/tmp (CI's clone), which the unit's ProtectHome=yes and
         # PrivateTmp=yes hide; on a node gpunode lives in /usr (the sysext).

@@ -122,3 +122,26 @@ def test_a_record_link_pointing_out_of_the_root_stays_inside_it(
     code, _ = boot(monkeypatch, capsys, host)
     assert code == 0
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("duration", [0.0, 0.1, 1.0, 12.34, 250.07])
+def test_the_record_template_gives_render_s_bytes(duration: float) -> None:
+    from gpunode import bootrecord
+
+    started, finished = "2026-12-01T17:00:00Z", "2026-12-01T17:00:01Z"
+    assert bootrecord.no_gpu(started, finished, duration) == bootrecord.render(
+        started, finished, "no-gpu", [bootrecord.no_gpu_detect_step(duration)])
+
+
+@pytest.mark.parametrize("duration", [0.0, 0.1, 12.34])
+def test_the_event_lines_are_json_dumps_s(duration: float) -> None:
+    from gpunode import fastpath
+
+    stamp = "2026-12-01T17:00:00Z"
+    step, done = fastpath.no_gpu_events(duration, "json", stamp)
+    assert step == json.dumps({"event": "step.done", "step": "detect", "duration_ms": duration,
+                               "gpus": 0, "functions": 0, "changed": False, "level": "info",
+                               "timestamp": stamp}, separators=(",", ":")) + "\n"
+    assert done == json.dumps({"event": "boot.done", "outcome": "no-gpu", "steps": ["detect"],
+                               "level": "info", "timestamp": stamp},
+                              separators=(",", ":")) + "\n"
