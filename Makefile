@@ -62,9 +62,9 @@ fetch-cri-api: setup
 test: lint fetch-containerd fetch-kmod-tree fetch-cri-api
 	$(BIN)/python -m pytest -q
 
+# run.py runs boot_path.py's real-systemd figures too (as root) and prints one JSON line last.
 bench: setup fetch-containerd
 	$(BIN)/python benchmarks/run.py
-	$(BIN)/python benchmarks/boot_path.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache

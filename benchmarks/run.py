@@ -15,11 +15,19 @@ What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4
    `gpunode --root <fixture> boot` of the same machine with its driver loaded and nothing
    configured (a fresh copy per run, so every boot writes the spec and the runtime): the step's
    own `duration_ms` from its `step.done` event against the boot process's wall time.
+5. The bundle nodes run: packaging/build_sysext.py's PyInstaller bundle, built and unpacked
+   here, against the venv's console script, for `--version` and the no-op boot.
+6. The boot path in a real systemd (benchmarks/boot_path.py; as root, where the systemd
+   namespace harness runs; otherwise its keys are null and the reason is printed).
 
 Whole-process timings alternate the commands so drift on the machine hits both alike, and report
 medians rather than means so one slow run does not move the result. The subprocesses run without
 PYTHONDONTWRITEBYTECODE, so they use the bytecode `make setup` compiled, as a real install would.
-The last line printed is one JSON object with every median (milliseconds) and ratio, for tools.
+The last line printed is one JSON object with every median (milliseconds) and ratio, for tools;
+issue 16's keys among them: python_pass_ms, noop_boot_ratio, pipeline_boot_ratio, status_ratio,
+bundle_version_ratio_vs_venv, bundle_noop_boot_ratio_vs_venv, boot_path_gpunode_ms,
+boot_path_peers_ms, boot_path_gpunode_share_ms, boot_path_gpunode_share_ratio (the share over
+python_pass_ms) and cpu_node_noop_ratio.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from gpunode.detect import detect
 from gpunode.host import Host
 from gpunode_testing.fixtures import MACHINES, Machine, Options, build, with_extra_functions
 
+REPO = Path(__file__).resolve().parents[1]
 DETECT_BUDGET_MS = 20.0
 DETECT_WARMUP = 5
 DETECT_RUNS = 50
@@ -211,6 +220,44 @@ def bench_label(parent: Path, env: dict[str, str]) -> tuple[dict[str, list[float
     return samples, calls
 
 
+def bench_bundle(parent: Path, warm: Path, env: dict[str, str]) -> dict[str, list[float]]:
+    """Seconds per run of the bundled and the venv's gpunode, `--version` and the no-op boot of
+    the warm node, alternating; the bundle built by packaging/build_sysext.py, unpacked."""
+    out, work, tree = parent / "sysext-out", parent / "sysext-work", parent / "sysext-tree"
+    done = subprocess.run([sys.executable, str(REPO / "packaging" / "build_sysext.py"),
+                           "--out", str(out), "--work", str(work)], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"building the sysext failed:\n{done.stdout}{done.stderr}")
+    image = next(out.glob("gpunode-*.raw"))
+    subprocess.run(["unsquashfs", "-no-progress", "-d", str(tree), str(image)],
+                   capture_output=True, check=True)
+    bundle = [str(tree / "usr/lib/gpunode/gpunode")]
+    venv = gpunode_command()
+    plain = {"PATH": "/usr/bin:/bin"}  # as systemd runs it: no virtualenv, no PYTHON*
+    return bench_processes({
+        "bundle_version": [*bundle, "--version"], "venv_version": [*venv, "--version"],
+        "bundle_noop": [*bundle, "--root", str(warm), "boot"],
+        "venv_noop": [*venv, "--root", str(warm), "boot"],
+    }, {**plain, **{k: v for k, v in env.items() if k == "HOME"}})
+
+
+def boot_path_figures() -> dict[str, float | None]:
+    """benchmarks/boot_path.py's figures; None for each where the harness cannot run."""
+    keys = ("boot_path_gpunode_ms", "boot_path_peers_ms", "boot_path_peers_ratio",
+            "boot_path_gpunode_share_ms", "cpu_node_gpunode_unit_ms",
+            "cpu_node_python_unit_ms", "cpu_node_noop_ratio", "cpu_node_configured_unit_ms",
+            "cpu_node_configured_ratio")
+    if os.geteuid() != 0:
+        print("  boot path in a real systemd: skipped, it needs root (a systemd namespace)")
+        return dict.fromkeys(keys)
+    import boot_path
+
+    figures = boot_path.measure()
+    boot_path.report(figures)
+    return {key: figures[key] for key in keys}
+
+
 def heavy_imports(argv: list[str], env: dict[str, str]) -> list[str]:
     """Which of tomlkit and pystemd the command imports (python -X importtime)."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpunode", *argv],
@@ -245,7 +292,7 @@ def main() -> int:
               f"configured; {len(boots)} runs): median {share:.0%}, cdi step "
               f"{step_ms['cdi']:.1f} ms of {boot_ms:.1f} ms for the whole process (steps: "
               + ", ".join(f"{name} {ms:.1f}" for name, ms in step_ms.items()) + " ms)")
-        summary: dict[str, float] = {
+        summary: dict[str, float | None] = {
             "detect_in_process_ms": detect_ms, "cdi_generate_in_process_ms": cdi_ms,
             "boot_nd96_ms": boot_ms, "boot_cdi_step_share": share,
             **{f"boot_step_{name}_ms": ms for name, ms in step_ms.items()}}
@@ -274,6 +321,7 @@ def main() -> int:
         configure = bench_configure(template, Path(tmp), subprocess_env())
         heavy = heavy_imports(["--root", str(Path(tmp) / "configured"), "containerd",
                                "configure"], subprocess_env())
+        bundle = bench_bundle(Path(tmp), warm, subprocess_env())
 
     base = median_ms(samples["pass"])
     summary["python_pass_ms"] = base
@@ -306,7 +354,24 @@ def main() -> int:
         summary[f"configure_{name.replace('-', '_')}_ratio"] = ms / base
         print(f"    {name}: median {ms:.1f} ms, {ms / base:.1f}x python -c pass")
     print(f"    no-change run imports tomlkit/pystemd: {', '.join(heavy) or 'neither'}")
-    print(json.dumps({name: round(value, 4) for name, value in summary.items()}, sort_keys=True))
+    for what in ("version", "noop"):
+        ours, venv = median_ms(bundle[f"bundle_{what}"]), median_ms(bundle[f"venv_{what}"])
+        summary[f"bundle_{what}_ms"], summary[f"venv_{what}_ms"] = ours, venv
+        summary[f"bundle_{'version' if what == 'version' else 'noop_boot'}_ratio_vs_venv"] = \
+            ours / venv
+        print(f"  bundled gpunode ({'--version' if what == 'version' else 'no-op boot'}): "
+              f"median {ours:.1f} ms, {ours / venv:.2f}x the venv's {venv:.1f} ms")
+    figures = boot_path_figures()
+    pass_ms = summary["python_pass_ms"]
+    share = figures["boot_path_gpunode_share_ms"]
+    summary.update({
+        "noop_boot_ratio": summary["boot_warm_ratio"],
+        "pipeline_boot_ratio": summary["boot_pipeline_ratio"],
+        "status_ratio": summary["status_process_ratio"],
+        **figures,
+        "boot_path_gpunode_share_ratio": share / pass_ms if share is not None else None})
+    print(json.dumps({name: None if value is None else round(value, 4)
+                      for name, value in summary.items()}, sort_keys=True))
     return 0
 
 

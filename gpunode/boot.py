@@ -59,12 +59,12 @@ class Adapters:
 
 def adapters_for(host: Host, config: AgentConfig) -> Adapters:
     from gpunode.containerd.probe import CommandProbe, NoProbe
-    from gpunode.driver import builders
     from gpunode.driver.modules import KmodTools
+    from gpunode.driver.step import LazyBuildAdapters
     from gpunode.systemd import for_host
 
     return Adapters(systemd=for_host(host.is_live), kmod=KmodTools(may_load=host.is_live),
-                    build=builders.default_adapters(config.driver.build, host),
+                    build=LazyBuildAdapters(config.driver.build, host),
                     probe=CommandProbe() if host.is_live else NoProbe())
 
 

@@ -8,11 +8,12 @@ here) and the build adapters.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpunode import command, driverinfo, flatcar, kernelinfo, log
-from gpunode.config import DriverConfig
+from gpunode.config import BuildConfig, DriverConfig
 from gpunode.detect import Detection, PciFunction, loaded_modules
 from gpunode.driver import (
     branches,
@@ -35,6 +36,20 @@ NVIDIA_SMI = ("/opt/bin/nvidia-smi", "/usr/bin/nvidia-smi")
 # boot, which chooses again (the GPUs of a resized VM may be another generation).
 RUN_EXTENSIONS = "/run/extensions"
 SYSEXT_REFRESH = ("systemd-sysext", "refresh")
+
+
+@dataclass(frozen=True)
+class LazyBuildAdapters:
+    """The driver build's (fetcher, builder), made when a build unpacks them: the builders'
+    modules (urllib, the nspawn tooling) are not imported by a boot that builds nothing."""
+
+    config: BuildConfig
+    host: Host
+
+    def __iter__(self) -> Iterator[Any]:
+        from gpunode.driver import builders
+
+        return iter(builders.default_adapters(self.config, self.host))
 
 
 @dataclass(frozen=True)
