@@ -116,7 +116,8 @@ def test_the_wheel_holds_the_units_byte_for_byte_and_no_test_support(
     with zipfile.ZipFile(installed.wheel) as wheel:
         names = set(wheel.namelist())
         units = {n for n in names if n.startswith("gpunode/units/")}
-        assert units == {f"gpunode/units/{p.name}" for p in (REPO / "units").glob("*.service")}
+        assert units == {f"gpunode/units/{p.name}" for p in (REPO / "units").iterdir()
+                         if p.suffix in (".service", ".conf")}
         for name in units:
             assert wheel.read(name) == (REPO / name).read_bytes(), name
     tops = {name.split("/")[0] for name in names}
