@@ -1,6 +1,7 @@
 """Benchmarks for gpunode's time budgets, measured in one run on this machine.
 
-Run from the repository root as `.venv/bin/python benchmarks/run.py` (`make bench`).
+Run from the repository root as `.venv/bin/python benchmarks/run.py [--quick]` (`make bench`;
+`--quick` shortens only the watch daemon's idle window, 60 s to 10 s: watch_daemon.py).
 
 What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4: 8 GPUs,
 6 NVSwitches and a NIC) plus 200 other PCI functions, as a busy bare-metal PCI tree would have:
@@ -19,6 +20,9 @@ What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4
 Whole-process timings alternate the commands so drift on the machine hits both alike, and report
 medians rather than means so one slow run does not move the result. The subprocesses run without
 PYTHONDONTWRITEBYTECODE, so they use the bytecode `make setup` compiled, as a real install would.
+5. `gpunode watch`, the daemon (watch_daemon.py): an Xid line to its GPUReady PATCH (median,
+   budget 1 s), its idle CPU over 60 s, its VmRSS before and after a flood of kernel lines.
+
 The last line printed is one JSON object with every median (milliseconds) and ratio, for tools.
 """
 
@@ -34,6 +38,8 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import watch_daemon  # beside this file (a script's directory is on sys.path)
 
 from gpunode.detect import detect
 from gpunode.host import Host
@@ -274,6 +280,9 @@ def main() -> int:
         configure = bench_configure(template, Path(tmp), subprocess_env())
         heavy = heavy_imports(["--root", str(Path(tmp) / "configured"), "containerd",
                                "configure"], subprocess_env())
+        (Path(tmp) / "watch").mkdir()
+        watched = watch_daemon.bench_watch(Path(tmp) / "watch", subprocess_env(),
+                                           quick="--quick" in sys.argv[1:])
 
     base = median_ms(samples["pass"])
     summary["python_pass_ms"] = base
@@ -306,6 +315,7 @@ def main() -> int:
         summary[f"configure_{name.replace('-', '_')}_ratio"] = ms / base
         print(f"    {name}: median {ms:.1f} ms, {ms / base:.1f}x python -c pass")
     print(f"    no-change run imports tomlkit/pystemd: {', '.join(heavy) or 'neither'}")
+    summary.update(watch_daemon.report(watched))
     print(json.dumps({name: round(value, 4) for name, value in summary.items()}, sort_keys=True))
     return 0
 

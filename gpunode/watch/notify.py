@@ -64,7 +64,8 @@ class Notifier:
             if self._socket is None:
                 self._socket = socket.socket(socket.AF_UNIX,
                                              socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
-            self._socket.sendto(message.encode(), self.address)
+            # Never wait on the manager: a full queue (nobody reading) drops the message.
+            self._socket.sendto(message.encode(), socket.MSG_DONTWAIT, self.address)
         except OSError as exc:
             if not self._failed:
                 self._failed = True

@@ -85,3 +85,12 @@ def test_the_manager_s_variables_are_forgotten_for_the_programs_the_watch_runs()
            "PATH": "/usr/bin"}
     notify.forget_environment(env)
     assert env == {"PATH": "/usr/bin"}
+
+
+def test_a_manager_that_reads_nothing_never_blocks_the_daemon(
+        tmp_path: Path, manager: socket.socket, capsys: pytest.CaptureFixture[str]) -> None:
+    log.configure("json")
+    notifier = notify.Notifier({"NOTIFY_SOCKET": str(tmp_path / "notify")})
+    sent = [notifier.status("x" * 1000) for _ in range(2000)]  # far more than its queue holds
+    assert sent[0] and not sent[-1]
+    assert capsys.readouterr().err.count("watch.notify_failed") == 1
