@@ -125,6 +125,7 @@ def bench_watch(work: Path, env: dict[str, str], quick: bool = False) -> dict[st
             latencies.append((time.perf_counter() - started) * 1000)
         idle = QUICK_IDLE_SECONDS if quick else IDLE_SECONDS
         time.sleep(1)  # the last pass's state write (fsync) is not idle time
+        rss_reported = _rss_kib(pid)
         cpu, switches = _cpu_seconds(pid), int(_proc_status(pid)["voluntary_ctxt_switches"])
         time.sleep(idle)
         cpu = _cpu_seconds(pid) - cpu
@@ -144,8 +145,10 @@ def bench_watch(work: Path, env: dict[str, str], quick: bool = False) -> dict[st
     if code != 0:
         raise SystemExit(f"gpunode watch exited {code} after SIGTERM: see {work}/watch.log")
     return {"xid_to_patch_ms": statistics.median(latencies), "xid_runs": len(latencies),
-            "idle_seconds": idle, "idle_cpu_share": cpu / idle, "idle_wakeups": switches,
-            "rss_ready_kib": rss_ready, "rss_warm_kib": rss_warm, "rss_after_flood_kib": rss_flood,
+            "idle_seconds": idle, "idle_cpu_ms": cpu * 1000, "idle_cpu_share": cpu / idle,
+            "idle_wakeups": switches,
+            "rss_ready_kib": rss_ready, "rss_reported_kib": rss_reported,
+            "rss_warm_kib": rss_warm, "rss_after_flood_kib": rss_flood,
             "flood_lines": FLOOD_LINES, "flood_seconds": flood_s}
 
 
@@ -156,15 +159,19 @@ def report(result: dict[str, Any]) -> dict[str, float]:
           f"{ms:.1f} ms over {result['xid_runs']} Xids (budget {XID_BUDGET_MS:.0f} ms: "
           f"{'OK' if ms <= XID_BUDGET_MS else 'OVER'})")
     print(f"  gpunode watch, idle for {result['idle_seconds']:.0f} s: "
-          f"{result['idle_cpu_share']:.3%} of one CPU, {result['idle_wakeups']} wake-ups "
+          f"{result['idle_cpu_ms']:.1f} ms on a CPU ({result['idle_cpu_share']:.4%} of one), "
+          f"{result['idle_wakeups']} wake-ups "
           "(a periodic check every 30 s, nothing faster)")
     print(f"  gpunode watch, VmRSS: {result['rss_ready_kib']} KiB when ready, "
+          f"{result['rss_reported_kib']} KiB once it has reported (the API client loaded), "
           f"{result['rss_warm_kib']} KiB after {WARM_LINES} kernel lines, "
           f"{result['rss_after_flood_kib']} KiB after {result['flood_lines']} more "
           f"(read in {result['flood_seconds']:.1f} s)")
-    return {"watch_xid_to_patch_ms": ms, "watch_idle_cpu_share": result["idle_cpu_share"],
+    return {"watch_xid_to_patch_ms": ms, "watch_idle_cpu_ms": result["idle_cpu_ms"],
+            "watch_idle_cpu_share": result["idle_cpu_share"],
             "watch_idle_wakeups": result["idle_wakeups"],
             "watch_rss_ready_kib": result["rss_ready_kib"],
+            "watch_rss_reported_kib": result["rss_reported_kib"],
             "watch_rss_warm_kib": result["rss_warm_kib"],
             "watch_rss_after_flood_kib": result["rss_after_flood_kib"]}
 

@@ -195,6 +195,8 @@ class Daemon:
                                      self.wake_fd) if fd is not None]
                 deadline = min(next_tick, self._next_ping,
                                self.unsent.retry_at if self.unsent.waiting else math.inf)
+                if stream.more and not self.backlog:  # a batch is waiting already
+                    deadline = 0.0
                 ready = self.wait(fds, max(0.0, deadline - self.clock()))
                 if self.wake_fd is not None and self.wake_fd in ready:
                     _drain(self.wake_fd)
@@ -202,14 +204,16 @@ class Daemon:
                     break
                 now = self.clock()
                 tick_due = now >= next_tick
-                records = self.backlog
-                if not records and (stream.fileno() in ready or stream.more
-                                    or (stream.kind == "file" and tick_due)):
-                    records = stream.read()
                 gpus_changed = monitor is not None and monitor.fileno() in ready \
                     and _nvidia_events(monitor)
-                retry_due = self.unsent.waiting and now >= self.unsent.retry_at
-                if records or gpus_changed or tick_due or retry_due:
+                if self.backlog:  # a failed pass's records: again at the periodic check
+                    records, due = self.backlog, tick_due
+                else:
+                    records = stream.read() if (stream.fileno() in ready or stream.more or (
+                        stream.kind == "file" and tick_due)) else []
+                    retry_due = self.unsent.waiting and now >= self.unsent.retry_at
+                    due = bool(records) or gpus_changed or tick_due or retry_due
+                if due:
                     self._pass(records)
                 if tick_due:
                     next_tick = now + self.tick
