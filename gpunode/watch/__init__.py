@@ -2,7 +2,9 @@
 
 xid.py reads the kernel's NVRM Xid lines (pure), state.py remembers what was reported this boot
 (/run/gpunode/watch.json), once.py observes the host, decides the GPUReady condition and the
-Events, and applies them (or, with --dry-run, prints them).
+Events, and applies them (or, with --dry-run, prints them); daemon.py runs those passes for as
+long as gpunode-watch.service runs, on what kmsg.py reads from /dev/kmsg, telling systemd
+through notify.py.
 """
 
 from __future__ import annotations

@@ -302,3 +302,18 @@ def test_under_root_udev_is_said_to_be_unavailable_once(
     d.run()
     events = [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()]
     assert events.count("watch.udev_unavailable") == 1
+
+
+def test_a_batch_left_in_the_fifo_s_queue_is_read_without_waiting(t4: Host) -> None:
+    path = fifo(t4)
+    count = kmsg.BATCH_RECORDS + 10
+    lines = [f"6,{n},{n},-;x" for n in range(1, count + 1)]  # < 64 KiB: one pipe's worth
+    sizes: list[int] = []
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        sizes.append(len(kwargs["kmsg"]))
+        return once.run(*args, **kwargs)
+    d, script = make(t4, Clock(), [feed(path, *lines), None], FakeApi(), run=run)
+    d.run()
+    assert sizes[:3] == [0, kmsg.BATCH_RECORDS, 10]
+    assert script.timeouts[1] == 0.0  # the rest was queued: no sleep before it
