@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 
 
 def command(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    """`gpunode watch` as cli.py runs it; the work (once.py) is imported only now."""
+    """`gpunode watch` as cli.py runs it: the daemon, or with --once one pass; the work
+    (daemon.py, once.py) is imported only now."""
+    if not args.once:
+        from gpunode.watch import daemon
+
+        return daemon.command(host, config, args.dry_run)
     from gpunode.watch import once
 
     return once.command(host, config, args.once, args.dry_run)

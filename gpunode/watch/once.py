@@ -253,12 +253,8 @@ def _recovery_as_label_says(host: Host, config: AgentConfig, decision: Decision,
 
 
 def command(host: Host, config: AgentConfig, once: bool, dry_run: bool) -> int:
-    """`gpunode watch --once`: exit 0 once everything was reported (or, --dry-run, printed);
-    without --once, the daemon."""
-    if not once:  # the daemon (gpunode-watch.service)
-        from gpunode.watch import daemon
-
-        return daemon.command(host, config, dry_run)
+    """`gpunode watch --once`: exit 0 once everything was reported (or, --dry-run, printed).
+    (Without --once, watch/__init__.py runs the daemon, daemon.py, instead.)"""
     with log.step("watch", dry_run=dry_run) as fields:
         decision = run(host, config, dry_run)
         fields.update(changes=len(decision.changes), last_seq=decision.state.last_seq,
