@@ -285,7 +285,7 @@ class Daemon:
         reason = None
         if not self.host.is_live:
             reason = "under --root the root's devices send no udev events"
-        elif not self.config.detect.use_udev:
+        elif self.config.detect.use_udev is False:  # "auto" (None) tries udev
             reason = "the agent config reads devices from sysfs (detect.source)"
         else:
             try:

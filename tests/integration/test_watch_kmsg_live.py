@@ -55,3 +55,13 @@ def test_an_abstract_notify_socket_gets_the_datagram() -> None:
         notifier.close()
     finally:
         manager.close()
+
+
+@pytest.mark.allow_paths("/sys", "/run/udev")
+def test_the_udev_monitor_of_pci_devices_is_made_on_a_live_host_by_default() -> None:
+    from gpunode.config import AgentConfig
+    from gpunode.watch import daemon
+
+    monitor = daemon.Daemon(Host(), AgentConfig(), notify.Notifier({}))._udev_monitor()
+    assert monitor is not None and isinstance(monitor.fileno(), int)
+    assert daemon.poll_wait([monitor.fileno()], 0) in ([], [monitor.fileno()])

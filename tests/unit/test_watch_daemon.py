@@ -317,3 +317,33 @@ def test_a_batch_left_in_the_fifo_s_queue_is_read_without_waiting(t4: Host) -> N
     d.run()
     assert sizes[:3] == [0, kmsg.BATCH_RECORDS, 10]
     assert script.timeouts[1] == 0.0  # the rest was queued: no sleep before it
+
+
+class FakeDevice:
+    def __init__(self, action: str, pci_id: str, name: str = "0001:00:00.0") -> None:
+        self.action, self.sys_name = action, name
+        self.properties = {"PCI_ID": pci_id} if pci_id else {}
+
+
+class FakeMonitor:
+    def __init__(self, *devices: FakeDevice) -> None:
+        self.devices = list(devices)
+
+    def poll(self, timeout: float | None = None) -> FakeDevice | None:
+        return self.devices.pop(0) if self.devices else None
+
+
+@pytest.mark.parametrize(("devices", "changed"), [
+    ([FakeDevice("remove", "10DE:1EB8")], True),
+    ([FakeDevice("add", "10de:1eb8")], True),
+    ([FakeDevice("unbind", "10DE:20B5")], True),
+    ([FakeDevice("change", "10DE:1EB8")], False),  # not a GPU coming or going
+    ([FakeDevice("remove", "8086:1572"), FakeDevice("add", "")], False),  # not NVIDIA
+    ([FakeDevice("remove", "8086:1572"), FakeDevice("remove", "10DE:1EB8")], True),
+], ids=["nvidia-removed", "nvidia-added-lowercase", "nvidia-unbound", "nvidia-changed",
+        "other-vendors", "nvidia-among-others"])
+def test_only_an_nvidia_pci_function_coming_or_going_starts_a_pass(
+        devices: list[FakeDevice], changed: bool) -> None:
+    monitor = FakeMonitor(*devices)
+    assert daemon._nvidia_events(monitor) is changed
+    assert monitor.devices == []  # every waiting event is read
