@@ -327,6 +327,9 @@ def test_flatcar_boot_merges_the_image_and_starts_gpunode_from_it(
         ns.wait_for(lambda: ns.unit_property("gpunode-label.service",
                                              "ExecMainStartTimestampMonotonic") not in ("", "0"),
                     30, "gpunode-label.service to have run", unit="gpunode-label.service")
+        # The bundled gpunode runs as the watch daemon under its unit's hardening: READY.
+        ns.wait_active("gpunode-watch.service")
+        assert ns.unit_property("gpunode-watch.service", "NRestarts") == "0"
 
         # The versioned file name itself merges too (the release file's strict=0 xattr).
         ns.run(["rm", "/etc/extensions/gpunode.raw"])
