@@ -1,6 +1,7 @@
 """Benchmarks for gpunode's time budgets, measured in one run on this machine.
 
-Run from the repository root as `.venv/bin/python benchmarks/run.py` (`make bench`).
+Run from the repository root as `.venv/bin/python benchmarks/run.py [--quick]` (`make bench`;
+`--quick` shortens only the watch daemon's idle window, 60 s to 10 s: watch_daemon.py).
 
 What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4: 8 GPUs,
 6 NVSwitches and a NIC) plus 200 other PCI functions, as a busy bare-metal PCI tree would have:
@@ -19,10 +20,13 @@ What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4
    here, against the venv's console script, for `--version` and the no-op boot.
 6. The boot path in a real systemd (benchmarks/boot_path.py; as root, where the systemd
    namespace harness runs; otherwise its keys are null and the reason is printed).
+7. `gpunode watch`, the daemon (watch_daemon.py): an Xid line to its GPUReady PATCH (median,
+   budget 1 s), its idle CPU over 60 s, its VmRSS before and after a flood of kernel lines.
 
 Whole-process timings alternate the commands so drift on the machine hits both alike, and report
 medians rather than means so one slow run does not move the result. The subprocesses run without
 PYTHONDONTWRITEBYTECODE, so they use the bytecode `make setup` compiled, as a real install would.
+
 The last line printed is one JSON object with every median (milliseconds) and ratio, for tools;
 issue 16's keys among them: python_pass_ms, noop_boot_ratio, pipeline_boot_ratio, status_ratio,
 bundle_version_ratio_vs_venv, bundle_noop_boot_ratio_vs_venv, boot_path_gpunode_ms,
@@ -42,6 +46,8 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import watch_daemon  # beside this file (a script's directory is on sys.path)
 
 from gpunode.detect import detect
 from gpunode.host import Host
@@ -322,6 +328,9 @@ def main() -> int:
         heavy = heavy_imports(["--root", str(Path(tmp) / "configured"), "containerd",
                                "configure"], subprocess_env())
         bundle = bench_bundle(Path(tmp), warm, subprocess_env())
+        (Path(tmp) / "watch").mkdir()
+        watched = watch_daemon.bench_watch(Path(tmp) / "watch", subprocess_env(),
+                                           quick="--quick" in sys.argv[1:])
 
     base = median_ms(samples["pass"])
     summary["python_pass_ms"] = base
@@ -361,6 +370,7 @@ def main() -> int:
             ours / venv
         print(f"  bundled gpunode ({'--version' if what == 'version' else 'no-op boot'}): "
               f"median {ours:.1f} ms, {ours / venv:.2f}x the venv's {venv:.1f} ms")
+    summary.update(watch_daemon.report(watched))
     figures = boot_path_figures()
     pass_ms = summary["python_pass_ms"]
     share = figures["boot_path_gpunode_share_ms"]

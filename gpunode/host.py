@@ -224,6 +224,22 @@ class Host:
             os.close(fd)
         return records
 
+    def open_records(self, path: str) -> tuple[int, str]:
+        """A descriptor to follow a kernel record device from the start of its buffer (the
+        daemon of gpunode watch: gpunode/watch/kmsg.py reads it), and what it is: "device"
+        (/dev/kmsg: one record per read), "fifo" (a stand-in fed lines, in tests) or "file"
+        (a saved log under --root). Read-only, non-blocking, never inherited; anything else is
+        refused. The caller closes it."""
+        fd = self._open_nonblocking(path, "read")
+        mode = os.fstat(fd).st_mode
+        kind = ("device" if stat.S_ISCHR(mode) else "fifo" if stat.S_ISFIFO(mode)
+                else "file" if stat.S_ISREG(mode) else None)
+        if kind is None:
+            os.close(fd)
+            raise HostError("read", self.display(path), safeio.kind(mode).replace(
+                "not a regular file", "not a record device, a FIFO or a regular file"))
+        return fd, kind
+
     def glob(self, pattern: str, match: Callable[[str, str], bool] | None = None) -> list[str]:
         """The existing host paths an absolute pattern names, under the root (never the machine's
         own /). A component with * ? [ or \\ is matched against its directory's entries by

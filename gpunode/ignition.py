@@ -31,7 +31,7 @@ FORMATS = ("butane", "ignition", "clc", "cluster-azure", "cluster-aws", "cluster
 CHART_FORMATS = FORMATS[3:]
 EXTENSIONS_DIR = "/opt/extensions/gpunode"
 EXTENSION_LINK = "/etc/extensions/gpunode.raw"
-UNIT_NAMES = ("gpunode.service", "gpunode-label.service")
+UNIT_NAMES = ("gpunode.service", "gpunode-label.service", "gpunode-watch.service")
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ image holds
 
     usr/bin/gpunode -> ../lib/gpunode/gpunode
     usr/lib/gpunode/gpunode, usr/lib/gpunode/_internal/...      the bundle
-    usr/lib/systemd/system/gpunode.service, gpunode-label.service   byte for byte from units/
-    usr/lib/systemd/system/multi-user.target.d/10-gpunode.conf      Wants= both units
+    usr/lib/systemd/system/gpunode.service, gpunode-label.service,
+                           gpunode-watch.service                    byte for byte from units/
+    usr/lib/systemd/system/multi-user.target.d/10-gpunode.conf      Wants= the three units
     usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf units/containerd-env.conf
     usr/lib/extension-release.d/extension-release.gpunode
 
@@ -25,7 +26,8 @@ through ctypes at run time, and gpunode reads sysfs when it cannot.
 **Enabling the units.** Units inside an extension cannot be enabled at build time: `systemctl
 enable` writes symlinks to /etc, which the image does not carry (links in the image's own
 multi-user.target.wants/ would work as well; a drop-in is one plain file to read and test).
-`multi-user.target.d/10-gpunode.conf` says `Wants=gpunode.service gpunode-label.service`, so
+`multi-user.target.d/10-gpunode.conf` says `Wants=gpunode.service gpunode-label.service
+gpunode-watch.service`, so
 whenever the extension is merged and the manager has (re)loaded its units, reaching
 multi-user.target starts them. On Flatcar, systemd-sysext.service merges the images early in
 the boot and ensure-sysext.service then runs `systemctl daemon-reload` and `systemctl restart
@@ -34,7 +36,8 @@ manager first loads its units). Flatcar's sysext documentation recommends `Uphol
 that starts a unit again whenever it is not active, so a failed gpunode.service (a oneshot)
 would be re-run in a loop until its start limit trips, and gpunode-label.service (a oneshot
 without RemainAfterExit, inactive after every success) would be re-run after each success;
-gpunode-label.service retries failures itself (Restart=on-failure).
+gpunode-label.service retries failures itself (Restart=on-failure), and gpunode-watch.service, a
+daemon, restarts itself (Restart=always).
 `EXTENSION_RELOAD_MANAGER=1` asks systemd >= 255 to reload the manager after a merge (older
 versions ignore it).
 
@@ -80,7 +83,7 @@ NAME = "gpunode"
 ARCHITECTURE = "x86-64"
 SYSEXT_LEVEL = "1.0"
 IDS = ("flatcar", "_any")
-UNIT_NAMES = ("gpunode.service", "gpunode-label.service")
+UNIT_NAMES = ("gpunode.service", "gpunode-label.service", "gpunode-watch.service")
 BUNDLE_DIR = Path("usr/lib/gpunode")
 BIN_LINK = Path("usr/bin/gpunode")
 DROP_IN = Path("usr/lib/systemd/system/multi-user.target.d/10-gpunode.conf")

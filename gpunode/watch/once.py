@@ -22,7 +22,7 @@ from typing import Any
 from gpunode import detect, driverinfo, kernelinfo, log, records
 from gpunode import state as bootstate
 from gpunode.config import AgentConfig
-from gpunode.errors import GpunodeError, HostError, UsageError
+from gpunode.errors import GpunodeError, HostError
 from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.watch import checks, vmsize, xid
@@ -54,16 +54,19 @@ class Decision:
     changes: list[dict[str, Any]] = field(default_factory=list)
 
 
-def observe(host: Host, config: AgentConfig) -> Observed:
-    stat = host.stat(KMSG)
-    if stat is None and not host.is_live:
+def observe(host: Host, config: AgentConfig, kmsg: list[str] | None = None) -> Observed:
+    """The host as the watch sees it; `kmsg`: the records the daemon (daemon.py) read since
+    its last pass, instead of the whole of /dev/kmsg."""
+    stat = host.stat(KMSG) if kmsg is None else None
+    if kmsg is None and stat is None and not host.is_live:
         raise HostError("read", host.display(KMSG), "does not exist: under --root the watch "
                         "reads the node's kernel log from this file (its /dev/kmsg records, "
                         "e.g. saved on the node with 'timeout 1 cat /dev/kmsg')")
     if stat is not None and stat.st_size > KMSG_LIMIT:
         raise HostError("read", host.display(KMSG), f"is {stat.st_size} bytes, more than the "
                         f"kernel's largest log buffer ({KMSG_LIMIT} bytes): not a kernel log")
-    kmsg = host.read_records(KMSG, limit=KMSG_LIMIT)
+    if kmsg is None:
+        kmsg = host.read_records(KMSG, limit=KMSG_LIMIT)
     infos = driverinfo.read_gpu_infos(host)
     found = detect.detect(host, use_udev=config.detect.use_udev)
     return Observed(boot_id=(host.read_optional(kernelinfo.BOOT_ID) or "").strip(),
@@ -200,11 +203,14 @@ def _gpu_words(address: str, uuid: str | None) -> str:
 
 
 def run(host: Host, config: AgentConfig, dry_run: bool,
-        api_factory: Callable[[], Any] | None = None) -> Decision:
+        api_factory: Callable[[], Any] | None = None, kmsg: list[str] | None = None,
+        unsent: Any = None) -> Decision:
     """One pass: observe, decide, then print (--dry-run) or apply and remember. Two passes at
     once (a timer and a hand) take turns from reading the state to writing it, so the second
-    sees what the first reported; what they observe is only read."""
-    seen = observe(host, config)
+    sees what the first reported; what they observe is only read. The daemon passes the
+    records it read (`kmsg`) and its `unsent` (daemon.Unsent: what the API server has not
+    accepted yet), which sends the changes instead of report.apply."""
+    seen = observe(host, config, kmsg)
     if dry_run:
         decision = _decide(host, config, seen)
         checks.run(host, config, decision.changes, decision.state.findings, dry_run=True)
@@ -214,7 +220,9 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
     with host.lock(watchstate.WATCH_LOCK, wait=LOCK_WAIT_SECONDS):
         decision = _decide(host, config, seen)
         checks.run(host, config, decision.changes, decision.state.findings, dry_run=False)
-        if decision.changes:
+        if unsent is not None:
+            unsent.send(host, config, decision, api_factory)
+        elif decision.changes:
             from gpunode.watch import report
 
             try:
@@ -259,11 +267,8 @@ def _recovery_as_label_says(host: Host, config: AgentConfig, decision: Decision,
 
 
 def command(host: Host, config: AgentConfig, once: bool, dry_run: bool) -> int:
-    """`gpunode watch`: exit 0 once everything was reported (or, --dry-run, printed)."""
-    if not once:
-        raise UsageError("gpunode watch runs with --once in this version: the daemon "
-                         "(gpunode-watch.service) is not there yet",
-                         "run 'gpunode watch --once' (from a timer, or by hand)")
+    """`gpunode watch --once`: exit 0 once everything was reported (or, --dry-run, printed).
+    (Without --once, watch/__init__.py runs the daemon, daemon.py, instead.)"""
     with log.step("watch", dry_run=dry_run) as fields:
         decision = run(host, config, dry_run)
         fields.update(changes=len(decision.changes), last_seq=decision.state.last_seq,

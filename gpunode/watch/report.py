@@ -22,13 +22,16 @@ COMPONENT = "gpunode-watch"
 
 
 def apply(host: Host, config: AgentConfig, changes: list[dict[str, Any]],
-          api_factory: Callable[[], Any] | None = None) -> list[str]:
-    """Send `changes`; the calls made ("GET path", "PATCH path", "POST path")."""
+          api_factory: Callable[[], Any] | None = None,
+          retry_seconds: float | None = None) -> list[str]:
+    """Send `changes`; the calls made ("GET path", "PATCH path", "POST path"). The GET is
+    tried again for `retry_seconds` (default kubernetes.request_timeout); the daemon, which
+    has its own backoff, says 0."""
     k = config.kubernetes
     api = api_factory() if api_factory else NodeApi(read_kubeconfig(host, k.kubeconfig),
                                                     k.request_timeout)
     name, _ = nodename.node_name(host, k.node_name)
-    deadline = time.monotonic() + k.request_timeout
+    deadline = time.monotonic() + (k.request_timeout if retry_seconds is None else retry_seconds)
     now = timestamps.utc_timestamp()
     for change in changes:
         if change["kind"] == "condition":

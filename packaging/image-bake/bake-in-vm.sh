@@ -17,7 +17,8 @@
 # its own clean-up (and keep those paths).
 set -euo pipefail
 
-# What `gpunode image bake` places (docs/cli.md, "What goes where").
+# What `gpunode image bake` places (docs/cli.md, "What goes where"), the optional build cache
+# (/opt/gpunode) and prebuilt sets (/opt/nvidia/modules, the default driver.prebuilt_dirs) too.
 BAKED_PATHS=(
     /etc/gpunode
     /etc/extensions
@@ -27,6 +28,9 @@ BAKED_PATHS=(
     /etc/systemd/system/nvidia.service
     /etc/systemd/system/multi-user.target.wants/gpunode.service
     /etc/systemd/system/multi-user.target.wants/gpunode-label.service
+    /etc/systemd/system/multi-user.target.wants/gpunode-watch.service
+    /opt/gpunode
+    /opt/nvidia/modules
     /etc/modprobe.d/blacklist-nouveau.conf
 )
 

@@ -179,7 +179,8 @@ def test_gpu_node_fetches_verifies_and_merges_then_gpunode_runs_before_container
         assert requests(workdir) == [f"GET /{IMAGE} 200"]
 
         # systemd itself accepts every unit as the chart wrote it.
-        names = (chartunit.SYSEXT_UNIT, "gpunode.service", "gpunode-label.service")
+        names = (chartunit.SYSEXT_UNIT, "gpunode.service", "gpunode-label.service",
+                 "gpunode-watch.service")
         for name in names:
             ns.run(["cp", f"/run/systemd/system/{name}", f"/run/verify-{name}"])
         verify = ns.run(["systemd-analyze", "verify", *(f"/run/verify-{n}" for n in names)],
@@ -209,7 +210,8 @@ def test_cpu_node_downloads_nothing_and_runs_nothing(workdir: Path) -> None:
     with node(workdir, "azure-d4s-v5", "bare") as ns:
         ns.wait_active("containerd.service", timeout=60)
         ns.wait_active("kubelet.service")
-        for name in (chartunit.SYSEXT_UNIT, "gpunode.service", "gpunode-label.service"):
+        for name in (chartunit.SYSEXT_UNIT, "gpunode.service", "gpunode-label.service",
+                     "gpunode-watch.service"):
             ns.wait_for(lambda n=name: props(ns, n, "Result")["Result"] == "exec-condition",
                         30, f"{name} to be skipped by its ExecCondition=", unit=name)
             assert props(ns, name, "ActiveState")["ActiveState"] == "inactive"

@@ -44,6 +44,7 @@ EXPECTED_PATHS = {
     "usr/lib/gpunode/_internal",
     "usr/lib/systemd/system/gpunode.service",
     "usr/lib/systemd/system/gpunode-label.service",
+    "usr/lib/systemd/system/gpunode-watch.service",
     "usr/lib/systemd/system/multi-user.target.d/10-gpunode.conf",
     "usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf",
     "usr/lib/extension-release.d/extension-release.gpunode",
@@ -97,16 +98,17 @@ def test_release_text_for_any_os_names_id_any() -> None:
 
 def test_units_in_the_image_are_those_of_units_byte_for_byte(built: Built) -> None:
     system = built.tree / "usr/lib/systemd/system"
-    for unit in ("gpunode.service", "gpunode-label.service"):
+    for unit in ("gpunode.service", "gpunode-label.service", "gpunode-watch.service"):
         assert (system / unit).read_bytes() == (UNITS / unit).read_bytes(), unit
 
 
-def test_drop_in_makes_multi_user_target_want_both_units(built: Built) -> None:
+def test_drop_in_makes_multi_user_target_want_the_three_units(built: Built) -> None:
     parser = configparser.ConfigParser()
     parser.read_string((built.tree / "usr/lib/systemd/system/multi-user.target.d/"
                         "10-gpunode.conf").read_text())
     assert parser.sections() == ["Unit"]
-    assert dict(parser["Unit"]) == {"wants": "gpunode.service gpunode-label.service"}
+    assert dict(parser["Unit"]) == {
+        "wants": "gpunode.service gpunode-label.service gpunode-watch.service"}
 
 
 def test_sha512_file_names_the_image_and_its_digest(built: Built) -> None:
@@ -156,7 +158,8 @@ def test_bundle_holds_gpunode_package_data_where_importlib_resources_finds_it(
                for name in names}
     assert shipped == set(load_build_script().PACKAGE_DATA) == {
         "gpunode/driver/build.sh", "gpunode/units/gpunode.service",
-        "gpunode/units/gpunode-label.service", "gpunode/units/containerd-env.conf"}
+        "gpunode/units/gpunode-label.service", "gpunode/units/gpunode-watch.service",
+        "gpunode/units/containerd-env.conf"}
     internal = built.tree / "usr/lib/gpunode/_internal"
     for data in shipped:
         assert (internal / data).read_bytes() == (REPO / data).read_bytes()
@@ -251,9 +254,10 @@ def test_flatcar_boot_merges_the_image_and_starts_gpunode_from_it(
         version = ns.run(["/usr/bin/gpunode", "--version"])
         assert version.stdout == f"gpunode {gpunode.__version__}\n"
 
-        # The drop-in, not links in /etc, made multi-user.target want both units.
+        # The drop-in, not links in /etc, made multi-user.target want the three units.
         wants = ns.unit_property("multi-user.target", "Wants").split()
-        assert {"gpunode.service", "gpunode-label.service"} <= set(wants)
+        assert {"gpunode.service", "gpunode-label.service", "gpunode-watch.service"} <= \
+            set(wants)
         assert ns.run(["test", "-e", "/etc/systemd/system/multi-user.target.wants/"
                        "gpunode.service"], check=False).returncode != 0
         unit = ns.unit_properties("gpunode.service", "Result", "ExecMainStatus", "FragmentPath")
@@ -265,6 +269,9 @@ def test_flatcar_boot_merges_the_image_and_starts_gpunode_from_it(
         ns.wait_for(lambda: ns.unit_property("gpunode-label.service",
                                              "ExecMainStartTimestampMonotonic") not in ("", "0"),
                     30, "gpunode-label.service to have run", unit="gpunode-label.service")
+        # The bundled gpunode runs as the watch daemon under its unit's hardening: READY.
+        ns.wait_active("gpunode-watch.service")
+        assert ns.unit_property("gpunode-watch.service", "NRestarts") == "0"
 
         # The versioned file name itself merges too (the release file's strict=0 xattr).
         ns.run(["rm", "/etc/extensions/gpunode.raw"])

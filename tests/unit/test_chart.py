@@ -17,7 +17,8 @@ from gpunode_testing import charts
 from helpers.ignition_example import AGENT, SHA512, UNITS, URL, chart_rendered, snippet
 
 PROVIDERS = ("cluster-azure", "cluster-aws")
-GPU_UNITS = (chartunit.SYSEXT_UNIT, "gpunode.service", "gpunode-label.service")
+GPU_UNITS = (chartunit.SYSEXT_UNIT, "gpunode.service", "gpunode-label.service",
+             "gpunode-watch.service")
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (a test dependency) is "
                                  "needed to check the values against the charts' schemas")
 
@@ -149,10 +150,11 @@ def test_the_units_are_the_mask_the_bootstrap_and_gpunodes_own_in_the_structured
         assert service["additionalFields"].splitlines()[0] == chartunit.GPU_CONDITION
         assert "{{" not in service["additionalFields"]
         assert unit["contents"]["install"] == {"wantedBy": ["multi-user.target"]}
-    assert list(units)[-4:] == ["nvidia.service", *GPU_UNITS]
+    assert list(units)[-5:] == ["nvidia.service", *GPU_UNITS]
 
 
-@pytest.mark.parametrize("name", ["gpunode.service", "gpunode-label.service"])
+@pytest.mark.parametrize("name", ["gpunode.service", "gpunode-label.service",
+                                  "gpunode-watch.service"])
 def test_the_unit_the_chart_writes_is_the_one_of_units_plus_the_gpu_condition(
         name: str) -> None:
     written = charts.settings(charts.unit_text(ours("cluster-azure")[name]["contents"]))

@@ -129,5 +129,5 @@ def test_the_clc_enables_units_with_enabled_not_the_deprecated_enable() -> None:
     `enabled:`."""
     units = yaml.safe_load(rendered("clc"))["systemd"]["units"]
     assert all("enable" not in u for u in units)
-    assert [u["name"] for u in units if u.get("enabled")] == ["gpunode.service",
-                                                             "gpunode-label.service"]
+    assert [u["name"] for u in units if u.get("enabled")] == [
+        "gpunode.service", "gpunode-label.service", "gpunode-watch.service"]

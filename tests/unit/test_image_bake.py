@@ -42,7 +42,7 @@ def test_a_bake_places_every_artifact_where_flatcar_and_gpunode_look(
     assert os.readlink(root / f"etc/extensions/flatcar-{DRIVER}.raw") == "/" + DRIVER_PATH
     assert DRIVER in (root / "etc/flatcar/enabled-sysext.conf").read_text().splitlines()
     assert os.readlink(root / "etc/systemd/system/nvidia.service") == "/dev/null"
-    for unit in ("gpunode.service", "gpunode-label.service"):
+    for unit in ("gpunode.service", "gpunode-label.service", "gpunode-watch.service"):
         link = root / "etc/systemd/system/multi-user.target.wants" / unit
         assert os.readlink(link) == f"/usr/lib/systemd/system/{unit}"
     assert (root / "etc/modprobe.d/blacklist-nouveau.conf").read_text().startswith(
@@ -65,7 +65,8 @@ def test_the_manifest_says_what_was_baked_its_version_digest_and_source(
     assert driver["version"] == FLATCAR_VERSION and driver["path"] == "/" + DRIVER_PATH
     assert (driver["branch"], driver["flavour"]) == ("570", "open")
     assert manifest["units"] == {"masked": ["nvidia.service"],
-                                 "enabled": ["gpunode.service", "gpunode-label.service"]}
+                                 "enabled": ["gpunode.service", "gpunode-label.service",
+                                             "gpunode-watch.service"]}
 
 
 def test_a_second_bake_with_the_same_inputs_writes_nothing(

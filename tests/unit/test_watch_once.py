@@ -111,8 +111,8 @@ def test_dry_run_writes_no_state(cli: Cli, nd96: Host) -> None:
     assert not (nd96.root / "run/gpunode/watch.json").exists()
 
 
-def test_without_once_the_daemon_is_refused_with_exit_2(cli: Cli, nd96: Host) -> None:
-    result = cli("--root", str(nd96.root), "watch")
+def test_dry_run_without_once_is_refused_with_exit_2(cli: Cli, nd96: Host) -> None:
+    result = cli("--root", str(nd96.root), "watch", "--dry-run")
     assert result.code == 2 and "--once" in result.err
 
 
