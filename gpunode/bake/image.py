@@ -43,11 +43,11 @@ from gpunode.bake import extras, fetch, optional
 from gpunode.bake.manifest import MANIFEST, OS_RELEASES, SCHEMA_VERSION
 from gpunode.config import DEFAULT_CONFIG_PATH
 from gpunode.driver import branches, nouveau
+from gpunode.driver.branches import SYSEXT_DIR, driver_path
 from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, UsageError
 from gpunode.host import TEMP_SUFFIX, Host
 from gpunode.ignition import EXTENSION_LINK, EXTENSIONS_DIR, UNIT_NAMES
 
-SYSEXT_DIR = "/etc/flatcar/sysext"
 EXTENSIONS = "/etc/extensions"
 AGENT_CONFIG = DEFAULT_CONFIG_PATH
 UNIT_DIR = "/etc/systemd/system"
@@ -155,11 +155,6 @@ def plan(host: Host, config: bake_config.BakeConfig, image: Image) -> list[Place
                             "link": driver_link(d.name) if enabled else None,
                             "activation": "initramfs" if enabled else "boot"}))
     return out
-
-
-def driver_path(name: str, version: str) -> str:
-    """Where Flatcar's initramfs looks for the driver sysext `name` of OS version `version`."""
-    return f"{SYSEXT_DIR}/flatcar-{name}-{version}.raw"
 
 
 def driver_link(name: str) -> str:

@@ -27,6 +27,7 @@ from gpunode.errors import DriverError
 
 # Flatcar's driver sysext names (flatcar/scripts build_library/extra_sysexts.sh).
 NAME = re.compile(r"nvidia-drivers-(\d+)(-open)?")
+SYSEXT_DIR = "/etc/flatcar/sysext"  # where Flatcar's initramfs looks (docs/image-bake.md)
 # architecture → (oldest branch that drives it, newest branch that still does); None: no bound.
 SUPPORT: dict[str, tuple[int | None, int | None]] = {
     "blackwell": (570, None),
@@ -56,6 +57,11 @@ class Baked:
 class BranchChoice:
     baked: Baked
     reason: str
+
+
+def driver_path(name: str, version: str) -> str:
+    """Where Flatcar's initramfs looks for the driver sysext `name` of OS version `version`."""
+    return f"{SYSEXT_DIR}/flatcar-{name}-{version}.raw"
 
 
 def _match(name: str) -> re.Match[str]:

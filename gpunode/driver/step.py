@@ -238,6 +238,13 @@ def _baked_sysext(host: Host, config: DriverConfig, detection: Detection,
         usable = manifest.usable_drivers(manifest.load(host), host)
     except GpunodeError:
         return {}  # a damaged manifest is status's bake check to report
+    # Only what a bake places: a Flatcar driver sysext's name, in Flatcar's own place for it.
+    odd = [a for a in usable if not branches.NAME.fullmatch(a.name)
+           or a.path != branches.driver_path(a.name, str(a.version))]
+    if odd:
+        log.get().warning("driver.baked_ignored", artifacts=[f"{a.name}: {a.path}" for a in odd],
+                          reason="not a Flatcar driver sysext where a bake places it")
+    usable = tuple(a for a in usable if a not in odd)
     if not usable:
         return {}
     azure = on_azure(host)

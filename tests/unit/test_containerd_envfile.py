@@ -148,3 +148,28 @@ def test_limit_memlock_false_writes_systemd_s_default_after_the_shipped_drop_in_
     assert systemd.calls == ["daemon-reload"]  # a unit setting changed: systemd must read it
     step.apply(host, step.plan(host, ContainerdConfig(), None), systemd, 5)
     assert not memlock.exists()
+
+
+def test_an_env_file_that_is_a_fifo_is_one_refusal_naming_it(
+        make_host: HostFactory, tmp_path: Path) -> None:
+    import os
+
+    from gpunode.errors import GpunodeError
+
+    host = shipped_host(make_host)
+    (host.root / "etc/gpunode").mkdir(parents=True, exist_ok=True)
+    os.mkfifo(host.root / "etc/gpunode/containerd.env")
+    try:
+        step.plan(host, ContainerdConfig(), None)
+    except GpunodeError as exc:
+        assert "etc/gpunode/containerd.env" in str(exc) and "FIFO" in str(exc)
+    else:
+        raise AssertionError("a FIFO as the env file was read as if it were a file")
+
+
+def test_garbage_in_the_env_file_names_no_config_so_the_copy_is_made_again(
+        make_host: HostFactory) -> None:
+    host = shipped_host(make_host)
+    (host.root / "etc/gpunode").mkdir(parents=True, exist_ok=True)
+    (host.root / "etc/gpunode/containerd.env").write_text("\x00\x01 not = an env\n")
+    assert active_config(host).path == "/usr/share/containerd/config.toml"

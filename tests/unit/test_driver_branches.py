@@ -289,3 +289,27 @@ def test_baking_several_after_one_takes_the_enabled_line_and_link_away(
     bake_several(root, tmp_path / "second", cli)
     assert enabled.read_text() == "# operator's own\nzfs\n"
     assert not (root / "etc/extensions/flatcar-nvidia-drivers-570-open.raw").exists()
+
+
+@pytest.mark.parametrize(("name", "path"), [
+    ("nvidia-570", f"/etc/flatcar/sysext/flatcar-nvidia-570-{FLATCAR_VERSION}.raw"),
+    ("nvidia-drivers-580", "/etc/shadow"),
+    ("nvidia-drivers-580", f"/etc/flatcar/sysext/../../shadow-{FLATCAR_VERSION}.raw"),
+], ids=["not-a-driver-name", "elsewhere", "climbing"])
+def test_a_tampered_manifest_s_driver_is_ignored_not_merged(
+        make_host: HostFactory, tmp_path: Path, cli: Cli, name: str, path: str) -> None:
+    host = make_host("nc6s-v3", "bare")
+    bake_several(host.root, tmp_path, cli, ("nvidia-drivers-580", "nvidia-drivers-570-open"))
+    manifest = host.root / "etc/gpunode/baked.json"
+    document = json.loads(manifest.read_text())
+    for entry in document["artifacts"]:
+        if entry["what"] == "driver-sysext":
+            entry.update(name=name, path=path)
+    manifest.write_text(json.dumps(document))
+    target = host.root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("not an image")
+    with pytest.raises(DriverError, match="no Flatcar driver sysext is merged, no prebuilt"):
+        step.plan(host, DriverConfig(), detect(host),
+                  FakeKernel(host.root, fixtures.MACHINES["nc6s-v3"]))
+    assert not (host.root / "run/extensions").exists()
