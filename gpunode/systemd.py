@@ -178,13 +178,19 @@ class DbusSystemd:
         return MainProcess(pid=pid, started=started / 1_000_000)
 
     def daemon_reload(self) -> None:
+        from pystemd.dbusexc import DBusBaseError
         from pystemd.systemd1 import Manager
 
         try:
             manager = self._connect(Manager, "systemd")
         except Unavailable:
             return  # nothing to reload: no manager has read the old files either
-        manager.Manager.Reload()
+        try:
+            manager.Manager.Reload()
+        except DBusBaseError as exc:  # a timeout too: a manager that did not answer in time
+            raise SystemdError("systemd", "reload", str(exc),
+                               "see 'journalctl -b _PID=1'; 'systemctl daemon-reload' by hand, "
+                               "then run gpunode again") from exc
 
     def restart(self, unit: str, timeout: float) -> None:
         """Restart and wait for the job to finish and the unit to be active again."""

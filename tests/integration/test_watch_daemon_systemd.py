@@ -33,7 +33,7 @@ import pytest
 
 from conftest import KUBE_NODE
 from gpunode_testing import fixtures
-from gpunode_testing.boot_harness import UNITS, WORK_PARENT, node_prepare
+from gpunode_testing.boot_harness import CONTAINERD_UNIT, UNITS, WORK_PARENT, node_prepare
 from gpunode_testing.kube_api import KUBELET_CLIENT, KUBELET_KUBECONFIG, FakeApiServer
 from gpunode_testing.kube_objects import make_node
 from gpunode_testing.pki import Pki, make_pki
@@ -101,6 +101,7 @@ class Node:
     ns: SystemdNamespace
     api: FakeApiServer
     kmsg: Path  # the FIFO the daemon reads as /dev/kmsg
+    fixture: Path  # the fixture's tree, whose sysfs the namespace has bound
     seq: int = 100
 
     def feed(self, *messages: str, level: int = 3) -> None:
@@ -171,7 +172,8 @@ def node() -> Iterator[Node]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _boot(workdir: Path, api: FakeApiServer, pki: Pki) -> Iterator[Node]:
+def _boot(workdir: Path, api: FakeApiServer, pki: Pki, agent: str = "",
+          containerd: bool = False) -> Iterator[Node]:
     fixture = workdir / "fixture"
     fixtures.build(fixtures.MACHINES["nc4as-t4-v3"], fixture,
                    fixtures.Options(state="ready", flat_sysfs=True, dev_nodes="plain"))
@@ -179,9 +181,10 @@ def _boot(workdir: Path, api: FakeApiServer, pki: Pki) -> Iterator[Node]:
     kmsg = workdir / "kmsg"
     os.mkfifo(kmsg)
     units = {UNIT: (UNITS / UNIT).read_text(), "kube-api-proxy.socket": PROXY_SOCKET,
-             "kube-api-proxy.service": proxy_service(workdir / "api.sock")}
+             "kube-api-proxy.service": proxy_service(workdir / "api.sock"),
+             **({"containerd.service": CONTAINERD_UNIT} if containerd else {})}
     prepare = [*node_prepare(fixture),
-               f"printf '[kubernetes]\\nnode_name = \"{KUBE_NODE}\"\\n' >> "
+               f"printf '[kubernetes]\\nnode_name = \"{KUBE_NODE}\"\\n{agent}' >> "
                "/etc/gpunode/config.toml",
                f"mkdir -p {os.path.dirname(KUBELET_KUBECONFIG)} "
                f"{os.path.dirname(KUBELET_CLIENT)}",
@@ -191,10 +194,13 @@ def _boot(workdir: Path, api: FakeApiServer, pki: Pki) -> Iterator[Node]:
                f"printf '{unit_drop_in(fixture)}' > /run/systemd/system/{UNIT}.d/50-test.conf"]
     with SystemdNamespace(units, workdir, overlays=("usr", "var/lib"),
                           enable=("kube-api-proxy.socket",), prepare=prepare) as ns:
-        # After the boot, so nothing of the boot itself writes to (and blocks on) the FIFO.
+        if containerd:  # as boot's containerd step does: the writable copy and the ledger
+            ns.run(["/usr/bin/gpunode", "--log-format", "json", "containerd", "configure"])
+        # After the boot (and the configure's daemon-reload: systemd logs to /dev/kmsg), so
+        # nothing but the watch writes to (and blocks on) the FIFO.
         ns.run(["mount", "-n", "--bind", str(kmsg), "/dev/kmsg"])
         ns.systemctl("start", UNIT)
-        yield Node(ns, api, kmsg)
+        yield Node(ns, api, kmsg, fixture)
 
 
 def vm_rss_kib(node: Node) -> int:
@@ -281,3 +287,56 @@ def test_sigterm_is_a_clean_exit_0(node: Node) -> None:
     assert (props["ActiveState"], props["Result"], props["ExecMainStatus"]) == (
         "inactive", "success", "0")
     assert [e["event"] for e in node.events()][-1] == "watch.stopped"
+
+
+@contextlib.contextmanager
+def second_node(agent: str) -> Iterator[Node]:
+    """A namespace of its own (the module's node has a fatal Xid on record by now), with
+    Flatcar's containerd.service, configured by `gpunode containerd configure` before the
+    watch starts."""
+    workdir = WORK_PARENT / f"watch-{secrets.token_hex(4)}"
+    workdir.mkdir(parents=True)
+    try:
+        pki = make_pki(workdir / "pki", node_name=KUBE_NODE)
+        with FakeApiServer(pki, nodes=[make_node(KUBE_NODE, gpus=1)]) as api:
+            relay = Relay(workdir / "api.sock", api.port)
+            try:
+                yield from _boot(workdir, api, pki, agent, containerd=True)
+            finally:
+                relay.close()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_gpu_gone_and_a_stripped_containerd_config_are_missing_and_repaired_unrestarted(
+        ) -> None:
+    with second_node('[watch]\\ncontainerd_restart = "never"\\n') as node:
+        node.ns.wait_active(UNIT)
+        node.wait_for("the first pass", lambda: "kmsg records read" in node.props(
+            "StatusText")["StatusText"])
+        configured = node.ns.run(["cat", "/etc/containerd/config.toml"]).stdout
+        assert "nvidia-container-runtime" in configured
+        before = node.ns.unit_properties("containerd.service", "ActiveState", "InvocationID",
+                                         "MainPID")
+        # another tool writes Flatcar's default back over the copy, and the GPU goes
+        node.ns.run(["cp", "/usr/share/containerd/config.toml", "/etc/containerd/config.toml"])
+        shutil.rmtree(node.fixture / "sys/bus/pci/devices/0001:00:00.0")
+        node.feed("usb 1-1: reset high-speed USB device number 2 using xhci_hcd", level=6)
+        node.wait_for("the GPUMissing PATCH", lambda: node.patches(), timeout=60)
+        [condition] = node.patches()[-1]["status"]["conditions"]  # type: ignore[index]
+        assert (condition["status"], condition["reason"]) == ("False", "GPUMissing")
+        assert "0 of the 1 GPUs" in condition["message"]
+        node.wait_for("the repair's Event", lambda: repairs(node))
+        repaired = node.ns.run(["cat", "/etc/containerd/config.toml"]).stdout
+        assert "nvidia-container-runtime" in repaired
+        # running, and restarted by nobody: watch.containerd_restart = "never"
+        assert before["ActiveState"] == "active"
+        assert "restart pending" in str(repairs(node)[0].get("message"))
+        assert node.ns.unit_properties("containerd.service", "ActiveState", "InvocationID",
+                                       "MainPID") == before
+        assert node.props("NRestarts")["NRestarts"] == "0"
+
+
+def repairs(node: Node) -> list[dict[str, object]]:
+    return [r.json for r in node.api.requests if r.method == "POST" and "events" in r.path
+            and (r.json or {}).get("reason") == "ContainerdConfigRepaired"]
