@@ -195,7 +195,7 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
     try:
         for a in artifacts:
             if a.fetch:
-                made += _make_dirs(host, a.path.rpartition("/")[0])
+                made += optional.make_dirs(host, a.path.rpartition("/")[0])
                 fetch.stage(host, a.stage, a.source, a.sha512, f"{a.what} {a.name}",
                             config.timeout, config.attempts)
                 staged.append(a)
@@ -275,17 +275,6 @@ def _stale(previous: dict[str, Any], artifacts: list[Placed]) -> list[str]:
                     and path not in current and ".." not in path:
                 stale.append(path)
     return stale
-
-
-def _make_dirs(host: Host, directory: str) -> list[str]:
-    """Make `directory` and its missing parents; those it made, outermost first."""
-    missing = []
-    while directory not in ("", "/") and host.lstat(directory) is None:
-        missing.insert(0, directory)
-        directory = directory.rpartition("/")[0]
-    for path in missing:
-        host.make_dirs(path)
-    return missing
 
 
 def _enabled_sysexts(host: Host, names: list[str], dropped: list[str]) -> bytes | None:

@@ -276,13 +276,13 @@ def stage(host: Host, config: bake_config.BakeConfig, the_plan: Plan) -> None:
     try:
         t = the_plan.toolkit
         if t is not None and t.fetch:
-            made += _make_dirs(host, t.path.rpartition("/")[0])
+            made += make_dirs(host, t.path.rpartition("/")[0])
             _sweep(host, t.path)
             fetch.stage(host, t.stage, t.source, t.sha512, f"{TOOLKIT} {t.name}",
                         config.timeout, config.attempts)
         for s in the_plan.prebuilt:
             if s.fetch:
-                made += _make_dirs(host, s.path.rpartition("/")[0])
+                made += make_dirs(host, s.path.rpartition("/")[0])
                 _sweep(host, s.path)
                 _unpack(host, config, s)
         pending = [b for b in the_plan.builds if b.build]
@@ -323,7 +323,9 @@ def _sweep(host: Host, path: str) -> None:
             host.remove_tree(f"{directory}/{entry}")
 
 
-def _make_dirs(host: Host, directory: str) -> list[str]:
+def make_dirs(host: Host, directory: str) -> list[str]:
+    """Make `directory` and its missing parents; those it made, outermost first (for a failed
+    bake to remove again)."""
     missing = []
     while directory not in ("", "/") and host.lstat(directory) is None:
         missing.insert(0, directory)

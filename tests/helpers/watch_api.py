@@ -1,5 +1,5 @@
 """The Kubernetes API as the watch's reports use it (get_node, patch_status, create_event),
-recorded in memory: for the unit and hostile tests of gpunode/watch/checks.py."""
+recorded in memory: for the unit and hostile tests of the watch (once.py, daemon.py, checks.py)."""
 
 from __future__ import annotations
 

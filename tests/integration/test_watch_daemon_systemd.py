@@ -158,6 +158,15 @@ def kubelet_files(workdir: Path, api: FakeApiServer, pki: Pki) -> Path:
 
 @pytest.fixture(scope="module")
 def node() -> Iterator[Node]:
+    with watched_node() as booted:
+        yield booted
+
+
+@contextlib.contextmanager
+def watched_node(agent: str = "", containerd: bool = False) -> Iterator[Node]:
+    """A namespace running the watch, its API server and relay; `agent`: agent config lines to
+    add; `containerd`: Flatcar's containerd.service, configured by `gpunode containerd
+    configure` before the watch starts."""
     workdir = WORK_PARENT / f"watch-{secrets.token_hex(4)}"
     workdir.mkdir(parents=True)
     try:
@@ -165,7 +174,7 @@ def node() -> Iterator[Node]:
         with FakeApiServer(pki, nodes=[make_node(KUBE_NODE, gpus=1)]) as api:
             relay = Relay(workdir / "api.sock", api.port)
             try:
-                yield from _boot(workdir, api, pki)
+                yield from _boot(workdir, api, pki, agent, containerd)
             finally:
                 relay.close()
     finally:
@@ -289,28 +298,10 @@ def test_sigterm_is_a_clean_exit_0(node: Node) -> None:
     assert [e["event"] for e in node.events()][-1] == "watch.stopped"
 
 
-@contextlib.contextmanager
-def second_node(agent: str) -> Iterator[Node]:
-    """A namespace of its own (the module's node has a fatal Xid on record by now), with
-    Flatcar's containerd.service, configured by `gpunode containerd configure` before the
-    watch starts."""
-    workdir = WORK_PARENT / f"watch-{secrets.token_hex(4)}"
-    workdir.mkdir(parents=True)
-    try:
-        pki = make_pki(workdir / "pki", node_name=KUBE_NODE)
-        with FakeApiServer(pki, nodes=[make_node(KUBE_NODE, gpus=1)]) as api:
-            relay = Relay(workdir / "api.sock", api.port)
-            try:
-                yield from _boot(workdir, api, pki, agent, containerd=True)
-            finally:
-                relay.close()
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
 def test_a_gpu_gone_and_a_stripped_containerd_config_are_missing_and_repaired_unrestarted(
         ) -> None:
-    with second_node('[watch]\\ncontainerd_restart = "never"\\n') as node:
+    # A namespace of its own: the module's node has a fatal Xid on record by now.
+    with watched_node('[watch]\\ncontainerd_restart = "never"\\n', containerd=True) as node:
         node.ns.wait_active(UNIT)
         node.wait_for("the first pass", lambda: "kmsg records read" in node.props(
             "StatusText")["StatusText"])

@@ -21,34 +21,12 @@ from gpunode.errors import ApiError, HostError
 from gpunode.host import Host
 from gpunode.kube.client import _hint
 from gpunode.watch import daemon, kmsg, notify, once
+from helpers.watch_api import FakeApi
 
 T4 = "0001:00:00.0"
 XID = "PCI:0001:00:00"
 SECOND = 1_000_000
 CONFIG = AgentConfig(kubernetes=KubernetesConfig(node_name="t4-0"))
-
-
-class FakeApi:
-    """The NodeApi calls the watch makes, recorded; the Node keeps the patched condition."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.conditions: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-
-    def get_node(self, name: str) -> dict[str, Any]:
-        self.calls.append(f"GET {name}")
-        return {"metadata": {"name": name}, "status": {"conditions": list(self.conditions)}}
-
-    def patch_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(f"PATCH {name}/status")
-        self.conditions = body["status"]["conditions"]
-        return {}
-
-    def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(f"POST {namespace}/events")
-        self.events.append(body)
-        return {}
 
 
 class Clock:

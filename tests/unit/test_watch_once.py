@@ -17,6 +17,7 @@ from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.host import Host
 from gpunode.watch import once, state
 from gpunode_testing.driver_files import gpu_uuid
+from helpers.watch_api import FakeApi
 from hostile.support import Cli
 
 ND96 = "nd96amsr-a100-v4"
@@ -114,29 +115,6 @@ def test_dry_run_writes_no_state(cli: Cli, nd96: Host) -> None:
 def test_dry_run_without_once_is_refused_with_exit_2(cli: Cli, nd96: Host) -> None:
     result = cli("--root", str(nd96.root), "watch", "--dry-run")
     assert result.code == 2 and "--once" in result.err
-
-
-class FakeApi:
-    """The NodeApi calls the watch makes, recorded; the Node keeps the patched condition."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.conditions: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-
-    def get_node(self, name: str) -> dict[str, Any]:
-        self.calls.append(f"GET {name}")
-        return {"metadata": {"name": name}, "status": {"conditions": list(self.conditions)}}
-
-    def patch_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(f"PATCH {name}/status")
-        self.conditions = body["status"]["conditions"]
-        return {}
-
-    def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        self.calls.append(f"POST {namespace}/events")
-        self.events.append(body)
-        return {}
 
 
 CONFIG = AgentConfig(kubernetes=KubernetesConfig(node_name="nd96-0"))
