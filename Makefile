@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 DEMO   ?= demo-host
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids \
                 systemd dbus containerd kmod binutils ignition squashfs-tools openssl shellcheck \
-                podman crun busybox-static
+                podman crun busybox-static e2fsprogs util-linux
 
 .PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api bench clean
 
