@@ -27,11 +27,12 @@ Whole-process timings alternate the commands so drift on the machine hits both a
 medians rather than means so one slow run does not move the result. The subprocesses run without
 PYTHONDONTWRITEBYTECODE, so they use the bytecode `make setup` compiled, as a real install would.
 
-The last line printed is one JSON object with every median (milliseconds) and ratio, for tools;
-issue 16's keys among them: python_pass_ms, noop_boot_ratio, pipeline_boot_ratio, status_ratio,
-bundle_version_ratio_vs_venv, bundle_noop_boot_ratio_vs_venv, boot_path_gpunode_ms,
-boot_path_peers_ms, boot_path_gpunode_share_ms, boot_path_gpunode_share_ratio (the share over
-python_pass_ms) and cpu_node_noop_ratio.
+The last line printed is one JSON object with every median (milliseconds) and ratio, for tools,
+among them the keys one run is compared with another by: python_pass_ms, noop_boot_ratio,
+pipeline_boot_ratio, status_ratio, bundle_version_ratio_vs_venv,
+bundle_noop_boot_ratio_vs_venv, boot_path_gpunode_ms, boot_path_peers_ms,
+boot_path_gpunode_share_ms, boot_path_gpunode_share_ratio (the share over python_pass_ms) and
+cpu_node_noop_ratio.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ REPO = Path(__file__).resolve().parents[1]
 DETECT_BUDGET_MS = 20.0
 DETECT_WARMUP = 5
 DETECT_RUNS = 50
-CDI_BUDGET_MS = 10.0  # issue 12: gpunode cdi generate in-process on the ND96 fixture
+CDI_BUDGET_MS = 10.0  # gpunode cdi generate in-process on the ND96 fixture
 PROCESS_RUNS = 15
 EXTRA_FUNCTIONS = 200
 
