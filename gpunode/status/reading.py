@@ -103,7 +103,6 @@ def _read(host: Host, path: str) -> tuple[str | None, Failure | None]:
 
 def _observe_node(host: Host, config: AgentConfig, node_name: nodename.NodeName) -> NodeFacts:
     from gpunode.errors import ApiError
-    from gpunode.kube.client import NodeApi, read_kubeconfig
 
     if node_name.error is not None:
         exc = node_name.error
@@ -112,6 +111,9 @@ def _observe_node(host: Host, config: AgentConfig, node_name: nodename.NodeName)
     path = config.kubernetes.kubeconfig
     if not host.exists(path):
         return NodeFacts(name, None)
+    # Only a node that has joined pays for the client (http.client, ssl: ~25 ms to import).
+    from gpunode.kube.client import NodeApi, read_kubeconfig
+
     try:
         api = NodeApi(read_kubeconfig(host, path), timeout=3)
         return NodeFacts(name, path, obj=api.get_node(name))
