@@ -66,3 +66,11 @@ def test_a_cpu_node_s_first_boot_imports_none_of_the_pipeline(make_host: HostFac
     events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     assert [e["event"] for e in events] == ["step.done", "boot.done"]
     assert json.loads((node.root / "run/gpunode/state.json").read_text())["outcome"] == "no-gpu"
+
+
+def test_status_of_a_node_that_has_not_joined_imports_no_kubernetes_client(
+        make_host: HostFactory) -> None:
+    node = make_host("nc4as-t4-v3", "ready")  # no kubeconfig: the node check is a skip
+    imported, _ = imports_of_a_second_run("--root", str(node.root), "status", "--json")
+    assert "gpunode.status.checks" in imported
+    assert not imported & {"gpunode.kube.client", "http.client", "ssl"}
