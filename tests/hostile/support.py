@@ -149,3 +149,21 @@ def check_refusal(cli: Cli, root: Path, argv: list[str], code: int, pattern: str
     assert_refused(result, code, pattern)
     assert_unchanged(root, before, hidden)
     return result
+
+
+# What may stand where a file is expected (/dev/kmsg under --root, and others): one maker each.
+def make_directory(path: Path) -> None:
+    path.mkdir()
+
+
+def make_link_out(path: Path) -> None:
+    """A relative link that climbs above the root, to a file of this machine."""
+    path.symlink_to("../" * 30 + "proc/self/status")
+
+
+def make_loop(path: Path) -> None:
+    path.symlink_to(path.name)
+
+
+def make_absent(path: Path) -> None:
+    pass

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from hostile.support import Cli, check_refusal
+from hostile.support import (
+    Cli,
+    check_refusal,
+    make_absent,
+    make_directory,
+    make_link_out,
+    make_loop,
+)
 
 XID_79 = b"4,900,5000000,-;NVRM: Xid (PCI:0001:00:00): 79, GPU has fallen off the bus.\n"
 
@@ -26,34 +33,18 @@ def _fifo(path: Path) -> None:
     os.mkfifo(path)
 
 
-def _directory(path: Path) -> None:
-    path.mkdir()
-
-
 def _too_large(path: Path) -> None:
     with path.open("wb") as f:
         f.truncate((32 << 20) + 1)
 
 
-def _link_out(path: Path) -> None:
-    path.symlink_to("../" * 30 + "proc/self/status")
-
-
-def _loop(path: Path) -> None:
-    path.symlink_to("kmsg")
-
-
-def _absent(path: Path) -> None:
-    pass
-
-
 REFUSED = {
     "fifo": (_fifo, r"kmsg.*is a FIFO"),
-    "directory": (_directory, r"kmsg.*is a directory"),
+    "directory": (make_directory, r"kmsg.*is a directory"),
     "larger-than-any-kernel-log": (_too_large, r"kmsg.*more than the kernel's largest log"),
-    "symlink-out-of-the-root": (_link_out, r"kmsg"),
-    "symlink-loop": (_loop, r"kmsg.*too many levels of symbolic links"),
-    "absent": (_absent, r"kmsg'?: does not exist: under --root the watch reads the node's "
+    "symlink-out-of-the-root": (make_link_out, r"kmsg"),
+    "symlink-loop": (make_loop, r"kmsg.*too many levels of symbolic links"),
+    "absent": (make_absent, r"kmsg'?: does not exist: under --root the watch reads the node's "
                         r"kernel log"),
 }
 

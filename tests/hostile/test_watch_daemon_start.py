@@ -12,16 +12,19 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from hostile.support import Cli, check_refusal
+from hostile.support import (
+    Cli,
+    check_refusal,
+    make_absent,
+    make_directory,
+    make_link_out,
+    make_loop,
+)
 
 
 @pytest.fixture
 def root(make_host: HostFactory) -> Path:
     return make_host("nc4as-t4-v3", "ready").root
-
-
-def _directory(path: Path) -> None:
-    path.mkdir()
 
 
 def _socket(path: Path) -> None:
@@ -30,25 +33,13 @@ def _socket(path: Path) -> None:
     sock.close()
 
 
-def _link_out(path: Path) -> None:
-    path.symlink_to("../" * 30 + "proc/self/status")
-
-
-def _loop(path: Path) -> None:
-    path.symlink_to("kmsg")
-
-
-def _absent(path: Path) -> None:
-    pass
-
-
 REFUSED = {
-    "directory": (_directory, r"kmsg'?: is a directory, not a record device, a FIFO or a "
+    "directory": (make_directory, r"kmsg'?: is a directory, not a record device, a FIFO or a "
                               r"regular file"),
     "socket": (_socket, r"kmsg'?: is a socket"),
-    "symlink-out-of-the-root": (_link_out, r"kmsg'?: a symlink climbs above the root"),
-    "symlink-loop": (_loop, r"kmsg.*too many levels of symbolic links"),
-    "absent": (_absent, r"kmsg.*No such file or directory"),
+    "symlink-out-of-the-root": (make_link_out, r"kmsg'?: a symlink climbs above the root"),
+    "symlink-loop": (make_loop, r"kmsg.*too many levels of symbolic links"),
+    "absent": (make_absent, r"kmsg.*No such file or directory"),
 }
 
 
