@@ -4,6 +4,7 @@ tests/hostile/test_bake_optional.py: a stand-in toolkit sysext, prebuilt module 
 
 from __future__ import annotations
 
+import gzip
 import io
 import tarfile
 from pathlib import Path
@@ -36,7 +37,11 @@ def module_set(version: str = T4.driver_version) -> dict[str, bytes]:
 
 def tar_bytes(files: dict[str, bytes], extra: list[tarfile.TarInfo] | None = None,
               mode: str = "w:gz") -> bytes:
-    """A tar archive of `files` (bin/ executable), then the `extra` members as given."""
+    """A tar archive of `files` (bin/ executable), then the `extra` members as given. The same
+    arguments give the same bytes: gzip's header carries no time (tarfile's "w:gz" would write
+    the current second, so two calls could differ and a bake see a changed input)."""
+    if mode == "w:gz":
+        return gzip.compress(tar_bytes(files, extra, "w"), mtime=0)
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode=mode) as tar:
         for name, data in files.items():
