@@ -1,4 +1,5 @@
-"""The systemd adapter: what gpunode asks of the service manager, over D-Bus (pystemd).
+"""The systemd adapter: what gpunode asks of the service manager, over D-Bus (gpunode/dbus.py).
+
 
 Under `--root` there is no service manager for that tree: `NoSystemd` answers that no unit
 runs, so nothing is restarted; a live host gets `DbusSystemd`.
@@ -13,10 +14,14 @@ must restart containerd, or what they cannot know. Only `restart` refuses.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Protocol
 
 from gpunode.errors import SystemdError, Unavailable
+
+if TYPE_CHECKING:
+    from gpunode.dbus import Connection
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,10 @@ class MainProcess:
     started: float  # seconds since the epoch
 
 
+MANAGER_PATH = "/org/freedesktop/systemd1"
+MANAGER_INTERFACE = "org.freedesktop.systemd1.Manager"
+UNIT_INTERFACE = "org.freedesktop.systemd1.Unit"
+SERVICE_INTERFACE = "org.freedesktop.systemd1.Service"
 UNKNOWN = "unknown"  # the state of every unit where no service manager can be asked
 
 
@@ -87,56 +96,84 @@ class NoSystemd:
 
 
 class DbusSystemd:
-    """systemd over its D-Bus API; pystemd is imported on first use only."""
+    """systemd over its D-Bus API (gpunode/dbus.py): properties read and methods called by
+    name on one connection, opened on first use."""
 
     # The first adapter of a process to find no bus says so; status and boot make several.
     warned: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.unavailable_reason: str | None = None
+        self._bus: Connection | None = None
 
     @property
     def available(self) -> bool:
         """False once a call found no reachable system bus (then it is not asked again)."""
         return self.unavailable_reason is None
 
-    def _connect(self, make: Any, name: str) -> Any:
-        from pystemd.dbusexc import DBusBaseError
+    def _connect(self, name: str) -> Connection:
+        """The connection, opened on first use (the tests' boundary refuses this call)."""
+        from gpunode import dbus
 
         if self.unavailable_reason is not None:
             raise Unavailable(name, "connect to", self.unavailable_reason)
-        try:
-            handle = make()
-            handle.load()
-        except DBusBaseError as exc:
-            if not isinstance(exc, _unreachable()):
-                raise SystemdError(name, "load", str(exc)) from exc
-            self.unavailable_reason = f"no systemd on the system bus ({exc})"
-            if DbusSystemd.warned:
-                raise Unavailable(name, "connect to", self.unavailable_reason) from exc
+        if self._bus is None:
+            try:
+                self._bus = dbus.connect_systemd()
+            except dbus.BusUnreachable as exc:
+                self._give_up(name, "connect to", exc)
+            except dbus.BusError as exc:
+                raise SystemdError(name, "connect to", str(exc)) from exc
+        return self._bus
+
+    def _request(self, name: str, what: str, call: Callable[[Connection], Any]) -> Any:
+        """`call(connection)`, its errors told apart: nobody to ask (Unavailable) or a refusal
+        (SystemdError). A kept connection that went away (the bus restarted under a
+        long-lived `gpunode watch`) is opened once more before systemd counts as gone."""
+        from gpunode import dbus
+
+        for attempt in (1, 2):
+            kept = self._bus is not None
+            bus = self._connect(name)
+            try:
+                return call(bus)
+            except dbus.BusUnreachable as exc:
+                bus.close()
+                self._bus = None
+                if not (kept and attempt == 1):
+                    self._give_up(name, what, exc)
+            except dbus.BusError as exc:
+                raise SystemdError(name, what, str(exc)) from exc
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _give_up(self, name: str, what: str, exc: BaseException) -> NoReturn:
+        """No systemd to ask: not asked again by this adapter; said once per process."""
+        self.unavailable_reason = f"no systemd on the system bus ({exc})"
+        if not DbusSystemd.warned:
             DbusSystemd.warned = True
             from gpunode import log
 
             log.get().warning("systemd.unavailable", reason=self.unavailable_reason,
                               effect="no unit is asked, reloaded or restarted; whoever runs "
                               "this tree must restart what needs the changes")
-            raise Unavailable(name, "connect to", self.unavailable_reason) from exc
-        return handle
+        raise Unavailable(name, what, self.unavailable_reason) from exc
 
-    def _unit(self, unit: str) -> Any:
-        from pystemd.systemd1 import Unit
+    def _property(self, unit: str, interface: str, name: str) -> Any:
+        return self._request(unit, "read", lambda bus: bus.get_property(
+            _unit_path(unit), interface, name))
 
-        return self._connect(lambda: Unit(unit.encode()), unit)
+    def _unit_state(self, unit: str, name: str) -> str:
+        return str(self._property(unit, UNIT_INTERFACE, name))
 
     def active_state(self, unit: str) -> str:
         try:
-            return str(self._unit(unit).Unit.ActiveState.decode())
+            return self._unit_state(unit, "ActiveState")
         except Unavailable:
             return UNKNOWN
 
     def enabled(self, unit: str) -> bool:
         try:
-            state = self._unit(unit).Unit.UnitFileState.decode()
+            state = self._unit_state(unit, "UnitFileState")
         except Unavailable:
             return False
         return state in ("enabled", "enabled-runtime", "static", "alias")
@@ -144,84 +181,74 @@ class DbusSystemd:
     def exec_start(self, unit: str) -> UnitExec | None:
         """None where systemd cannot be asked (no system bus) or has no such unit."""
         try:
-            handle = self._unit(unit)
+            if self._unit_state(unit, "LoadState") != "loaded":
+                return None
+            commands = self._property(unit, SERVICE_INTERFACE, "ExecStart")
+            if not commands:
+                return None
+            environment = self._property(unit, SERVICE_INTERFACE, "Environment")
+            files = self._property(unit, SERVICE_INTERFACE, "EnvironmentFiles")
         except Unavailable:
             return None  # the caller falls back to the unit files
-        if handle.Unit.LoadState != b"loaded":
-            return None
-        commands = handle.Service.ExecStart
-        if not commands:
-            return None
-        argv = tuple(w.decode() for w in commands[-1][1])
-        env = dict(_split_env(e.decode()) for e in handle.Service.Environment)
-        files = tuple(path.decode() for path, _ in handle.Service.EnvironmentFiles)
-        return UnitExec(argv=argv, environment=env, environment_files=files)
+        # ExecStart is a(sasbttttuii): (path, argv, ignore failure, timestamps…, pid, status)
+        return UnitExec(argv=tuple(str(w) for w in commands[-1][1]),
+                        environment=dict(_split_env(str(e)) for e in environment),
+                        environment_files=tuple(str(path) for path, _ in files))
 
     def main_process(self, unit: str) -> MainProcess | None:
         """The unit's running main process and when systemd started it; None where systemd
         cannot be asked, or the unit is not active with a main process."""
-        from pystemd.dbusexc import DBusBaseError
-
         try:
-            handle = self._unit(unit)
+            if (self._unit_state(unit, "LoadState") != "loaded"
+                    or self._unit_state(unit, "ActiveState") != "active"):
+                return None
+            pid = int(self._property(unit, SERVICE_INTERFACE, "MainPID"))
+            started = int(self._property(unit, SERVICE_INTERFACE, "ExecMainStartTimestamp"))
         except Unavailable:
             return None
-        try:
-            if handle.Unit.LoadState != b"loaded" or handle.Unit.ActiveState != b"active":
-                return None
-            pid = int(handle.Service.MainPID)
-            started = int(handle.Service.ExecMainStartTimestamp)
-        except DBusBaseError as exc:
-            raise SystemdError(unit, "read the main process of", str(exc)) from exc
+        except SystemdError as exc:
+            raise SystemdError(unit, "read the main process of", exc.reason) from exc
         if pid == 0 or started == 0:
             return None
         return MainProcess(pid=pid, started=started / 1_000_000)
 
     def daemon_reload(self) -> None:
-        from pystemd.dbusexc import DBusBaseError
-        from pystemd.systemd1 import Manager
-
         try:
-            manager = self._connect(Manager, "systemd")
+            # A timeout too is a refusal: a manager that did not answer in time.
+            self._request("systemd", "reload", lambda bus: bus.call(
+                MANAGER_PATH, MANAGER_INTERFACE, "Reload"))
         except Unavailable:
             return  # nothing to reload: no manager has read the old files either
-        try:
-            manager.Manager.Reload()
-        except DBusBaseError as exc:  # a timeout too: a manager that did not answer in time
-            raise SystemdError("systemd", "reload", str(exc),
+        except SystemdError as exc:
+            raise SystemdError("systemd", "reload", exc.reason,
                                "see 'journalctl -b _PID=1'; 'systemctl daemon-reload' by hand, "
                                "then run gpunode again") from exc
 
     def restart(self, unit: str, timeout: float) -> None:
         """Restart and wait for the job to finish and the unit to be active again."""
-        from pystemd.dbusexc import DBusBaseError
-
-        handle = self._unit(unit)
-        try:
-            handle.Unit.Restart(b"replace")
-        except DBusBaseError as exc:
-            raise SystemdError(unit, "restart", str(exc)) from exc
+        self._request(unit, "restart", lambda bus: bus.call(
+            _unit_path(unit), UNIT_INTERFACE, "Restart", "s", ("replace",)))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if handle.Unit.Job[0] == 0:  # the restart job is done (Type=notify: after READY)
-                state = handle.Unit.ActiveState.decode()
+            job = self._property(unit, UNIT_INTERFACE, "Job")
+            if job[0] == 0:  # the restart job is done (Type=notify: after READY)
+                state = self._unit_state(unit, "ActiveState")
                 if state == "active":
                     return
                 # e.g. "activating (auto-restart)": it failed and Restart= is trying again
-                sub = handle.Unit.SubState.decode()
+                sub = self._unit_state(unit, "SubState")
                 raise SystemdError(unit, "restart", f"it is {state} ({sub}) after the restart")
             time.sleep(0.05)
         raise SystemdError(unit, "restart", f"the restart job did not finish within {timeout:g} s")
 
 
-def _unreachable() -> tuple[type[BaseException], ...]:
-    """pystemd's errors that mean "nobody to ask", as opposed to a refusal by systemd."""
-    from pystemd import dbusexc
-
-    return (dbusexc.DBusFileNotFoundError, dbusexc.DBusConnectionRefusedError,
-            dbusexc.DBusNoServerError, dbusexc.DBusBadAddressError,
-            dbusexc.DBusDisconnectedError, dbusexc.DBusServiceUnknownError,
-            dbusexc.DBusNameHasNoOwnerError)
+def _unit_path(unit: str) -> str:
+    """The unit's object path, as sd-bus escapes it (systemd loads the unit when asked)."""
+    escaped = "".join(c if c.isascii() and c.isalnum() else f"_{ord(c):02x}"
+                      for c in unit) if unit else "_"
+    if escaped[0].isdigit():
+        escaped = f"_{ord(escaped[0]):02x}" + escaped[1:]
+    return f"/org/freedesktop/systemd1/unit/{escaped}"
 
 
 def _split_env(assignment: str) -> tuple[str, str]:

@@ -4,8 +4,8 @@
     make sysext                                  # the same, into packaging/build/
 
 Flatcar has no Python, so the image carries its own: a PyInstaller one-dir bundle of gpunode
-(CPython 3.11 with pystemd, tomlkit, pyudev, structlog, PyYAML and the shared libraries
-they link, libsystemd included) in /usr/lib/gpunode, and /usr/bin/gpunode linking to it. The
+(CPython 3.11 with tomlkit, pyudev, structlog, PyYAML and the shared libraries
+they link) in /usr/lib/gpunode, and /usr/bin/gpunode linking to it. The
 image holds
 
     usr/bin/gpunode -> ../lib/gpunode/gpunode
@@ -106,19 +106,17 @@ Wants={" ".join(UNIT_NAMES)}
 
 # Packages whose submodules are imported where PyInstaller's analysis cannot see it: gpunode's
 # lazy imports (inside functions: the analysis does find those, but collecting all of gpunode
-# makes "nothing missing" independent of how a module is imported), pystemd's Cython modules
-# (they import each other from C), structlog.dev (imported only on a terminal).
-COLLECT_SUBMODULES = ("gpunode", "pystemd", "structlog")
+# makes "nothing missing" independent of how a module is imported), structlog.dev (imported
+# only on a terminal).
+COLLECT_SUBMODULES = ("gpunode", "structlog")
 # Never imported on a node, but pulled in by hooks or optional imports: Tk, test and packaging
-# tools, readline (with libreadline and libtinfo), the lxml modules that PyInstaller's lxml hook
-# collects wholesale although pystemd only parses introspection XML with lxml.etree, and
-# multiprocessing (only pystemd.futures and ProcessPoolExecutor use it; gpunode neither): its
-# presence adds PyInstaller's multiprocessing run-time hook, ~20 ms on every start.
+# tools, readline (with libreadline and libtinfo), pystemd and lxml (the test extras have them;
+# gpunode speaks D-Bus itself), and multiprocessing (only ProcessPoolExecutor uses it; gpunode
+# does not): its presence adds PyInstaller's multiprocessing run-time hook, ~20 ms on every
+# start.
 EXCLUDE_MODULES = ("tkinter", "_tkinter", "pytest", "_pytest", "setuptools", "pip",
                    "pydoc_data", "lib2to3", "ensurepip", "idlelib", "unittest", "doctest",
-                   "readline", "lxml.objectify", "lxml.html", "lxml.isoschematron", "lxml.sax",
-                   "lxml.builder", "lxml.cssselect", "lxml.doctestcompare", "lxml.usedoctest",
-                   "multiprocessing", "concurrent.futures.process", "pystemd.futures")
+                   "readline", "pystemd", "lxml", "multiprocessing", "concurrent.futures.process")
 # gpunode's package data (pyproject's package-data): PyInstaller collects no data files by
 # itself. Each lands at the same path under _internal/, where importlib.resources finds it
 # (PyInstaller's resource reader serves on-disk files); checked after the build. The units are
@@ -127,8 +125,7 @@ PACKAGE_DATA = ("gpunode/driver/build.sh", "gpunode/units/containerd-env.conf",
                 *(f"gpunode/units/{unit}" for unit in UNIT_NAMES))
 # Modules gpunode imports lazily that the bundle must hold; checked after the build.
 LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
-                "pystemd.systemd1", "pystemd.dbusexc", "pystemd.dbuslib", "pystemd.base",
-                "lxml.etree", "bz2", "http.client", "urllib.request", "ssl",
+                "bz2", "http.client", "urllib.request", "ssl",
                 # gpunode.host's (only some commands need them) and the build script's reader
                 "hashlib", "fnmatch", "shutil", "socket", "importlib.resources")
 
@@ -245,7 +242,7 @@ def gpunode_modules() -> set[str]:
 
 def bundled_modules(bundle: Path) -> set[str]:
     """Modules the one-dir bundle can import: its PYZ archive (read with PyInstaller's own
-    reader) and its extension modules (files beside it, e.g. pystemd/dbuslib.cpython-311-...so,
+    reader) and its extension modules (files beside it, e.g.
     python3.11/lib-dynload/_bz2.cpython-311-...so)."""
     from PyInstaller.archive.readers import CArchiveReader
 

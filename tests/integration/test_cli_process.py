@@ -38,11 +38,11 @@ def test_installed_command_runs_as_a_process(make_host: HostFactory) -> None:
     assert version.stdout.strip().startswith("gpunode ")
 
 
-def test_no_change_configure_imports_neither_tomlkit_nor_pystemd(flatcar: Host) -> None:
+def test_no_change_configure_imports_neither_tomlkit_nor_the_bus(flatcar: Host) -> None:
     """The no-change path decides from tomllib alone (the first run's change uses tomlkit)."""
     imported, _ = imports_of_a_second_run("--root", str(flatcar.root), "containerd", "configure")
     assert "gpunode.containerd.edit" in imported  # the measurement sees gpunode's own modules
-    assert not {m for m in imported if m.split(".")[0] in ("tomlkit", "pystemd")}
+    assert not {m for m in imported if m.split(".")[0] == "tomlkit" or m == "gpunode.dbus"}
 
 
 def test_no_op_boot_imports_none_of_the_pipeline(make_host: HostFactory) -> None:
