@@ -5,7 +5,7 @@ can be asked"."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gpunode import command, log
@@ -20,17 +20,56 @@ class Probe(Protocol):
 
     def dump(self, binary: str, path: str) -> dict[str, Any] | None: ...
 
+    def prefetch(self, binary: str, path: str | None) -> None: ...
 
-@dataclass(frozen=True)
+    def discard(self) -> None: ...
+
+
+VERSION_TIMEOUT, DUMP_TIMEOUT = 10.0, 20.0
+
+
+@dataclass
 class CommandProbe:
-    """Runs the node's containerd (`binary_override`: a test's real containerd instead)."""
+    """Runs the node's containerd (`binary_override`: a test's real containerd instead).
+
+    `prefetch` starts `--version` (and, given a path, `config dump`) at once, side by side;
+    `version` and `dump` then take those results. Without it each runs when asked."""
 
     binary_override: str | None = None
+    _started: dict[tuple[str, ...], command.Started] = field(default_factory=dict, repr=False)
+    _versions: dict[str, tuple[int, int] | None] = field(default_factory=dict, repr=False)
+
+    def prefetch(self, binary: str, path: str | None) -> None:
+        for argv in (self._version_argv(binary), self._dump_argv(binary, path) if path else ()):
+            if argv and argv not in self._started:
+                timeout = VERSION_TIMEOUT if len(argv) == 2 else DUMP_TIMEOUT
+                self._started[argv] = command.Started(argv, timeout)
+
+    def discard(self) -> None:
+        """Stop and reap what was started and never asked for (a dump nobody needed)."""
+        for started in self._started.values():
+            started.discard()
+        self._started.clear()
+
+    def _run(self, argv: tuple[str, ...], timeout: float) -> str:
+        started = self._started.pop(argv, None) or command.Started(argv, timeout)
+        return started.result()
+
+    def _version_argv(self, binary: str) -> tuple[str, ...]:
+        return (self.binary_override or binary, "--version")
+
+    def _dump_argv(self, binary: str, path: str) -> tuple[str, ...]:
+        return (self.binary_override or binary, "--config", path, "config", "dump")
 
     def version(self, binary: str) -> tuple[int, int] | None:
-        binary = self.binary_override or binary
+        """containerd's major and minor version (asked once per binary)."""
+        if binary not in self._versions:
+            self._versions[binary] = self._ask_version(binary)
+        return self._versions[binary]
+
+    def _ask_version(self, binary: str) -> tuple[int, int] | None:
         try:
-            line = command.run([binary, "--version"], 10)
+            line = self._run(self._version_argv(binary), VERSION_TIMEOUT)
         except GpunodeError as exc:
             log.get().warning("containerd.version_unknown", exc=exc)
             return None
@@ -39,10 +78,9 @@ class CommandProbe:
 
     def dump(self, binary: str, path: str) -> dict[str, Any] | None:
         """containerd's own reading of the file, with the defaults it fills into runc."""
-        binary = self.binary_override or binary
+        argv = self._dump_argv(binary, path)
         try:
-            return edit.parse(command.run([binary, "--config", path, "config", "dump"], 20),
-                              f"{binary} config dump")
+            return edit.parse(self._run(argv, DUMP_TIMEOUT), f"{argv[0]} config dump")
         except GpunodeError as exc:
             log.get().warning("containerd.dump_unavailable", exc=exc,
                               effect="the runtime is copied from the file alone")
@@ -56,4 +94,10 @@ class NoProbe:
         return None
 
     def dump(self, binary: str, path: str) -> dict[str, Any] | None:
+        return None
+
+    def prefetch(self, binary: str, path: str | None) -> None:
+        return None
+
+    def discard(self) -> None:
         return None

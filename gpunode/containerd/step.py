@@ -173,38 +173,46 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
         "dropin_text": dropin, "dropin_path": dropin_path, "runtime_name": spec.name,
         "source_text": source_text,
         "ledger": recorded, "files": files, "gpu_access": config.gpu_access}
-    if config.mode == "drop-in" and config.runtime_wanted:
-        refused = _import_refusal(probe, binary, copied_from)
-        if refused is None:
-            spec = spec_from(config, probe.version(binary), edit.parse(source_text, shown))
+    # A first run asks containerd for its version and its own reading of the file: both at
+    # once (the dump only where a runtime is to be added: the file does not name it yet).
+    wants_dump = config.runtime_wanted and (config.mode == "drop-in" or config.mode_runtimes
+                                            or spec.name not in source_text)
+    probe.prefetch(binary, str(host.path(source)) if wants_dump else None)
+    try:
+        if config.mode == "drop-in" and config.runtime_wanted:
+            refused = _import_refusal(probe, binary, copied_from)
+            if refused is None:
+                spec = spec_from(config, probe.version(binary), edit.parse(source_text, shown))
+                effective = probe.dump(binary, str(host.path(source)))
+                extra = [edit.RuntimeSpec(name=name, binary=path) for name, path in
+                         wiring.mode_runtime_binaries(spec.binary)] if config.mode_runtimes else []
+                main, import_text = edit.configure_dropin(source_text, spec, shown, IMPORT_FILE,
+                                                          effective, extra)
+                return Plan(edit=main, import_text=import_text,
+                            import_before=host.read_optional(IMPORT_FILE), **common)
+            log.get().warning("containerd.dropin_refused", reason=refused, fallback="in-place")
+        # Judged by what containerd makes of the file and its imports (resolved from where the
+        # file will be), as the version that reads it, when it can be asked.
+        daemon = probe.version(binary)
+        doc = edit.parse(source_text, shown)
+        imports = {d: discover.load_layers(host, target, doc, daemon=d)[1:]
+                   for d in edit.readers(edit.schema.config_version(doc), daemon)}
+        spec = spec_from(config, daemon, doc)
+        if not config.runtime_wanted:  # CDI mode: only what CDI needs, no runtime
+            return Plan(edit=wiring.configure_cdi(source_text, spec, shown, daemon, imports),
+                        **common)
+        result = edit.configure(source_text, spec, shown, daemon=daemon, imports=imports)
+        effective = None
+        if result.added_runtime or config.mode_runtimes:
             effective = probe.dump(binary, str(host.path(source)))
-            extra = [edit.RuntimeSpec(name=name, binary=path) for name, path in
-                     wiring.mode_runtime_binaries(spec.binary)] if config.mode_runtimes else []
-            main, import_text = edit.configure_dropin(source_text, spec, shown, IMPORT_FILE,
-                                                      effective, extra)
-            return Plan(edit=main, import_text=import_text,
-                        import_before=host.read_optional(IMPORT_FILE), **common)
-        log.get().warning("containerd.dropin_refused", reason=refused, fallback="in-place")
-    # Judged by what containerd makes of the file and its imports (resolved from where the
-    # file will be), as the version that reads it, when it can be asked.
-    daemon = probe.version(binary)
-    doc = edit.parse(source_text, shown)
-    imports = {d: discover.load_layers(host, target, doc, daemon=d)[1:]
-               for d in edit.readers(edit.schema.config_version(doc), daemon)}
-    spec = spec_from(config, daemon, doc)
-    if not config.runtime_wanted:  # CDI mode: only what CDI needs, no runtime
-        return Plan(edit=wiring.configure_cdi(source_text, spec, shown, daemon, imports),
-                    **common)
-    result = edit.configure(source_text, spec, shown, daemon=daemon, imports=imports)
-    effective = None
-    if result.added_runtime or config.mode_runtimes:
-        effective = probe.dump(binary, str(host.path(source)))
-        if effective is not None and result.added_runtime:
-            result = edit.configure(source_text, spec, shown, effective, daemon, imports)
-    if config.mode_runtimes:
-        result = wiring.with_mode_runtimes(result, spec.binary, shown, daemon, imports,
-                                           effective)
-    return Plan(edit=result, **common)
+            if effective is not None and result.added_runtime:
+                result = edit.configure(source_text, spec, shown, effective, daemon, imports)
+        if config.mode_runtimes:
+            result = wiring.with_mode_runtimes(result, spec.binary, shown, daemon, imports,
+                                               effective)
+        return Plan(edit=result, **common)
+    finally:
+        probe.discard()  # a dump started and not needed after all
 
 
 def _import_refusal(probe: Probe, binary: str, copied_from: str | None) -> str | None:

@@ -122,8 +122,12 @@ def _containerd_views(host: Host, active: discover.ActiveConfig, doc: dict[str, 
 
         binary = active.binary
         probe = CommandProbe()
-        daemon = probe.version(binary)
-        dumped = probe.dump(binary, active.path) if daemon is not None else None
+        probe.prefetch(binary, active.path)  # both questions at once
+        try:
+            daemon = probe.version(binary)
+            dumped = probe.dump(binary, active.path) if daemon is not None else None
+        finally:
+            probe.discard()
         if daemon is not None and dumped is not None:
             model = effective(daemon)
             view = schema.effective([schema.Layer(active.path, dumped)], daemon)

@@ -5,6 +5,9 @@ of the node's own. The decisions themselves on fixture hosts: tests/unit/test_co
 
 from __future__ import annotations
 
+import io
+import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -12,8 +15,9 @@ from typing import Any
 import pytest
 
 from conftest import HostFactory, in_place_host
+from gpunode import log
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import step
+from gpunode.containerd import probe, step
 from gpunode.containerd.edit import EditError
 from gpunode.containerd.probe import CommandProbe
 from gpunode.host import Host
@@ -116,3 +120,34 @@ def test_cdi_mode_on_containerd_1_6_is_refused_naming_the_version(
         step.plan(host, ContainerdConfig(gpu_access="cdi"), NoSystemd(),
                   probe=CommandProbe(binary_override=str(binary)))
     assert target.read_text() == fixtures.FLATCAR_CONTAINERD_CONFIG
+
+
+def test_the_version_and_the_dump_are_asked_side_by_side(
+        make_host: HostFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first run asks containerd both questions at once: here the binary answers --version
+    only after its `config dump` has started (a FIFO between them), which one after the other
+    would never do (the version's time limit would pass, logged as containerd.version_unknown).
+    The answers are the real 2.x's."""
+    monkeypatch.setattr(probe, "VERSION_TIMEOUT", 3.0)
+    stream = io.StringIO()
+    log.configure("json", stream=stream)
+    real = ensure_binary("2").path
+    fifo = tmp_path / "dump-started"
+    os.mkfifo(fifo)
+    binary = tmp_path / "containerd"
+    binary.write_text(f"""#!/bin/sh
+if [ "$1" = --version ]; then read started < {fifo}; exec {real} --version; fi
+echo yes > {fifo}
+exec {real} "$@"
+""")
+    binary.chmod(0o755)
+    host, _ = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
+    plan = step.plan(host, ContainerdConfig(), NoSystemd(),
+                     probe=CommandProbe(binary_override=str(binary)))
+    written = tomllib.loads(plan.edit.text)
+    runtime = written["plugins"][CRI[2]]["containerd"]["runtimes"]["nvidia"]
+    assert runtime["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
+    assert runtime["runtime_type"] == "io.containerd.runc.v2"
+    events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
+    assert "containerd.version_unknown" not in events and "containerd.dump_unavailable" \
+        not in events

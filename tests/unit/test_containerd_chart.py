@@ -20,6 +20,7 @@ from gpunode.cli import main
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import extras, step
 from gpunode.containerd.ledger import MEMLOCK_DROPIN
+from gpunode.containerd.probe import NoProbe
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd
 from helpers import fake_containerd
@@ -81,7 +82,7 @@ def test_the_charts_oom_score_lands_in_its_debug_table() -> None:
 
 
 @dataclass
-class Probe:
+class Probe(NoProbe):
     """The containerd version a test says the node runs; no dump."""
 
     daemon: tuple[int, int] | None

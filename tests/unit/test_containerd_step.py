@@ -18,6 +18,7 @@ from gpunode import nodelock
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import revert, step
 from gpunode.containerd.edit import EditError
+from gpunode.containerd.probe import NoProbe
 from gpunode.host import Host
 from gpunode.systemd import NoSystemd
 from gpunode_testing import fixtures
@@ -247,7 +248,7 @@ def test_ledger_records_what_was_done(flatcar: Host) -> None:
 
 
 @dataclass
-class VersionProbe:
+class VersionProbe(NoProbe):
     """A containerd that reports `reported` and cannot dump (the file's own runc is copied)."""
 
     reported: tuple[int, int] | None

@@ -12,6 +12,7 @@ from conftest import HostFactory, in_place_host, with_runtime_binary
 from gpunode.config import AgentConfig, ContainerdConfig, parse_text
 from gpunode.containerd import extras, revert, step, wiring
 from gpunode.containerd.ledger import MEMLOCK_DROPIN, TOOLKIT_CONFIG
+from gpunode.containerd.probe import NoProbe
 from gpunode.errors import ConfigError
 from gpunode.host import Host
 from gpunode.status import evaluate, observe
@@ -34,7 +35,7 @@ default-kind = "nvidia.com/gpu"
 
 
 @dataclass
-class Probe:
+class Probe(NoProbe):
     """The containerd version a test says the node runs; no dump."""
 
     daemon: tuple[int, int] | None
