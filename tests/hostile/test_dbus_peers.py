@@ -126,6 +126,16 @@ def test_a_well_formed_reply_in_either_byte_order(peer: Callable[[Serve], str]) 
     assert read(peer(answering(big))) == "active"
 
 
+def test_the_server_s_data_challenge_is_answered(peer: Callable[[Serve], str]) -> None:
+    """sd-bus and dbus-daemon answer an EXTERNAL without initial response with DATA first."""
+
+    def serve(conn: socket.socket) -> None:
+        conn.sendall(b"DATA\r\n")
+        answering(message(2, 1, "v", variant_string("active")))(conn)
+
+    assert read(peer(serve)) == "active"
+
+
 def test_a_signal_before_the_reply_is_skipped(peer: Callable[[Serve], str]) -> None:
     signal = message(4, 0, "s", _string(b":1.1"))
     assert read(peer(answering(signal, message(2, 1, "v", variant_string("ok"))))) == "ok"
@@ -134,6 +144,8 @@ def test_a_signal_before_the_reply_is_skipped(peer: Callable[[Serve], str]) -> N
 @pytest.mark.parametrize(("serve", "kind", "words"), [
     (lambda conn: conn.sendall(b"REJECTED EXTERNAL\r\n"), dbus.BusUnreachable,
      "refused gpunode's authentication (REJECTED EXTERNAL)"),
+    (lambda conn: conn.sendall(b"x" * 5000), dbus.BusUnreachable,
+     "no authentication answer in the first 4096 bytes"),
     # a peer that hangs up at once: "no answer", or a reset, as the race falls; the path either way
     (lambda conn: None, dbus.BusUnreachable, "/bus0: "),
     (answering(b"HTTP/1.1 400 Bad Request\r\n\r\n"), dbus.BusUnreachable,
@@ -154,7 +166,7 @@ def test_a_signal_before_the_reply_is_skipped(peer: Callable[[Serve], str]) -> N
     (answering(message(3, 1, "s", _string(b"gone"),
                        error="org.freedesktop.DBus.Error.ServiceUnknown")),
      dbus.BusUnreachable, "gone"),
-], ids=["auth-rejected", "auth-silence", "garbage", "hang-up", "huge-claim", "short-string",
+], ids=["auth-rejected", "auth-endless-line", "auth-silence", "garbage", "hang-up", "huge-claim", "short-string",
         "two-in-a-variant", "not-utf8", "truncated", "refused", "service-unknown"])
 def test_a_misbehaving_peer_is_one_clear_error(peer: Callable[[Serve], str], serve: Serve,
                                                 kind: type[Exception], words: str) -> None:

@@ -100,3 +100,29 @@ def test_a_restart_restarts_the_unit_once(ns: SystemdNamespace) -> None:
     assert seen["main"][0] == before != after == seen["after"][0]
     assert seen["after"][1] > seen["main"][1]
     assert ns.unit_property(UNIT, "NRestarts") == "0"  # requested, not a crash
+
+
+MANY = """\
+import sys
+from gpunode import dbus
+dbus.TIMEOUT_SECONDS = 2.0
+opened = {"private": lambda: dbus._open(dbus.PRIVATE_SOCKET, None),
+          "bus": lambda: dbus._open(dbus.SYSTEM_BUS_SOCKET, "org.freedesktop.systemd1", True)}
+states = []
+for _ in range(50):
+    connection = opened[sys.argv[1]]()
+    states.append(connection.get_property("/org/freedesktop/systemd1/unit/sleeper_2eservice",
+                                          "org.freedesktop.systemd1.Unit", "ActiveState"))
+    connection.close()
+print(",".join(sorted(set(states))), len(states))
+"""
+
+
+@pytest.mark.parametrize("transport", ["private", "bus"])
+def test_every_new_connection_s_first_call_is_answered(ns: SystemdNamespace,
+                                                       transport: str) -> None:
+    """A first call sent right after the authentication is answered each time: sent in the
+    same read as BEGIN, systemd's private socket left 4 in 5 unanswered (a 25 s stall at boot)."""
+    done = ns.run([sys.executable, "-c", MANY, transport], timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["active", "50"]
