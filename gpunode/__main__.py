@@ -1,5 +1,3 @@
-import sys
+from gpunode.entry import run
 
-from gpunode.entry import main
-
-sys.exit(main())
+run()

@@ -4,6 +4,7 @@ Python's own start)."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 
@@ -39,5 +40,22 @@ def main() -> int:
     return code
 
 
+def run() -> None:
+    """The installed command's entry point (console script, bundle, `python -m gpunode`):
+    main(), then the interpreter's exit without its teardown. Freeing every module and object
+    of a process that is about to end costs ~15 ms after a boot here (the whole no-op boot is
+    ~3 ms over Python's start): what the exit must do is done first — stdout and stderr
+    flushed, the atexit handlers run — and gpunode starts no threads that would be joined.
+    An exception, SystemExit included (argparse's --help), takes Python's own way out."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:  # noqa: SIM105 (contextlib is one import more on the no-op boot)
+            stream.flush()
+        except OSError:
+            pass  # the reader went away (main() answers a closed stdout): nothing to add
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -1,4 +1,4 @@
-"""The frozen gpunode's entry point (PyInstaller runs this file as __main__): gpunode.entry:main,
+"""The frozen gpunode's entry point (PyInstaller runs this file as __main__): gpunode.entry:run,
 after giving back the environment the bundle's bootloader changed.
 
 PyInstaller's bootloader starts the bundle with its own libraries first in LD_LIBRARY_PATH (the
@@ -13,7 +13,6 @@ of the node's own, which can be older than what the node's programs were built a
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import MutableMapping
 
 
@@ -30,6 +29,6 @@ def restore_environment(environ: MutableMapping[str, str]) -> None:
 
 if __name__ == "__main__":
     restore_environment(os.environ)
-    from gpunode.entry import main
+    from gpunode.entry import run
 
-    sys.exit(main())
+    run()

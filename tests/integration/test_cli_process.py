@@ -74,3 +74,30 @@ def test_status_of_a_node_that_has_not_joined_imports_no_kubernetes_client(
     imported, _ = imports_of_a_second_run("--root", str(node.root), "status", "--json")
     assert "gpunode.status.checks" in imported
     assert not imported & {"gpunode.kube.client", "http.client", "ssl"}
+
+
+def test_the_fast_exit_keeps_exit_codes_and_every_byte(make_host: HostFactory) -> None:
+    """The command ends without Python's teardown (gpunode.entry.run): what it printed
+    arrives whole through a pipe, the atexit handlers run, and the exit code is main()'s."""
+    host = make_host("nd96amsr-a100-v4", "ready")
+    gpunode = str(Path(sys.executable).with_name("gpunode"))
+    listing = subprocess.run([gpunode, "--root", str(host.root), "cdi", "generate"],
+                             capture_output=True, check=False)
+    assert listing.returncode == 0, listing.stderr
+    assert len(listing.stdout) > 8192  # more than stdout's buffer holds
+    header, _, spec = listing.stdout.decode().partition("\n")
+    assert header.startswith("# Written by gpunode")
+    assert len(json.loads(spec)["devices"]) == 17  # by index, by UUID, "all": every byte came
+    refused = subprocess.run([gpunode, "--root", str(host.root), "boot", "--bogus"],
+                             capture_output=True, check=False)
+    assert refused.returncode == 2
+    atexit_runs = subprocess.run(
+        [sys.executable, "-c", "import atexit, sys; atexit.register(print, 'atexit ran'); "
+         "sys.argv = ['gpunode', '--version']; from gpunode.entry import run; run()"],
+        capture_output=True, text=True, check=False)
+    assert (atexit_runs.returncode, atexit_runs.stdout) == (0, "gpunode 0.1.0\natexit ran\n")
+    failed = subprocess.run([gpunode, "--root", str(host.root), "--log-format", "json",
+                             "boot", "--config", str(host.root / "missing.toml")],
+                            capture_output=True, text=True, check=False)
+    assert failed.returncode == 2 and json.loads(failed.stderr.splitlines()[-1])["event"] \
+        == "command.refused"
