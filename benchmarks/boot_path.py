@@ -103,8 +103,9 @@ def measure(boots: int = BOOTS) -> dict[str, float]:
             samples[flow].append(ms)
             if flow == "gpunode":
                 samples["share"].append(share)
-    cpu = [one_boot_cpu() for _ in range(boots)]
-    configured = [one_boot_cpu(agent_config=True) for _ in range(boots)]
+    cpu = [one_boot_cpu(python_first=i % 2 == 1) for i in range(boots + 1)]
+    configured = [one_boot_cpu(agent_config=True, python_first=i % 2 == 1)
+                  for i in range(boots + 1)]
     gpunode_cpu = statistics.median(c[0] for c in cpu)
     python_unit = statistics.median(c[1] for c in cpu + configured)
     gpunode_configured = statistics.median(c[0] for c in configured)
@@ -142,11 +143,13 @@ def main() -> int:
 PYTHON_PASS_UNIT = "python-pass.service"
 
 
-def one_boot_cpu(agent_config: bool = False) -> tuple[float, float]:
+def one_boot_cpu(agent_config: bool = False, python_first: bool = False) -> tuple[float, float]:
     """A CPU-only node: (gpunode.service's activation, that of a unit running `python -c pass`
-    with the same settings and ordering), ms from leaving inactive to active. Without an agent
-    config by default (the node gpunode decides from sysfs alone); with one, the pipeline
-    checks it and runs."""
+    with the same settings), ms from leaving inactive to active. Without an agent config by
+    default (the node gpunode decides from sysfs alone); with one, the pipeline checks it and
+    runs. The two never share the CPUs: the python unit runs after gpunode.service, or with
+    `python_first` before it (measure() alternates, so that neither always runs in the busier
+    part of the boot), and through a shell wrapper on /usr/bin as gpunode does here."""
     work = WORK_PARENT / f"bench-{secrets.token_hex(4)}"
     work.mkdir(parents=True)
     try:
@@ -154,13 +157,15 @@ def one_boot_cpu(agent_config: bool = False) -> tuple[float, float]:
         fixtures.build(fixtures.MACHINES["azure-d4s-v5"], fixture,
                        fixtures.Options(state="bare", flat_sysfs=True, dev_nodes="plain"))
         gpunode = (UNITS / "gpunode.service").read_text()
-        # After gpunode.service, so the two never share the CPUs.
+        order = ("\nBefore=", "\nBefore=gpunode.service ") if python_first else \
+            ("\nBefore=", "\nAfter=gpunode.service\nBefore=")
         python = gpunode.replace("ExecStart=/usr/bin/gpunode boot",
-                                 f"ExecStart={sys.executable} -c pass").replace(
-                                     "\nBefore=", "\nAfter=gpunode.service\nBefore=", 1)
+                                 "ExecStart=/usr/bin/python-pass").replace(*order, 1)
         units = {"containerd.service": CONTAINERD_UNIT, "gpunode.service": gpunode,
                  PYTHON_PASS_UNIT: python}
         prepare = [*node_prepare(fixture, shipped_dropin=True, agent_config=agent_config),
+                   f"printf '#!/bin/sh\\nexec {sys.executable} -c pass\\n' > /usr/bin/python-pass",
+                   "chmod 755 /usr/bin/python-pass",
                    f"mkdir -p /run/systemd/system/{PYTHON_PASS_UNIT}.d",
                    f"cp /run/systemd/system/gpunode.service.d/50-test-venv.conf "
                    f"/run/systemd/system/{PYTHON_PASS_UNIT}.d/"]
