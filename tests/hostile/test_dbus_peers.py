@@ -166,8 +166,9 @@ def test_a_signal_before_the_reply_is_skipped(peer: Callable[[Serve], str]) -> N
     (answering(message(3, 1, "s", _string(b"gone"),
                        error="org.freedesktop.DBus.Error.ServiceUnknown")),
      dbus.BusUnreachable, "gone"),
-], ids=["auth-rejected", "auth-endless-line", "auth-silence", "garbage", "hang-up", "huge-claim", "short-string",
-        "two-in-a-variant", "not-utf8", "truncated", "refused", "service-unknown"])
+], ids=["auth-rejected", "auth-endless-line", "auth-silence", "garbage", "hang-up",
+        "huge-claim", "short-string", "two-in-a-variant", "not-utf8", "truncated", "refused",
+        "service-unknown"])
 def test_a_misbehaving_peer_is_one_clear_error(peer: Callable[[Serve], str], serve: Serve,
                                                 kind: type[Exception], words: str) -> None:
     with pytest.raises(kind) as caught:
