@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from gpunode import cli_containerd, cliargs, log, watch
-from gpunode.clicommon import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Command, changes_node
-from gpunode.config import AgentConfig, load_config
-from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
+from gpunode import cli_containerd, cliargs, clirun, log, watch
+from gpunode.clicommon import EXIT_FAILED, EXIT_OK, Command, changes_node
+from gpunode.config import AgentConfig
+from gpunode.errors import ArgumentsError, GpunodeError
 from gpunode.host import Host
 
 
@@ -113,15 +113,6 @@ def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     if baked and not args.json:
         print(baked)
     return EXIT_OK
-
-
-@changes_node("boot")
-def _boot(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode import boot
-
-    run = boot.boot(host, config, boot.adapters_for(host, config))
-    log.get().info("boot.done", outcome=run.outcome, steps=[s["name"] for s in run.steps])
-    return EXIT_FAILED if run.outcome == "failed" else EXIT_OK
 
 
 def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
@@ -272,22 +263,6 @@ def _print_json(document: object) -> None:
     print(json.dumps(document, indent=2, sort_keys=False))
 
 
-def _host(root: str) -> Host:
-    if not root:
-        raise UsageError("--root is empty: name the node's root directory (/ for this machine)")
-    path = Path(root)
-    if not path.is_absolute():
-        path = Path.cwd() / path
-    try:
-        is_dir = path.is_dir()
-        resolved = path.resolve()
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise UsageError(f"--root {root}: cannot be used ({exc})") from None
-    if not is_dir:
-        raise UsageError(f"--root {root}: not a directory")
-    return Host(resolved)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -295,60 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ArgumentsError as exc:
         chosen = cliargs.log_format(argv)
         log.configure(chosen)
-        return _refused(exc, None, _console(chosen))
+        return clirun.refused(exc, None, clirun.console(chosen))
     log.configure(args.log_format)
-    run = COMMANDS[cliargs.command_name(args)]
-    try:
-        host = _host(args.root)
-        # image bake replaces the image's agent config, or checks it itself (bake/image.py)
-        baking = cliargs.command_name(args) == "image bake"
-        config = AgentConfig() if baking else _load_config(host, args.config)
-        log.configure(args.log_format, config.log.level)
-        return run(host, config, args)
-    except (ConfigError, UsageError) as exc:
-        return _refused(exc, args.command, _console(args.log_format))
-    except GpunodeError as exc:
-        if log.LOGGED not in getattr(exc, "__notes__", ()):
-            log.get().error("command.failed", command=args.command, exc=exc)
-        return EXIT_FAILED
-
-
-def _refused(exc: UsageError | ConfigError, command: str | None, console: bool) -> int:
-    """A usage or agent-config error: exit 2, on a console the plain `gpunode: …` line
-    (argparse's usage first, as it prints it) and a hint line, else one JSON event."""
-    if log.LOGGED in getattr(exc, "__notes__", ()):
-        return EXIT_USAGE  # its step already logged it (in the chosen format)
-    hint = exc.hint or "see 'gpunode --help'"
-    if console:
-        if isinstance(exc, ArgumentsError):
-            print(f"{exc.usage}{exc.prog}: error: {exc}", file=sys.stderr)
-        else:
-            print(f"gpunode: {exc}", file=sys.stderr)
-        print(f"gpunode: hint: {hint}", file=sys.stderr)
-        return EXIT_USAGE
-    fields: dict[str, object] = {"command": command, "exit_code": EXIT_USAGE, "hint": hint}
-    if isinstance(exc, ConfigError):
-        fields.update(file=exc.file, key=exc.key, line=exc.line)
-    if isinstance(exc, ArgumentsError):
-        fields.update(usage=exc.usage.strip())
-    log.get().error("command.refused", exc=exc, **fields)
-    return EXIT_USAGE
-
-
-def _console(log_format: str | None) -> bool:
-    """As log.configure decides: console when asked, or by default on a terminal."""
-    return log_format == "console" or (log_format is None and sys.stderr.isatty())
-
-
-def _load_config(host: Host, config: str | None) -> AgentConfig:
-    """--config names a file on the machine gpunode runs on, not under --root."""
-    if config is None:
-        return load_config(host)
-    return load_config(Host(), str(Path(config).absolute()))
+    name = cliargs.command_name(args)
+    return clirun.execute(name, COMMANDS[name], args)
 
 
 COMMANDS: dict[str, Command] = {
-    "detect": _detect, "status": _status, "plan": _plan, "boot": _boot, "label": _label,
+    "detect": _detect, "status": _status, "plan": _plan, "boot": clirun.boot, "label": _label,
     "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
     "driver status": _driver_status, "containerd configure": cli_containerd.configure,
     "containerd revert": cli_containerd.revert, "cdi generate": _cdi_generate,

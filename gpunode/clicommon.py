@@ -3,19 +3,22 @@ signature, and the node lock a command that changes the node holds (`changes_nod
 
 from __future__ import annotations
 
-import argparse
 import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from gpunode.config import AgentConfig
 from gpunode.host import Host
 
+if TYPE_CHECKING:
+    import argparse  # a plain boot runs without it (clirun.boot_plain)
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-Command = Callable[[Host, AgentConfig, argparse.Namespace], int]
+Command = Callable[[Host, AgentConfig, "argparse.Namespace"], int]
 
 
-Settings = Callable[[AgentConfig, argparse.Namespace], AgentConfig]
+Settings = Callable[[AgentConfig, "argparse.Namespace"], AgentConfig]
 
 
 def changes_node(name: str, settings: Settings | None = None) -> Callable[[Command], Command]:

@@ -1,6 +1,6 @@
 """The `gpunode` command's entry point: a no-op boot, a CPU node's boot and `--version` are
 answered before the CLI is imported (argparse and the command modules cost several times
-Python's own start)."""
+Python's own start), and a plain `gpunode boot` runs without argparse (clirun.boot_plain)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,16 @@ def main() -> int:
             return 0
         if config is None and fastpath.no_gpu_boot(root, log_format):
             return 0
-    from gpunode.cli import main as cli_main
-
     try:
-        code = cli_main()
+        code = None
+        if parsed is not None:
+            from gpunode import clirun
+
+            code = clirun.boot_plain(*parsed)
+        if code is None:
+            from gpunode.cli import main as cli_main
+
+            code = cli_main()
         sys.stdout.flush()
     except BrokenPipeError:
         # The reader went away (`gpunode status --json | head -1`): what it wanted it has;

@@ -68,6 +68,24 @@ def test_a_cpu_node_s_first_boot_imports_none_of_the_pipeline(make_host: HostFac
     assert json.loads((node.root / "run/gpunode/state.json").read_text())["outcome"] == "no-gpu"
 
 
+def test_a_gpu_node_s_plain_boot_runs_without_the_command_line_parser(
+        make_host: HostFactory) -> None:
+    """`gpunode boot` with at most --root, --config and --log-format goes through
+    clirun.boot_plain: the whole pipeline, none of argparse and the other commands."""
+    node = make_host("nc4as-t4-v3", "driver")
+    command = [sys.executable, "-X", "importtime", "-m", "gpunode", "--root", str(node.root),
+               "--log-format", "json", "boot"]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert {"gpunode.clirun", "gpunode.boot", "gpunode.containerd.step"} <= imported
+    assert not imported & {"argparse", "gpunode.cli", "gpunode.cliargs", "gpunode.ignition"}
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert events[-1]["event"] == "boot.done"
+    assert [e["step"] for e in events if e["event"] in ("step.done", "step.failed")] == [
+        "detect", "driver", "cdi", "containerd"]
+
+
 def test_status_of_a_node_that_has_not_joined_imports_no_kubernetes_client(
         make_host: HostFactory) -> None:
     node = make_host("nc4as-t4-v3", "ready")  # no kubeconfig: the node check is a skip

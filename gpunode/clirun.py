@@ -1,0 +1,112 @@
+"""What runs one command once its arguments are known: the host, the agent config, the log
+and the exits (docs/cli.md, "Exit codes": 1 a failed step, 2 a usage error or an invalid
+agent config).
+
+The full command line (cli.py, argparse) and the boot's short way in share it: entry.py runs a
+plain `gpunode boot`, as fastpath.boot_args reads it, straight through `boot_plain` — argparse,
+the parser of every command and the modules it names cost ~15 ms of every GPU node's boot.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from gpunode import log
+from gpunode.clicommon import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Command, changes_node
+from gpunode.config import AgentConfig, load_config
+from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
+from gpunode.host import Host
+
+LOG_FORMATS = ("json", "console")  # cliargs' choices for --log-format
+
+
+def execute(name: str, run: Command, args: Any) -> int:
+    """Run command `name` with its parsed arguments (`args.root`, `args.config`,
+    `args.log_format`, `args.command` and the command's own)."""
+    try:
+        host = host_for(args.root)
+        # image bake replaces the image's agent config, or checks it itself (bake/image.py)
+        config = AgentConfig() if name == "image bake" else _load_config(host, args.config)
+        log.configure(args.log_format, config.log.level)
+        return run(host, config, args)
+    except (ConfigError, UsageError) as exc:
+        return refused(exc, args.command, console(args.log_format))
+    except GpunodeError as exc:
+        if log.LOGGED not in getattr(exc, "__notes__", ()):
+            log.get().error("command.failed", command=args.command, exc=exc)
+        return EXIT_FAILED
+
+
+def boot_plain(root: str, config: str | None, log_format: str | None) -> int | None:
+    """`gpunode [--root R] [--config C] [--log-format F] boot` without the full parser;
+    None where the log format is not one the CLI takes (the full CLI refuses it)."""
+    if log_format is not None and log_format not in LOG_FORMATS:
+        return None
+    log.configure(log_format)
+    args = SimpleNamespace(root=root, config=config, log_format=log_format, command="boot",
+                           dry_run=False)
+    return execute("boot", boot, args)
+
+
+@changes_node("boot")
+def boot(host: Host, config: AgentConfig, args: Any) -> int:
+    from gpunode import boot as pipeline
+
+    run = pipeline.boot(host, config, pipeline.adapters_for(host, config))
+    log.get().info("boot.done", outcome=run.outcome, steps=[s["name"] for s in run.steps])
+    return EXIT_FAILED if run.outcome == "failed" else EXIT_OK
+
+
+def host_for(root: str) -> Host:
+    if not root:
+        raise UsageError("--root is empty: name the node's root directory (/ for this machine)")
+    path = Path(root)
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    try:
+        is_dir = path.is_dir()
+        resolved = path.resolve()
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise UsageError(f"--root {root}: cannot be used ({exc})") from None
+    if not is_dir:
+        raise UsageError(f"--root {root}: not a directory")
+    return Host(resolved)
+
+
+def refused(exc: UsageError | ConfigError, command: str | None, console: bool) -> int:
+    """A usage or agent-config error: exit 2, on a console the plain `gpunode: …` line
+    (argparse's usage first, as it prints it) and a hint line, else one JSON event."""
+    if log.LOGGED in getattr(exc, "__notes__", ()):
+        return EXIT_USAGE  # its step already logged it (in the chosen format)
+    hint = exc.hint or "see 'gpunode --help'"
+    if console:
+        if isinstance(exc, ArgumentsError):
+            print(f"{exc.usage}{exc.prog}: error: {exc}", file=sys.stderr)
+        else:
+            print(f"gpunode: {exc}", file=sys.stderr)
+        print(f"gpunode: hint: {hint}", file=sys.stderr)
+        return EXIT_USAGE
+    fields: dict[str, object] = {"command": command, "exit_code": EXIT_USAGE, "hint": hint}
+    if isinstance(exc, ConfigError):
+        fields.update(file=exc.file, key=exc.key, line=exc.line)
+    if isinstance(exc, ArgumentsError):
+        fields.update(usage=exc.usage.strip())
+    log.get().error("command.refused", exc=exc, **fields)
+    return EXIT_USAGE
+
+
+def console(log_format: str | None) -> bool:
+    """As log.configure decides: console when asked, or by default on a terminal."""
+    return log_format == "console" or (log_format is None and sys.stderr.isatty())
+
+
+def _load_config(host: Host, config: str | None) -> AgentConfig:
+    """--config names a file on the machine gpunode runs on, not under --root."""
+    if config is None:
+        return load_config(host)
+    return load_config(Host(), str(Path(config).absolute()))
+
+
