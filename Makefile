@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 DEMO   ?= demo-host
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids \
                 systemd dbus containerd kmod binutils ignition squashfs-tools openssl shellcheck \
-                podman crun busybox-static e2fsprogs util-linux
+                podman crun busybox-static e2fsprogs util-linux patchelf
 
 .PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api bench clean
 
@@ -19,14 +19,13 @@ $(VENV)/.apt-done:
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
 	@mkdir -p $(VENV) && touch $@
 
-$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml testing/pyproject.toml packaging/requirements.txt
+$(VENV)/.installed: $(VENV)/.apt-done pyproject.toml testing/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	@# compat mode: a plain path entry, not an import hook that every python start would pay for
 	$(BIN)/pip install -q --config-settings editable_mode=compat -e '.[test]'
 	@# the test and development support (fixture hosts, harnesses): never part of gpunode's wheel
 	$(BIN)/pip install -q --no-deps --config-settings editable_mode=compat -e testing
-	$(BIN)/pip install -q -r packaging/requirements.txt
 	@# The environment may forbid writing bytecode; compile once so timings match a real install.
 	$(BIN)/python -m compileall -q $(VENV)/lib gpunode testing >/dev/null
 	@touch $@
@@ -69,9 +68,9 @@ bench: setup fetch-containerd
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache
 
-# gpunode as a Flatcar system extension (packaging/build_sysext.py): a self-contained PyInstaller
-# bundle, the units and their enabling drop-in in packaging/build/gpunode-<version>-x86-64.raw,
-# with its .sha512. SYSEXT_ID=_any builds one that any OS accepts.
+# gpunode as a Flatcar system extension (packaging/build_sysext.py): this Python relocated with
+# gpunode (patchelf sets the libraries' RPATH), the units and their enabling drop-in, in
+# packaging/build/gpunode-<version>-x86-64.raw with its .sha512. SYSEXT_ID=_any builds one that any OS accepts.
 SYSEXT_ID ?= flatcar
 .PHONY: sysext
 sysext: setup

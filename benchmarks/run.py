@@ -16,7 +16,7 @@ What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4
    `gpunode --root <fixture> boot` of the same machine with its driver loaded and nothing
    configured (a fresh copy per run, so every boot writes the spec and the runtime): the step's
    own `duration_ms` from its `step.done` event against the boot process's wall time.
-5. The bundle nodes run: packaging/build_sysext.py's PyInstaller bundle, built and unpacked
+5. The bundle nodes run: packaging/build_sysext.py's relocated Python, built and unpacked
    here, against the venv's console script, for `--version` and the no-op boot.
 6. The boot path in a real systemd (benchmarks/boot_path.py; as root, where the systemd
    namespace harness runs; otherwise its keys are null and the reason is printed).

@@ -69,7 +69,7 @@ UNITS_PACKAGE_DIR = "units"  # gpunode/units/: package data (pyproject.toml's pa
 
 def packaged_unit(name: str) -> str:
     """A unit's text as gpunode's package data holds it: in a checkout, a wheel install or the
-    sysext's PyInstaller bundle alike (importlib.resources; only `gpunode ignition` reads it)."""
+    sysext's bundle alike (importlib.resources; only `gpunode ignition` reads it)."""
     from importlib import resources
 
     resource = resources.files("gpunode").joinpath(UNITS_PACKAGE_DIR, name)

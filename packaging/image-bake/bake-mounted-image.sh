@@ -8,7 +8,7 @@
 #       [--gpunode-sysext gpunode-0.1.0-x86-64.raw | --gpunode PROGRAM]
 #
 # Which gpunode bakes: with --gpunode-sysext, the bundled one inside that system extension
-# (unsquashfs'd into a temporary directory: a PyInstaller bundle with its own Python, glibc
+# (unsquashfs'd into a temporary directory: a bundle with its own Python, glibc
 # 2.36 or newer on the host), so the gpunode that bakes is the one baked; otherwise --gpunode
 # PROGRAM, or `gpunode` on PATH (pip install of gpunode's wheel into a virtualenv).
 #

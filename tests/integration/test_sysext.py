@@ -8,7 +8,6 @@ import ast
 import configparser
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 import pkgutil
@@ -35,13 +34,14 @@ pytestmark = pytest.mark.allow_paths(
     *MACHINE_PATHS, "/lib/systemd/system/systemd-sysext.service")
 
 UNITS = REPO / "units"
-ENTRY = REPO / "packaging" / "gpunode_main.py"
 NO_VENV = {"PATH": "/usr/bin:/bin"}  # no virtualenv, no PYTHONPATH, no PYTHONHOME
 
 EXPECTED_PATHS = {
     "usr/bin/gpunode",
     "usr/lib/gpunode/gpunode",
-    "usr/lib/gpunode/_internal",
+    "usr/lib/gpunode/bin/python3.11",
+    "usr/lib/gpunode/lib/python3.11/os.py",
+    "usr/lib/gpunode/lib/python3.11/gpunode/entry.py",
     "usr/lib/systemd/system/gpunode.service",
     "usr/lib/systemd/system/gpunode-label.service",
     "usr/lib/systemd/system/gpunode-watch.service",
@@ -61,17 +61,48 @@ def image_paths(image: Path) -> set[str]:
 def test_image_lists_the_bundle_the_units_the_drop_in_and_the_release_file(built: Built) -> None:
     paths = image_paths(built.image)
     assert paths >= EXPECTED_PATHS
-    assert {p for p in paths if p.startswith("usr/lib/gpunode/_internal/libpython3")}
+    # Byte code beside every module, hash-based (no source stat at import): gpunode's own and
+    # the standard library's.
+    for module in ("gpunode/entry", "os", "json/decoder"):
+        assert f"usr/lib/gpunode/lib/python3.11/{Path(module).parent}/__pycache__/" \
+            f"{Path(module).name}.cpython-311.pyc".replace("/./", "/") in paths, module
+    # No test suite, Tk or site-packages of the build machine's Python.
+    assert not {p for p in paths if p.startswith(("usr/lib/gpunode/lib/python3.11/test/",
+                                                  "usr/lib/gpunode/lib/python3.11/tkinter",
+                                                  "usr/lib/gpunode/lib/python3.11/site-"))}
     # Nothing outside /usr (sysext merges /usr and /opt; /etc in an image is ignored) and no
     # os-release of its own (systemd-sysext refuses such images).
     assert all(p == "usr" or p.startswith("usr/") for p in paths)
     assert "usr/lib/os-release" not in paths
 
 
-def test_bin_gpunode_is_a_relative_link_to_the_executable_bundle(built: Built) -> None:
-    link = built.tree / "usr/bin/gpunode"
-    assert link.is_symlink() and os.readlink(link) == "../lib/gpunode/gpunode"
-    assert os.access(built.tree / "usr/lib/gpunode/gpunode", os.X_OK)
+def test_the_launchers_run_the_bundled_interpreter_isolated_and_relative_to_themselves(
+        built: Built) -> None:
+    for launcher, python in (("usr/bin/gpunode", "../lib/gpunode/bin/python3.11"),
+                             ("usr/lib/gpunode/gpunode", "bin/python3.11")):
+        path = built.tree / launcher
+        assert os.access(path, os.X_OK) and not path.is_symlink()
+        assert path.read_text().splitlines()[-1] == (
+            f'exec "${{0%/*}}/{python}" -IS -c \'from gpunode.entry import run; run()\' "$@"')
+        assert (path.parent / python).resolve() == \
+            (built.tree / "usr/lib/gpunode/bin/python3.11").resolve()
+
+
+def test_every_elf_file_finds_its_libraries_in_the_bundle_or_glibc(built: Built) -> None:
+    """RPATHs, not LD_LIBRARY_PATH: ldd resolves every library of every ELF file in the
+    bundle inside it, but glibc's, which is the node's."""
+    bundle = built.tree / "usr/lib/gpunode"
+    elves = [p for p in bundle.rglob("*") if p.is_file() and p.read_bytes()[:4] == b"\x7fELF"]
+    assert any(p.name == "python3.11" for p in elves)
+    assert any(p.name.startswith("_ssl.") for p in elves)
+    glibc = load_build_script().GLIBC
+    for elf in elves:
+        listing = subprocess.run(["ldd", str(elf)], capture_output=True, text=True,
+                                 check=True).stdout
+        for line in listing.splitlines():
+            name, arrow, where = line.strip().partition(" => ")
+            if arrow and not name.startswith(glibc):
+                assert where.startswith(str(bundle)), (elf, line)
 
 
 def test_everything_in_the_image_is_owned_by_root(built: Built) -> None:
@@ -160,9 +191,9 @@ def test_bundle_holds_gpunode_package_data_where_importlib_resources_finds_it(
         "gpunode/driver/build.sh", "gpunode/units/gpunode.service",
         "gpunode/units/gpunode-label.service", "gpunode/units/gpunode-watch.service",
         "gpunode/units/containerd-env.conf"}
-    internal = built.tree / "usr/lib/gpunode/_internal"
+    stdlib = built.tree / "usr/lib/gpunode/lib/python3.11"
     for data in shipped:
-        assert (internal / data).read_bytes() == (REPO / data).read_bytes()
+        assert (stdlib / data).read_bytes() == (REPO / data).read_bytes()
 
 
 def test_bundled_gpunode_prints_its_version_without_a_virtualenv(built: Built) -> None:
@@ -249,8 +280,8 @@ def test_flatcar_boot_merges_the_image_and_starts_gpunode_from_it(
         ns.wait_active("gpunode.service")
         assert "gpunode" in ns.run(["systemd-sysext", "status"]).stdout
         assert ns.run(["findmnt", "-n", "-o", "FSTYPE", "/usr"]).stdout.strip() == "overlay"
-        assert ns.run(["readlink", "-f", "/usr/bin/gpunode"]).stdout.strip() == \
-            "/usr/lib/gpunode/gpunode"
+        assert ns.run(["cat", "/usr/bin/gpunode"]).stdout == \
+            (built.tree / "usr/bin/gpunode").read_text()
         version = ns.run(["/usr/bin/gpunode", "--version"])
         assert version.stdout == f"gpunode {gpunode.__version__}\n"
 
@@ -292,24 +323,9 @@ def test_programs_gpunode_runs_get_the_callers_library_path_not_the_bundles(
         ns.run(["/usr/bin/gpunode", "--log-format", "json", "containerd", "configure",
                 "--force"], env={"LD_LIBRARY_PATH": "/opt/callers"})
         environment = (workdir / "containerd.env").read_text().splitlines()
-        # not /usr/lib/gpunode/_internal:/opt/callers, as the bootloader had set it
-        assert [v for v in environment if v.startswith(("LD_LIBRARY_PATH", "_PYI_"))] == [
+        # the caller's, not one that names the bundle's libraries (their RPATHs find them)
+        assert [v for v in environment if v.startswith("LD_LIBRARY_PATH")] == [
             "LD_LIBRARY_PATH=/opt/callers"]
-
-
-def test_restore_environment_gives_back_the_callers_library_path() -> None:
-    spec = importlib.util.spec_from_file_location("gpunode_main", ENTRY)
-    assert spec is not None and spec.loader is not None
-    entry = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(entry)  # not as __main__: gpunode does not start
-    bundle = "/usr/lib/gpunode/_internal"
-    cases = [({"LD_LIBRARY_PATH": bundle, "_PYI_ARCHIVE_FILE": "x", "PATH": "/bin"},
-              {"PATH": "/bin"}),
-             ({"LD_LIBRARY_PATH": f"{bundle}:/opt", "LD_LIBRARY_PATH_ORIG": "/opt"},
-              {"LD_LIBRARY_PATH": "/opt"})]
-    for environ, expected in cases:
-        entry.restore_environment(environ)
-        assert environ == expected
 
 
 def driver_sysext(workdir: Path, name: str) -> Path:
@@ -364,3 +380,14 @@ def test_a_baked_driver_sysext_merges_from_run_extensions_while_gpunode_runs_fro
         assert ns.run(["cat", f"/usr/share/{name}/README"]).stdout == f"{name} stand-in\n"
         assert ns.unit_property("holder.service", "ActiveState") == "active"
         assert ns.run(["/usr/bin/gpunode", "--version"]).stdout.startswith("gpunode ")
+
+
+def test_a_second_build_elsewhere_gives_the_same_bytes(built: Built) -> None:
+    """Reproducible: another work and output directory, the same image (timestamps, byte
+    code, modes and owners fixed)."""
+    out, work = built.dir / "again-out", built.dir / "again-work"
+    done = subprocess.run([sys.executable, str(REPO / "packaging/build_sysext.py"), "--out",
+                           str(out), "--work", str(work)], capture_output=True, text=True,
+                          timeout=1200, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (out / IMAGE_NAME).read_bytes() == built.image.read_bytes()
