@@ -128,3 +128,18 @@ def test_a_symlink_that_climbs_out_of_the_root_is_never_unchanged(node: Host) ->
 def _fields(path: Path) -> list[int]:
     st = path.stat()
     return [st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_rdev]
+
+
+@pytest.mark.parametrize("text", [
+    '{"stamp_version": 2, "inputs": {"/a": [1, 2, "x"], "/b/": ["n\\u00e9"]}}\n',
+    '{"a": [1.5, -2, 1e3, true, false, null, {}], "b": "\\ud83d\\ude00"}', '[]', '"s"', "7"])
+def test_the_stamp_reader_reads_what_json_reads(text: str) -> None:
+    assert fastpath._json_document(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": [1,', '{"a": 1} {"b": 2}', '{"a": NaN}', '{"a": Infinity}', "", "   ",
+    '{"a": "tab\tin a string"}', "{'a': 1}", '{"a": 1,}', " {}"])
+def test_the_stamp_reader_refuses_with_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError):
+        fastpath._json_document(text)
