@@ -28,6 +28,8 @@ $(VENV)/.installed: $(VENV)/.apt-done pyproject.toml testing/pyproject.toml
 	$(BIN)/pip install -q --no-deps --config-settings editable_mode=compat -e testing
 	@# The environment may forbid writing bytecode; compile once so timings match a real install.
 	$(BIN)/python -m compileall -q $(VENV)/lib gpunode testing >/dev/null
+	@# the compiled code of gpunode's dataclass methods, as the sysext has it (gpunode/dataclass_cache.py)
+	$(BIN)/python -m gpunode.dataclass_cache >/dev/null
 	@touch $@
 
 setup: $(VENV)/.installed

@@ -27,6 +27,9 @@ def main() -> int:
             return 0
         if config is None and fastpath.no_gpu_boot(root, log_format):
             return 0
+    from gpunode import dataclass_cache
+
+    dataclass_cache.install()  # before the modules whose dataclasses it has compiled code for
     try:
         code = None
         if parsed is not None:

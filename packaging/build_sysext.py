@@ -234,6 +234,9 @@ def bundle(work: Path) -> Path:
             copy_file(str(dist.locate_file(file)), str(target))
     link_libraries(out)
     compile_all(stdlib)
+    # the compiled code of gpunode's dataclass methods (gpunode/dataclass_cache.py)
+    run([str(out / "bin" / STDLIB), "-IS", "-m", "gpunode.dataclass_cache"],
+        env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
     for relative, python in (("gpunode", STDLIB), ("bin/gpunode", STDLIB)):
         launcher = out / relative
         launcher.write_text(LAUNCHER.format(python=f"bin/{python}" if relative == "gpunode"

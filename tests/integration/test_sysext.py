@@ -42,6 +42,8 @@ EXPECTED_PATHS = {
     "usr/lib/gpunode/bin/python3.11",
     "usr/lib/gpunode/lib/python3.11/os.py",
     "usr/lib/gpunode/lib/python3.11/gpunode/entry.py",
+    # the compiled code of gpunode's dataclass methods (gpunode/dataclass_cache.py)
+    "usr/lib/gpunode/lib/python3.11/gpunode/__pycache__/dataclasses.cpython-311.marshal",
     "usr/lib/systemd/system/gpunode.service",
     "usr/lib/systemd/system/gpunode-label.service",
     "usr/lib/systemd/system/gpunode-watch.service",
@@ -202,6 +204,14 @@ def test_bundled_gpunode_prints_its_version_without_a_virtualenv(built: Built) -
                               capture_output=True, text=True, timeout=60, check=False)
         assert (done.returncode, done.stdout) == (0, f"gpunode {gpunode.__version__}\n"), \
             done.stderr
+
+
+def test_the_bundled_python_uses_the_kept_dataclass_code(built: Built) -> None:
+    python = built.tree / "usr/lib/gpunode/bin/python3.11"
+    done = subprocess.run([str(python), "-IS", "-c", "from gpunode import dataclass_cache; "
+                           "print(dataclass_cache.install())"], env=NO_VENV,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
 
 
 def test_bundled_gpunode_status_says_ready_on_a_ready_fixture_node(

@@ -1,0 +1,96 @@
+"""gpunode.dataclass_cache: the compiled code of dataclass methods kept across processes
+makes the very classes `dataclasses` makes without it, is used by the boot's imports, and a
+broken file changes nothing. Each case runs in a fresh interpreter: install() changes the
+process's `dataclasses` module."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Every dataclass of every gpunode module: its generated methods' code, field by field.
+SHAPES = """\
+import dataclasses, importlib, json, pkgutil, sys
+from gpunode import dataclass_cache
+installed = dataclass_cache.install(*([__import__("pathlib").Path(sys.argv[1])]
+                                       if len(sys.argv) > 1 else []))
+import gpunode
+shapes = {}
+for info in pkgutil.walk_packages(gpunode.__path__, "gpunode."):
+    if info.name.endswith("__main__"):
+        continue
+    module = importlib.import_module(info.name)
+    for name, value in vars(module).items():
+        if isinstance(value, type) and dataclasses.is_dataclass(value) and \\
+                value.__module__ == info.name:
+            methods = {m: [f.__code__.co_code.hex(), repr(f.__code__.co_consts),
+                           f.__code__.co_names, f.__code__.co_varnames,
+                           f.__globals__ is vars(module) or f.__globals__["__name__"]]
+                       for m in ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__",
+                                 "__delattr__")
+                       if (f := getattr(value.__dict__.get(m), "__wrapped__",
+                                        value.__dict__.get(m))) is not None
+                       and hasattr(f, "__code__")}
+            shapes[f"{info.name}.{name}"] = methods
+print(json.dumps({"installed": installed, "shapes": shapes}))
+"""
+
+HITS = """\
+import json
+from gpunode import dataclass_cache
+installed = dataclass_cache.install()
+asked = []
+class Counting(dict):
+    def get(self, key, default=None):
+        asked.append(key in self)
+        return super().get(key, default)
+dataclass_cache._code = Counting(dataclass_cache._code)
+import gpunode.clirun, gpunode.boot, gpunode.containerd.step, gpunode.driver.step
+print(json.dumps({"installed": installed, "hits": sum(asked), "misses": len(asked) - sum(asked)}))
+"""
+
+
+def run(code: str, *args: str) -> dict[str, object]:
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def test_the_kept_code_makes_the_same_classes(tmp_path: Path) -> None:
+    cache = tmp_path / "kept.marshal"
+    done = subprocess.run([sys.executable, "-c", "import sys, pathlib; from gpunode import "
+                           "dataclass_cache; print(dataclass_cache.write(pathlib.Path("
+                           "sys.argv[1])))", str(cache)], capture_output=True, text=True,
+                          check=True)
+    assert int(done.stdout) > 300
+    with_cache = run(SHAPES, str(cache))
+    without = run(SHAPES, str(tmp_path / "absent.marshal"))
+    assert (with_cache["installed"], without["installed"]) == (True, False)
+    assert len(with_cache["shapes"]) > 100  # type: ignore[arg-type]
+    assert with_cache["shapes"] == without["shapes"]
+
+
+def test_the_boot_s_imports_take_every_method_from_the_kept_code() -> None:
+    """`make setup` wrote the virtualenv's file (gpunode/__pycache__), as the sysext build
+    writes the image's."""
+    seen = run(HITS)
+    assert seen["installed"] is True
+    assert seen["misses"] == 0 and int(seen["hits"]) > 300  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage", b"\xe9" * 100, b"[]",
+                                     b"\xfa\x01\x00\x00\x00"])  # a marshalled list, truncated
+def test_a_broken_file_changes_nothing(tmp_path: Path, content: bytes) -> None:
+    cache = tmp_path / "broken.marshal"
+    cache.write_bytes(content)
+    seen = run("import json, sys, pathlib; from gpunode import dataclass_cache; "
+               "ok = dataclass_cache.install(pathlib.Path(sys.argv[1])); "
+               "import dataclasses, gpunode.boot; "
+               "print(json.dumps({'installed': ok, 'patched': hasattr(dataclasses, 'exec')}))",
+               str(cache))
+    assert seen == {"installed": False, "patched": False}
