@@ -115,12 +115,15 @@ def sweep_stale_temps(host: Host) -> list[str]:
     symlink (a temp that is itself a link is unlinked)."""
     removed = []
     for directory, names in (*WRITTEN, *_config_dirs(host)):
-        temp = re.compile(rf"\.(?:{names})\.[A-Za-z0-9_]+{re.escape(TEMP_SUFFIX)}")
         try:
             st = host.lstat(directory)
             entries = host.list_dir(directory) if st and stat.S_ISDIR(st.st_mode) else []
         except HostError:
             continue  # not ours to read: nothing of ours can be in it
+        entries = [e for e in entries if e.startswith(".") and e.endswith(TEMP_SUFFIX)]
+        if not entries:
+            continue  # the usual case: no pattern to compile (~0.2 ms each, on every boot)
+        temp = re.compile(rf"\.(?:{names})\.[A-Za-z0-9_]+{re.escape(TEMP_SUFFIX)}")
         for entry in entries:
             path = f"{directory.rstrip('/')}/{entry}"
             found = temp.fullmatch(entry) and host.lstat(path)
