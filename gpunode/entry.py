@@ -27,9 +27,12 @@ def main() -> int:
             return 0
         if config is None and fastpath.no_gpu_boot(root, log_format):
             return 0
-    from gpunode import dataclass_cache
+    if fastpath.command_word(sys.argv[1:]) != "watch":
+        # Before the modules whose dataclass methods it has compiled; not for the daemon,
+        # whose start is not waited for and which would keep the file's ~1 MB all its life.
+        from gpunode import dataclass_cache
 
-    dataclass_cache.install()  # before the modules whose dataclasses it has compiled code for
+        dataclass_cache.install()
     try:
         code = None
         if parsed is not None:

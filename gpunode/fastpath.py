@@ -189,6 +189,18 @@ def boot_args(argv: list[str]) -> tuple[str, str | None, str | None] | None:
     return os.path.abspath(root), config, log_format
 
 
+def command_word(argv: list[str]) -> str | None:
+    """The command argv names (its first word after the global options), or None."""
+    rest = list(argv)
+    while rest:
+        word = rest.pop(0)
+        if word in ("--root", "--config", "--log-format"):
+            rest[:1] = []  # the option's value
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
 def report_unchanged(log_format: str | None) -> None:
     """The one event a no-op boot logs (the console format stays readable by hand)."""
     stamp = timestamps.utc_timestamp()

@@ -143,3 +143,12 @@ def test_the_stamp_reader_reads_what_json_reads(text: str) -> None:
 def test_the_stamp_reader_refuses_with_a_value_error(text: str) -> None:
     with pytest.raises(ValueError):
         fastpath._json_document(text)
+
+
+@pytest.mark.parametrize(("argv", "word"), [
+    (["watch"], "watch"), (["--root", "/x", "--log-format", "json", "watch", "--once"], "watch"),
+    (["--root=/x", "status"], "status"), (["--config", "watch", "boot"], "boot"),
+    (["--log-format", "json"], None), ([], None), (["-h"], None)])
+def test_the_command_word_skips_the_global_options_and_their_values(
+        argv: list[str], word: str | None) -> None:
+    assert fastpath.command_word(argv) == word
