@@ -143,7 +143,11 @@ LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
 # tree runs anywhere (the tests, the benchmark, an image bake) and the merged one from /usr.
 LAUNCHER = """#!/bin/sh
 # gpunode's launcher (packaging/build_sysext.py): the bundled Python 3, isolated, no site.
-exec "${{0%/*}}/{python}" -IS -c 'from gpunode.entry import run; run()' "$@"
+here=${{0%/*}}
+[ "$here" != "$0" ] || here=.
+# called through a link elsewhere: from where the launcher itself lies
+[ -x "$here/{python}" ] || here=$(dirname "$(readlink -f "$0")")
+exec "$here/{python}" -IS -c 'from gpunode.entry import run; run()' "$@"
 """
 class BuildError(RuntimeError):
     """The image could not be built; the message says why."""

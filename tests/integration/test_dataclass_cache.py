@@ -6,6 +6,7 @@ process's `dataclasses` module."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +57,7 @@ print(json.dumps({"installed": installed, "hits": sum(asked), "misses": len(aske
 
 def run(code: str, *args: str) -> dict[str, object]:
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          check=False)
+                          timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout))
 
@@ -84,10 +85,20 @@ def test_the_boot_s_imports_take_every_method_from_the_kept_code() -> None:
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage", b"\xe9" * 100, b"[]",
-                                     b"\xfa\x01\x00\x00\x00"])  # a marshalled list, truncated
-def test_a_broken_file_changes_nothing(tmp_path: Path, content: bytes) -> None:
+                                     b"\xfa\x01\x00\x00\x00",  # a marshalled list, truncated
+                                     "fifo", "directory", "huge"])
+def test_a_broken_file_changes_nothing(tmp_path: Path, content: bytes | str) -> None:
     cache = tmp_path / "broken.marshal"
-    cache.write_bytes(content)
+    if content == "fifo":
+        os.mkfifo(cache)  # nobody writes: reading it would hang
+    elif content == "directory":
+        cache.mkdir()
+    elif content == "huge":
+        with cache.open("wb") as out:
+            out.truncate(17 << 20)
+    else:
+        assert isinstance(content, bytes)
+        cache.write_bytes(content)
     seen = run("import json, sys, pathlib; from gpunode import dataclass_cache; "
                "ok = dataclass_cache.install(pathlib.Path(sys.argv[1])); "
                "import dataclasses, gpunode.boot; "

@@ -85,9 +85,22 @@ def test_the_launchers_run_the_bundled_interpreter_isolated_and_relative_to_them
         path = built.tree / launcher
         assert os.access(path, os.X_OK) and not path.is_symlink()
         assert path.read_text().splitlines()[-1] == (
-            f'exec "${{0%/*}}/{python}" -IS -c \'from gpunode.entry import run; run()\' "$@"')
+            f'exec "$here/{python}" -IS -c \'from gpunode.entry import run; run()\' "$@"')
         assert (path.parent / python).resolve() == \
             (built.tree / "usr/lib/gpunode/bin/python3.11").resolve()
+
+
+def test_the_launcher_runs_by_a_relative_name_and_through_a_link(built: Built,
+                                                                  tmp_path: Path) -> None:
+    link = tmp_path / "bin" / "gpunode"
+    link.parent.mkdir()
+    link.symlink_to(built.tree / "usr/bin/gpunode")
+    for argv, cwd in ((["sh", "gpunode", "--version"], built.tree / "usr/bin"),
+                      ([str(link), "--version"], tmp_path)):
+        done = subprocess.run(argv, cwd=cwd, env=NO_VENV, capture_output=True, text=True,
+                              timeout=60, check=False)
+        assert (done.returncode, done.stdout) == (0, f"gpunode {gpunode.__version__}\n"), \
+            done.stderr
 
 
 def test_every_elf_file_finds_its_libraries_in_the_bundle_or_glibc(built: Built) -> None:
