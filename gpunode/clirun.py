@@ -108,5 +108,3 @@ def _load_config(host: Host, config: str | None) -> AgentConfig:
     if config is None:
         return load_config(host)
     return load_config(Host(), str(Path(config).absolute()))
-
-

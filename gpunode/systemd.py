@@ -143,6 +143,9 @@ class DbusSystemd:
                 if not (kept and attempt == 1):
                     self._give_up(name, what, exc)
             except dbus.BusError as exc:
+                if not exc.name:  # no answer in time: a late one must not meet the next call
+                    bus.close()
+                    self._bus = None
                 raise SystemdError(name, what, str(exc)) from exc
         raise AssertionError("unreachable: the second attempt returns or raises")
 

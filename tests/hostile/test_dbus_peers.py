@@ -116,6 +116,26 @@ def answering(*replies: bytes, then_wait: bool = False) -> Serve:
     return serve
 
 
+def answering_auth(reply: bytes) -> Serve:
+    """A server that reads the client's authentication, answers `reply` and waits for the
+    client to hang up (so the client reads the answer, not a reset)."""
+
+    def serve(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        data = b""
+        with contextlib.suppress(OSError):
+            while b"BEGIN\r\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                data += chunk
+            conn.sendall(reply)
+            while conn.recv(4096):
+                pass
+
+    return serve
+
+
 def read(path: str) -> object:
     return dbus._open(path, None).get_property("/org/freedesktop/systemd1/unit/x", "I", "P")
 
@@ -142,9 +162,9 @@ def test_a_signal_before_the_reply_is_skipped(peer: Callable[[Serve], str]) -> N
 
 
 @pytest.mark.parametrize(("serve", "kind", "words"), [
-    (lambda conn: conn.sendall(b"REJECTED EXTERNAL\r\n"), dbus.BusUnreachable,
+    (answering_auth(b"REJECTED EXTERNAL\r\n"), dbus.BusUnreachable,
      "refused gpunode's authentication (REJECTED EXTERNAL)"),
-    (lambda conn: conn.sendall(b"x" * 5000), dbus.BusUnreachable,
+    (answering_auth(b"x" * 5000), dbus.BusUnreachable,
      "no authentication answer in the first 4096 bytes"),
     # a peer that hangs up at once: "no answer", or a reset, as the race falls; the path either way
     (lambda conn: None, dbus.BusUnreachable, "/bus0: "),
@@ -251,3 +271,18 @@ def test_the_adapter_says_unknown_and_warns_once(peer: Callable[[Serve], str],
         systemd.DbusSystemd().main_process("x.service")
     assert type(caught.value) is SystemdError
     assert "x.service" in str(caught.value) and "not loaded" in str(caught.value)
+
+
+def test_after_a_timeout_the_adapter_asks_on_a_new_connection(
+        peer: Callable[[Serve], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply that comes late must not be read as the next call's: the connection that
+    timed out is dropped."""
+    monkeypatch.setattr(dbus, "TIMEOUT_SECONDS", 0.3)
+    paths = iter([peer(answering(then_wait=True)),
+                  peer(answering(message(2, 1, "v", variant_string("active"))))])
+    monkeypatch.setattr(dbus, "connect_systemd", lambda: dbus._open(next(paths), None))
+    manager = systemd.DbusSystemd()
+    with pytest.raises(SystemdError, match=r"did not answer within 0\.3 s"):
+        manager.main_process("containerd.service")
+    assert manager.active_state("containerd.service") == "active"
+    assert manager.available
