@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 from typing import Any
 
 PRIVATE_SOCKET = "/run/systemd/private"
@@ -41,6 +42,7 @@ _PATH, _INTERFACE, _MEMBER, _ERROR_NAME, _REPLY_SERIAL, _DESTINATION, _SIGNATURE
     1, 2, 3, 4, 5, 6, 8)
 _FIXED = {"y": ("B", 1), "b": ("I", 4), "n": ("h", 2), "q": ("H", 2), "i": ("i", 4),
           "u": ("I", 4), "x": ("q", 8), "t": ("Q", 8), "d": ("d", 8), "h": ("I", 4)}
+_BASIC = "ybnqiuxtdhsog"  # the types a dict entry's key may be
 _ALIGN = {**{code: size for code, (_, size) in _FIXED.items()},
           "s": 4, "o": 4, "g": 1, "a": 4, "(": 8, "{": 8, "v": 1}
 
@@ -64,7 +66,8 @@ class Connection:
         self._sock = sock
         self._destination = destination  # None on systemd's private (peer-to-peer) socket
         self._serial = 0
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._deadline = 0.0  # of the call being answered (time.monotonic)
 
     def call(self, path: str, interface: str, member: str, signature: str = "",
              args: tuple[str, ...] = (), destination: str | None = None) -> list[Any]:
@@ -79,6 +82,7 @@ class Connection:
             fields.append((_DESTINATION, "s", target))
         if signature:
             fields.append((_SIGNATURE, "g", signature))
+        self._deadline = time.monotonic() + TIMEOUT_SECONDS  # the whole call, not each read
         self._send(_header(self._serial, len(body), fields) + body)
         return self._reply(self._serial, f"{interface}.{member}")
 
@@ -93,6 +97,7 @@ class Connection:
 
     def _send(self, data: bytes) -> None:
         try:
+            self._sock.settimeout(TIMEOUT_SECONDS)
             self._sock.sendall(data)
         except TimeoutError:
             raise BusError(f"the bus took no message within {TIMEOUT_SECONDS:g} s") from None
@@ -127,7 +132,11 @@ class Connection:
 
     def _read(self, size: int) -> bytes:
         while len(self._buffer) < size:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise BusError(f"systemd did not answer within {TIMEOUT_SECONDS:g} s")
             try:
+                self._sock.settimeout(left)
                 chunk = self._sock.recv(max(65536, size - len(self._buffer)))
             except TimeoutError:
                 raise BusError(f"systemd did not answer within {TIMEOUT_SECONDS:g} s") \
@@ -137,7 +146,8 @@ class Connection:
             if not chunk:
                 raise BusUnreachable("the bus closed the connection")
             self._buffer += chunk
-        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        data = bytes(self._buffer[:size])
+        del self._buffer[:size]
         return data
 
 
@@ -157,7 +167,11 @@ def _system_bus_path() -> str:
         transport, _, params = entry.partition(":")
         keys = dict(param.partition("=")[::2] for param in params.split(","))
         if transport == "unix" and keys.get("path"):
-            return _unescape(keys["path"])
+            try:
+                return _unescape(keys["path"])
+            except (ValueError, UnicodeDecodeError):
+                raise BusUnreachable(f"DBUS_SYSTEM_BUS_ADDRESS={address!r}: the path's % "
+                                     "escapes are not valid") from None
     if address:
         raise BusUnreachable(f"DBUS_SYSTEM_BUS_ADDRESS={address!r} names no unix:path= "
                              "socket (the one transport gpunode speaks)")
@@ -192,6 +206,7 @@ def _authenticate(sock: socket.socket, path: str) -> None:
     that does unanswered until something else wakes it up (seen here: 4 of 5 calls)."""
     sock.sendall(b"\0AUTH EXTERNAL\r\nDATA\r\nBEGIN\r\n")
     answer = b""
+    deadline = time.monotonic() + TIMEOUT_SECONDS  # a peer that drips bytes is no faster
     while len(answer) < 4096:
         lines = answer.split(b"\r\n")
         for line in lines[:-1]:
@@ -201,6 +216,7 @@ def _authenticate(sock: socket.socket, path: str) -> None:
                 shown = line.decode(errors="replace").strip() or "an empty line"
                 raise BusUnreachable(f"{path}: the bus refused gpunode's authentication "
                                      f"({shown})")
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
         chunk = sock.recv(4096)
         if not chunk:
             raise BusUnreachable(f"{path}: the bus closed the connection during "
@@ -274,9 +290,14 @@ def _complete(signature: str, i: int) -> int:
     if code == "a":
         return _complete(signature, i + 1)
     if code in "({":
-        close, j = ")" if code == "(" else "}", i + 1
+        close, j, members = ")" if code == "(" else "}", i + 1, 0
         while signature[j] != close:
+            if code == "{" and members == 0 and signature[j] not in _BASIC:
+                raise ValueError(f"a dict entry whose key {signature[j]!r} is not a basic type")
             j = _complete(signature, j)
+            members += 1
+        if members == 0 or (code == "{" and members != 2):
+            raise ValueError(f"{signature[i:j + 1]!r} is not a valid struct or dict entry")
         return j + 1
     if code not in _ALIGN:
         raise ValueError(f"unknown type code {code!r}")

@@ -126,13 +126,19 @@ class DbusSystemd:
                 raise SystemdError(name, "connect to", str(exc)) from exc
         return self._bus
 
-    def _request(self, name: str, what: str, call: Callable[[Connection], Any]) -> Any:
+    def _request(self, name: str, what: str, call: Callable[[Connection], Any],
+                 again: bool = True) -> Any:
         """`call(connection)`, its errors told apart: nobody to ask (Unavailable) or a refusal
         (SystemdError). A kept connection that went away (the bus restarted under a
-        long-lived `gpunode watch`) is opened once more before systemd counts as gone."""
+        long-lived `gpunode watch`) is opened once more before systemd counts as gone — for
+        a read (`again`); a restart or reload, which must not reach systemd twice, goes out
+        once on a new connection instead."""
         from gpunode import dbus
 
-        for attempt in (1, 2):
+        if not again and self._bus is not None:
+            self._bus.close()
+            self._bus = None
+        for attempt in (1, 2) if again else (2,):
             kept = self._bus is not None
             bus = self._connect(name)
             try:
@@ -219,7 +225,7 @@ class DbusSystemd:
         try:
             # A timeout too is a refusal: a manager that did not answer in time.
             self._request("systemd", "reload", lambda bus: bus.call(
-                MANAGER_PATH, MANAGER_INTERFACE, "Reload"))
+                MANAGER_PATH, MANAGER_INTERFACE, "Reload"), again=False)
         except Unavailable:
             return  # nothing to reload: no manager has read the old files either
         except SystemdError as exc:
@@ -230,7 +236,7 @@ class DbusSystemd:
     def restart(self, unit: str, timeout: float) -> None:
         """Restart and wait for the job to finish and the unit to be active again."""
         self._request(unit, "restart", lambda bus: bus.call(
-            _unit_path(unit), UNIT_INTERFACE, "Restart", "s", ("replace",)))
+            _unit_path(unit), UNIT_INTERFACE, "Restart", "s", ("replace",)), again=False)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self._property(unit, UNIT_INTERFACE, "Job")

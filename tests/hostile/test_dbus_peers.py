@@ -10,6 +10,7 @@ import contextlib
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -286,3 +287,100 @@ def test_after_a_timeout_the_adapter_asks_on_a_new_connection(
         manager.main_process("containerd.service")
     assert manager.active_state("containerd.service") == "active"
     assert manager.available
+
+
+def conversation(seen: list[str], *replies: Callable[[int], bytes] | None) -> Serve:
+    """A peer that authenticates, then answers each call it reads with the next reply (made
+    for the call's serial; None: hang up instead), recording the member names it was asked
+    for."""
+
+    def serve(conn: socket.socket) -> None:
+        conn.settimeout(5)
+        data = b""
+        with contextlib.suppress(OSError):
+            while b"BEGIN\r\n" not in data:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                data += chunk
+            conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
+            data = data.split(b"BEGIN\r\n", 1)[1]
+            for reply in replies:
+                while len(data) < 16:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        return
+                    data += chunk
+                body, serial, fields = struct.unpack("<III", data[4:16])
+                end = 16 + fields + (-(16 + fields) % 8) + body
+                while len(data) < end:
+                    data += conn.recv(4096)
+                header = data[16:16 + fields]
+                member = header.split(b"\x03\x01s\x00", 1)[1][4:].split(b"\x00", 1)[0]
+                seen.append(member.decode())
+                data = data[end:]
+                if reply is None:
+                    return
+                conn.sendall(reply(serial))
+
+    return serve
+
+
+def test_a_restart_is_sent_once_on_a_new_connection(peer: Callable[[Serve], str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not on the connection kept from the reads before it, where a drop after the request
+    went out would have it sent twice (once more on reconnecting)."""
+    first: list[str] = []
+    second: list[str] = []
+    state = lambda text: lambda serial: message(2, serial, "v", variant_string(text))  # noqa: E731
+    job = lambda serial: message(2, serial, "v", b"\x04(uo)\x00" + b"\x00" * 2  # noqa: E731
+                                 + struct.pack("<I", 0) + _string(b"/"))
+    paths = iter([peer(conversation(first, state("loaded"), None)),
+                  peer(conversation(second, lambda serial: message(2, serial, "o", _string(
+                      b"/org/freedesktop/systemd1/job/7")), job, state("active")))])
+    monkeypatch.setattr(dbus, "connect_systemd", lambda: dbus._open(next(paths), None))
+    manager = systemd.DbusSystemd()
+    assert manager._unit_state("containerd.service", "LoadState") == "loaded"
+    manager.restart("containerd.service", 5)
+    assert first == ["Get"]
+    assert second == ["Restart", "Get", "Get"]
+
+
+@pytest.mark.parametrize(("signature", "body"), [
+    ("a()", struct.pack("<I", 8) + b"\0" * 12),
+    ("a{}", struct.pack("<I", 8) + b"\0" * 12),
+    ("a{ass}", struct.pack("<I", 16) + b"\0" * 4 + struct.pack("<I", 0) + b"\0" * 4
+     + _string(b"v")),
+    ("a{vs}", struct.pack("<I", 16) + b"\0" * 4 + b"\x02as\x00" + struct.pack("<I", 0)
+     + _string(b"v")),
+])
+def test_a_signature_dbus_does_not_allow_is_malformed(peer: Callable[[Serve], str],
+                                                      signature: str, body: bytes) -> None:
+    """Empty structs and dict entries (whose elements would take no bytes: an endless
+    array), and a dict entry whose key is not a basic type (not hashable)."""
+    with pytest.raises(dbus.BusUnreachable, match="malformed"):
+        dbus._open(peer(answering(message(2, 1, signature, body))), None).call("/", "I", "M")
+
+
+def test_a_peer_that_drips_its_answer_times_out_on_the_whole_call(
+        peer: Callable[[Serve], str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dbus, "TIMEOUT_SECONDS", 0.5)
+
+    def drip(conn: socket.socket) -> None:
+        _handshake_and_call(conn)
+        with contextlib.suppress(OSError):
+            for byte in message(2, 1, "s", _string(b"x" * 200)):
+                conn.sendall(bytes([byte]))
+                time.sleep(0.05)
+
+    connection = dbus._open(peer(drip), None)
+    with pytest.raises(dbus.BusError, match=r"did not answer within 0\.5 s"):
+        connection.call("/", "I", "M")
+    connection.close()
+
+
+def test_an_address_with_broken_escapes_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    for address in ("unix:path=/run/%zz", "unix:path=/run/%4", "unix:path=/run/%ff"):
+        monkeypatch.setenv("DBUS_SYSTEM_BUS_ADDRESS", address)
+        with pytest.raises(dbus.BusUnreachable, match="escapes are not valid"):
+            dbus._system_bus_path()
