@@ -22,10 +22,10 @@ def main() -> int:
     parsed = fastpath.boot_args(sys.argv[1:])
     if parsed is not None:
         root, config, log_format = parsed
-        if config is None and fastpath.unchanged(root, __version__, config):
+        if config is None and fastpath.unchanged(os.path.realpath(root), __version__, config):
             fastpath.report_unchanged(log_format)
             return 0
-        if config is None and fastpath.no_gpu_boot(root, log_format):
+        if config is None and fastpath.no_gpu_boot(os.path.realpath(root), log_format):
             return 0
     if fastpath.command_word(sys.argv[1:]) != "watch":
         # Before the modules whose dataclass methods it has compiled; not for the daemon,
@@ -61,8 +61,9 @@ def run() -> None:
     An exception, SystemExit included (argparse's --help), takes Python's own way out."""
     code = main()
     for stream in (sys.stdout, sys.stderr):
-        try:  # noqa: SIM105 (contextlib is one import more on the no-op boot)
-            stream.flush()
+        try:
+            if stream is not None:  # None: started with that descriptor closed
+                stream.flush()
         except OSError:
             pass  # the reader went away (main() answers a closed stdout): nothing to add
     atexit._run_exitfuncs()

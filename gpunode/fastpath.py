@@ -164,7 +164,8 @@ def _json_document(text: str) -> Any:
 
 
 def boot_args(argv: list[str]) -> tuple[str, str | None, str | None] | None:
-    """(root, config, log format) when argv is a plain `boot`, else None (use the full CLI)."""
+    """(root, config, log format) when argv is a plain `boot`, else None (use the full CLI):
+    as given, for the command to resolve as the full CLI does (clirun.host_for)."""
     root, config, log_format = "/", None, None
     rest = list(argv)
     while rest and rest[0].startswith("--"):
@@ -181,12 +182,12 @@ def boot_args(argv: list[str]) -> tuple[str, str | None, str | None] | None:
                 return None  # the CLI refuses an empty --root
             root = value
         elif name == "--config":
-            config = os.path.abspath(value)
+            config = value
         else:
             log_format = value
     if rest != ["boot"]:
         return None
-    return os.path.abspath(root), config, log_format
+    return root, config, log_format
 
 
 def command_word(argv: list[str]) -> str | None:

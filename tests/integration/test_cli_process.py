@@ -114,8 +114,37 @@ def test_the_fast_exit_keeps_exit_codes_and_every_byte(make_host: HostFactory) -
          "sys.argv = ['gpunode', '--version']; from gpunode.entry import run; run()"],
         capture_output=True, text=True, check=False)
     assert (atexit_runs.returncode, atexit_runs.stdout) == (0, "gpunode 0.1.0\natexit ran\n")
+    for closed in ("1", "2"):  # started with stdout or stderr closed: nothing to flush there
+        done = subprocess.run(f"{gpunode} --version {closed}>&-", shell=True,
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     failed = subprocess.run([gpunode, "--root", str(host.root), "--log-format", "json",
                              "boot", "--config", str(host.root / "missing.toml")],
                             capture_output=True, text=True, check=False)
     assert failed.returncode == 2 and json.loads(failed.stderr.splitlines()[-1])["event"] \
         == "command.refused"
+
+
+def test_a_plain_boot_resolves_root_and_config_as_the_full_command_line_does(
+        tmp_path: Path) -> None:
+    """`--root link/..` is the parent of where the link points, not the link's own directory
+    (clirun.host_for resolves it, whichever way in): the plain boot and `plan` name the same
+    tree, and refuse a root that is a file in the same words."""
+    target = tmp_path / "elsewhere" / "node"
+    target.mkdir(parents=True)
+    (tmp_path / "cwd").mkdir()
+    (tmp_path / "cwd" / "link").symlink_to(target)
+    (tmp_path / "elsewhere" / "etc/gpunode").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "etc/gpunode/config.toml").write_text("[log]\nlevel = 7\n")
+    (tmp_path / "cwd" / "afile").write_text("")
+    gpunode = str(Path(sys.executable).with_name("gpunode"))
+    for command in ("boot", "plan"):
+        done = subprocess.run([gpunode, "--root", "link/..", "--log-format", "json", command],
+                              cwd=tmp_path / "cwd", capture_output=True, text=True, check=False)
+        event = json.loads(done.stderr.splitlines()[-1])
+        assert (done.returncode, event["event"]) == (2, "command.refused"), done.stderr
+        assert event["file"] == str(tmp_path / "elsewhere/etc/gpunode/config.toml")
+        done = subprocess.run([gpunode, "--root", "afile", "--log-format", "console", command],
+                              cwd=tmp_path / "cwd", capture_output=True, text=True, check=False)
+        assert (done.returncode, done.stderr.splitlines()[0]) == (
+            2, "gpunode: --root afile: not a directory")

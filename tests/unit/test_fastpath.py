@@ -73,6 +73,9 @@ def test_another_gpunode_version_ignores_the_stamp(node: Host) -> None:
 @pytest.mark.parametrize(("argv", "parsed"), [
     (["boot"], ("/", None, None)),
     (["--root", "/mnt/node", "--log-format=json", "boot"], ("/mnt/node", None, "json")),
+    # as given: the command resolves them as the full command line does (clirun.host_for)
+    (["--root", "link/..", "--config", "sub/../c.toml", "boot"], ("link/..", "sub/../c.toml",
+                                                                   None)),
     (["status"], None),
     (["boot", "--help"], None),
     (["--verbose", "boot"], None),
