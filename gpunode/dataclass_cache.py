@@ -71,7 +71,10 @@ def write(path: Path = CACHE) -> int:
     def keep(source: Any, globals: dict[str, Any] | None = None,
              locals: dict[str, Any] | None = None) -> None:
         if type(source) is str:
-            source = kept.setdefault(source, compile(source, "<string>", "exec"))
+            # dont_inherit: not this module's `from __future__ import annotations` (exec of
+            # the text compiles it with none either: the annotations stay objects)
+            source = kept.setdefault(source, compile(source, "<string>", "exec",
+                                                     dont_inherit=True))
         builtins.exec(source, globals if globals is not None else
                       sys._getframe(1).f_globals, locals)
 

@@ -146,7 +146,7 @@ LAUNCHER = """#!/bin/sh
 here=${{0%/*}}
 [ "$here" != "$0" ] || here=.
 # called through a link elsewhere: from where the launcher itself lies
-[ -x "$here/{python}" ] || here=$(dirname "$(readlink -f "$0")")
+[ ! -L "$0" ] || here=$(dirname "$(readlink -f "$0")")
 exec "$here/{python}" -IS -c 'from gpunode.entry import run; run()' "$@"
 """
 class BuildError(RuntimeError):
@@ -263,24 +263,37 @@ def copy_tree(source: Path, target: Path, skip: set[str], data: set[str] | None 
 
 def dependencies(name: str) -> list[importlib.metadata.Distribution]:
     """The installed distributions `name` requires, transitively: not their extras, and not
-    those of a marker this Python does not meet (typing-extensions on older versions: not
-    installed here); one without a marker must be installed."""
+    those whose environment marker this Python does not meet (typing-extensions before 3.11);
+    one that is required here must be installed."""
     found: dict[str, importlib.metadata.Distribution] = {}
-    todo = [req for req in importlib.metadata.requires(name) or () if "extra ==" not in req]
+    todo = list(importlib.metadata.requires(name) or ())
     while todo:
         requirement = todo.pop()
-        project = re.split(r"[\s;<>=!~\[(]", requirement, maxsplit=1)[0]
+        project, _, marker = requirement.partition(";")
+        project = re.split(r"[\s<>=!~\[(]", project.strip(), maxsplit=1)[0]
         key = project.lower().replace("_", "-")
-        if key in found:
+        if key in found or not applies(marker):
             continue
         try:
             found[key] = importlib.metadata.distribution(project)
         except importlib.metadata.PackageNotFoundError:
-            if ";" in requirement:
-                continue
             raise BuildError(f"{name} needs {requirement}, which is not installed") from None
-        todo += [r for r in found[key].requires or () if "extra ==" not in r]
+        todo += found[key].requires or ()
     return [found[key] for key in sorted(found)]
+
+
+def applies(marker: str) -> bool:
+    """Whether a requirement's environment marker holds here; an extra never does."""
+    if not marker.strip():
+        return True
+    if "extra" in marker:
+        return False
+    try:
+        from packaging.markers import Marker  # pytest's dependency: in the test virtualenv
+    except ImportError:
+        raise BuildError("reading a requirement's marker needs the packaging module: "
+                         "pip install packaging") from None
+    return bool(Marker(marker).evaluate())
 
 
 def elf_files(root: Path) -> list[Path]:

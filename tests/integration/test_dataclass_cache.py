@@ -29,7 +29,8 @@ for info in pkgutil.walk_packages(gpunode.__path__, "gpunode."):
         if isinstance(value, type) and dataclasses.is_dataclass(value) and \\
                 value.__module__ == info.name:
             methods = {m: [f.__code__.co_code.hex(), repr(f.__code__.co_consts),
-                           f.__code__.co_names, f.__code__.co_varnames,
+                           f.__code__.co_names, f.__code__.co_varnames, f.__code__.co_flags,
+                           repr(f.__annotations__),
                            f.__globals__ is vars(module) or f.__globals__["__name__"]]
                        for m in ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__",
                                  "__delattr__")

@@ -95,6 +95,11 @@ def test_the_launcher_runs_by_a_relative_name_and_through_a_link(built: Built,
     link = tmp_path / "bin" / "gpunode"
     link.parent.mkdir()
     link.symlink_to(built.tree / "usr/bin/gpunode")
+    # an unrelated interpreter where the link's own directory would lead: not taken
+    decoy = tmp_path / "lib/gpunode/bin/python3.11"
+    decoy.parent.mkdir(parents=True)
+    decoy.write_text("#!/bin/sh\necho decoy; exit 3\n")
+    decoy.chmod(0o755)
     for argv, cwd in ((["sh", "gpunode", "--version"], built.tree / "usr/bin"),
                       ([str(link), "--version"], tmp_path)):
         done = subprocess.run(argv, cwd=cwd, env=NO_VENV, capture_output=True, text=True,
