@@ -47,33 +47,37 @@ def variant_string(text: str, order: str = "<") -> bytes:
     return b"\1s\0\0" + _string(text.encode(), order)
 
 
+def _until_begin(conn: socket.socket) -> bytes | None:
+    """Read the client's authentication up to its BEGIN: what came after it (None: the
+    client hung up first)."""
+    conn.settimeout(5)
+    data = b""
+    while b"BEGIN\r\n" not in data:
+        chunk = conn.recv(4096)
+        if not chunk:
+            return None
+        data += chunk
+    return data.split(b"BEGIN\r\n", 1)[1]
+
+
 def _handshake_and_call(conn: socket.socket) -> None:
     """Answer the authentication with OK, then read the client's one method call whole (so
     closing afterwards is a clean end of stream, not a reset)."""
-    conn.settimeout(5)
-    data = b""
-
-    def more() -> bool:
-        nonlocal data
-        chunk = conn.recv(4096)
-        data += chunk
-        return bool(chunk)
-
-    while b"\r\n" not in data:
-        if not more():
-            return
+    data = _until_begin(conn)
+    if data is None:
+        return
     conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
-    while b"BEGIN\r\n" not in data:
-        if not more():
+    while len(data) < 16 or len(data) < _message_end(data):
+        chunk = conn.recv(4096)
+        if not chunk:
             return
-    data = data.split(b"BEGIN\r\n", 1)[1]
-    while len(data) < 16:
-        if not more():
-            return
+        data += chunk
+
+
+def _message_end(data: bytes) -> int:
+    """Where the message that starts `data` (at least its 16 fixed bytes) ends."""
     body, _, fields = struct.unpack("<III", data[4:16])
-    while len(data) < 16 + fields + (-(16 + fields) % 8) + body:
-        if not more():
-            return
+    return 16 + fields + (-(16 + fields) % 8) + body
 
 
 @pytest.fixture
@@ -122,14 +126,9 @@ def answering_auth(reply: bytes) -> Serve:
     client to hang up (so the client reads the answer, not a reset)."""
 
     def serve(conn: socket.socket) -> None:
-        conn.settimeout(5)
-        data = b""
         with contextlib.suppress(OSError):
-            while b"BEGIN\r\n" not in data:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                data += chunk
+            if _until_begin(conn) is None:
+                return
             conn.sendall(reply)
             while conn.recv(4096):
                 pass
@@ -295,26 +294,19 @@ def conversation(seen: list[str], *replies: Callable[[int], bytes] | None) -> Se
     for."""
 
     def serve(conn: socket.socket) -> None:
-        conn.settimeout(5)
-        data = b""
         with contextlib.suppress(OSError):
-            while b"BEGIN\r\n" not in data:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                data += chunk
+            data = _until_begin(conn)
+            if data is None:
+                return
             conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
-            data = data.split(b"BEGIN\r\n", 1)[1]
             for reply in replies:
-                while len(data) < 16:
+                while len(data) < 16 or len(data) < _message_end(data):
                     chunk = conn.recv(4096)
                     if not chunk:
                         return
                     data += chunk
-                body, serial, fields = struct.unpack("<III", data[4:16])
-                end = 16 + fields + (-(16 + fields) % 8) + body
-                while len(data) < end:
-                    data += conn.recv(4096)
+                _, serial, fields = struct.unpack("<III", data[4:16])
+                end = _message_end(data)
                 header = data[16:16 + fields]
                 member = header.split(b"\x03\x01s\x00", 1)[1][4:].split(b"\x00", 1)[0]
                 seen.append(member.decode())
