@@ -228,22 +228,17 @@ def test_a_prebuilt_archive_with_a_refused_member_places_nothing(
              "bake-archive-refused")
 
 
-def test_an_archive_past_the_member_limit_is_refused(
-        make_host: HostFactory, tmp_path: Path, cli: Cli,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(archive, "MAX_MEMBERS", 3)
+@pytest.mark.parametrize(("limit", "value", "pattern"), [
+    ("MAX_MEMBERS", 3, r"is past the 3th: too many members"),
+    ("MAX_TOTAL_BYTES", 20, r"takes the archive past 0 GiB unpacked"),
+], ids=["members", "unpacked-size"])
+def test_an_archive_past_a_limit_is_refused(
+        make_host: HostFactory, tmp_path: Path, cli: Cli, monkeypatch: pytest.MonkeyPatch,
+        limit: str, value: int, pattern: str) -> None:
+    monkeypatch.setattr(archive, limit, value)
     inputs = make_inputs(tmp_path / "in")
-    _refused(make_host, tmp_path, cli, prebuilt_section(inputs),
-             r"is past the 3th: too many members", "bake-archive-refused")
-
-
-def test_an_archive_past_the_unpacked_size_limit_is_refused(
-        make_host: HostFactory, tmp_path: Path, cli: Cli,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(archive, "MAX_TOTAL_BYTES", 20)
-    inputs = make_inputs(tmp_path / "in")
-    _refused(make_host, tmp_path, cli, prebuilt_section(inputs),
-             r"takes the archive past 0 GiB unpacked", "bake-archive-refused")
+    _refused(make_host, tmp_path, cli, prebuilt_section(inputs), pattern,
+             "bake-archive-refused")
 
 
 def test_a_refused_archive_over_an_earlier_set_leaves_that_set_as_it_was(
