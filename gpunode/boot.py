@@ -30,12 +30,14 @@ from gpunode.systemd import Systemd
 
 @dataclass(frozen=True)
 class Action:
+    """One line of what a step would do, as `gpunode plan` shows it."""
     step: str
     description: str
 
 
 @dataclass
 class BootRun:
+    """One boot as it runs: what its boot record will say, and the files the no-op stamp signs."""
     started_at: str
     steps: list[dict[str, Any]] = field(default_factory=list)
     outcome: str = "ok"
@@ -80,6 +82,7 @@ class Problem:
 
 @dataclass(frozen=True)
 class Plan:
+    """What `gpunode plan` answers: what boot would do as the node is now, and what would fail."""
     detection: Detection | None  # None when boot would stop before detecting (preflight)
     actions: list[Action]
     problems: list[Problem]

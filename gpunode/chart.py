@@ -64,6 +64,8 @@ def _mount(name: str, what: str, where: str, description: str) -> dict[str, Any]
 
 @dataclass(frozen=True)
 class Chart:
+    """One Giant Swarm cluster chart's facts as gpunode uses them, read at one commit."""
+
     name: str
     version: str
     source: str  # repository@commit of the values.yaml and schema these facts come from
@@ -103,6 +105,8 @@ CHARTS = {
 
 @dataclass(frozen=True)
 class Pool:
+    """The GPU node pool the chart values add, as the command line sets it."""
+
     name: str = DEFAULT_POOL
     instance_type: str | None = None  # None: the chart's default
     nodes: int = 1

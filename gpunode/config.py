@@ -41,11 +41,15 @@ STACKS = ("gpunode", "gpu-operator")
 
 @dataclass(frozen=True)
 class LogConfig:
+    """The `[log]` table: how much gpunode logs."""
+
     level: str = "info"
 
 
 @dataclass(frozen=True)
 class DetectConfig:
+    """The `[detect]` table: where detection reads the PCI devices from."""
+
     # "auto": udev on a live host, sysfs files under --root; "sysfs" where udev's view is not
     # wanted (no udev in the environment, or a sysfs tree mounted over the real one)
     source: str = "auto"
@@ -57,6 +61,8 @@ class DetectConfig:
 
 @dataclass(frozen=True)
 class ContainerdConfig:
+    """The `[containerd]` table: how gpunode gives containerd's containers the GPUs."""
+
     runtime_name: str = "nvidia"
     config_path: str | None = None  # None: ask containerd.service which file it uses
     runtime_path: str = "/usr/bin/nvidia-container-runtime"
@@ -80,11 +86,15 @@ class ContainerdConfig:
 
 @dataclass(frozen=True)
 class KubeletConfig:
+    """The `[kubelet]` table: where the NVIDIA device plugin registers with the kubelet."""
+
     device_plugin_socket: str = "/var/lib/kubelet/device-plugins/nvidia-gpu.sock"
 
 
 @dataclass(frozen=True)
 class KubernetesConfig:
+    """The `[kubernetes]` table: the Node to label, how it registers, who owns the cluster side."""
+
     kubeconfig: str = "/etc/kubernetes/kubelet.conf"
     node_name: str | None = None  # None: as the kubelet decides (--hostname-override, hostname)
     labels: dict[str, str] = field(default_factory=dict)  # extra labels for the Node
@@ -99,6 +109,8 @@ class KubernetesConfig:
 
 @dataclass(frozen=True)
 class BuildConfig:
+    """The `[driver.build]` table: whether the node may build the driver, and from what."""
+
     enabled: bool = False  # building needs network and minutes: an explicit choice
     dev_container_url: str = ("https://{group}.release.flatcar-linux.net/{board}/{version}/"
                               "flatcar_developer_container.bin.bz2")
@@ -112,6 +124,8 @@ class BuildConfig:
 
 @dataclass(frozen=True)
 class DriverConfig:
+    """The `[driver]` table: which NVIDIA driver the node loads, and from where."""
+
     strategy: str = "auto"
     flavour: str = "auto"
     version: str = "570.195.03"
@@ -124,6 +138,8 @@ class DriverConfig:
 
 @dataclass(frozen=True)
 class WatchConfig:
+    """The `[watch]` table: how the watch treats each Xid, and when it may restart containerd."""
+
     # Xid codes (gpunode/watch/xid.py): fatal ones make GPUReady False; ignored ones are the
     # application's own errors; every other one is a Node Event. A code in both is fatal.
     fatal_xids: tuple[int, ...] = DEFAULT_FATAL
@@ -135,6 +151,8 @@ class WatchConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
+    """The whole agent config as read and validated, with defaults where the file says nothing."""
+
     log: LogConfig = field(default_factory=LogConfig)
     detect: DetectConfig = field(default_factory=DetectConfig)
     containerd: ContainerdConfig = field(default_factory=ContainerdConfig)

@@ -11,6 +11,12 @@ the `dataclasses` module an `exec` that runs the kept code for a text it has and
 other. Same text, same code: the classes are exactly what `dataclasses` makes without it, and
 a class that changed since the file was written is simply compiled. The sysext build and
 `make setup` write the file; without it (or from another Python) nothing changes.
+
+On 3.11 `install` also imports `dataclasses` without `inspect` (with ast, dis and tokenize,
+~8 ms of every command that imports dataclasses): `dataclasses` uses it only to write the
+docstring of a class that has none, and every gpunode dataclass has its own (a test holds
+them to it). `_Inspect` stands in for it there; a class without a docstring, gpunode's or
+anyone's, gets the real module at that moment and the same text.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import builtins
 import marshal
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +40,7 @@ def install(path: Path = CACHE) -> bool:
     cannot be read, or this Python is not one it applies to."""
     if sys.version_info[:2] not in VERSIONS or _code:
         return bool(_code)
+    _import_dataclasses()
     from gpunode import safeio
 
     try:  # a regular file only (a FIFO would hang the boot), within a bound
@@ -48,12 +56,36 @@ def install(path: Path = CACHE) -> bool:
     return True
 
 
+class _Inspect(types.ModuleType):
+    """`dataclasses`' own name for `inspect` on 3.11: the real module, imported at the first
+    attribute asked for."""
+
+    def __getattr__(self, name: str) -> Any:
+        import inspect  # the real one: the stand-in left sys.modules at once
+
+        return getattr(inspect, name)
+
+
+def _import_dataclasses() -> None:
+    # 3.12 and later call inspect.get_annotations for every dataclass: nothing to defer there
+    if sys.version_info[:2] != (3, 11) or "dataclasses" in sys.modules \
+            or "inspect" in sys.modules:
+        return
+    sys.modules["inspect"] = _Inspect("inspect")
+    try:
+        import dataclasses  # noqa: F401  # binds the stand-in as its `inspect`
+    finally:
+        del sys.modules["inspect"]
+
+
 def _exec(source: Any, globals: dict[str, Any] | None = None,
           locals: dict[str, Any] | None = None) -> None:
     code = _code.get(source) if type(source) is str else None
     if globals is None:  # exec's default: the caller's globals (here, dataclasses')
         globals = sys._getframe(1).f_globals
-    builtins.exec(code if code is not None else source, globals, locals)
+    if code is None:  # compiled as `dataclasses` compiles it: not with this module's
+        code = compile(source, "<string>", "exec", dont_inherit=True)  # __future__ flags
+    builtins.exec(code, globals, locals)
 
 
 def write(path: Path = CACHE) -> int:

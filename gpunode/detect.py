@@ -34,6 +34,8 @@ KINDS = ("gpu", "nvswitch", "audio", "other")
 
 @dataclass(frozen=True)
 class PciFunction:
+    """One NVIDIA PCI function of the host, as udev or sysfs describes it."""
+
     address: str
     vendor_id: str
     device_id: str | None
@@ -59,6 +61,8 @@ COSMETIC_ATTRIBUTES = frozenset({"numa_node", "iommu_group", "subsystem_vendor",
 
 @dataclass(frozen=True)
 class Detection:
+    """The host's NVIDIA PCI functions as detected, and what could not be read or decided."""
+
     functions: tuple[PciFunction, ...]
     nouveau_loaded: bool
     names_source: str  # the pci.ids path the names came from, or "builtin"

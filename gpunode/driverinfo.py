@@ -15,12 +15,16 @@ _VERSION_RE = re.compile(r"NVRM version:.*?Kernel Module(?: for \S+)?\s+(\d+\.\d
 
 @dataclass(frozen=True)
 class DriverVersion:
+    """The loaded driver's version and module flavour, as /proc/driver/nvidia/version says."""
+
     version: str  # "550.54.15"
     flavour: str  # "open" or "proprietary"
 
 
 @dataclass(frozen=True)
 class GpuInfo:
+    """One GPU as the loaded driver describes it under /proc/driver/nvidia/gpus."""
+
     address: str
     model: str | None
     minor: int | None

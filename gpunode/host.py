@@ -46,6 +46,8 @@ _LOCK_NOTE_LIMIT = 256
 
 @dataclass(frozen=True)
 class Host:
+    """The host's files under one root: "/" on a live node, or a fixture tree or mounted image."""
+
     root: Path = Path("/")
     _resolved: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
     # The root as a string: path handling is on the hot path of detection, pathlib is not.

@@ -36,6 +36,8 @@ UNIT_NAMES = ("gpunode.service", "gpunode-label.service", "gpunode-watch.service
 
 @dataclass(frozen=True)
 class File:
+    """One file the snippet puts on the node, given inline or fetched from a URL."""
+
     path: str
     mode: int = 0o644
     inline: str | None = None
@@ -45,12 +47,16 @@ class File:
 
 @dataclass(frozen=True)
 class Link:
+    """One symlink the snippet makes on the node."""
+
     path: str
     target: str
 
 
 @dataclass(frozen=True)
 class Unit:
+    """One systemd unit the snippet writes, enables or masks on the node."""
+
     name: str
     contents: str | None = None
     enabled: bool | None = None
@@ -59,6 +65,8 @@ class Unit:
 
 @dataclass(frozen=True)
 class Snippet:
+    """The node snippet that installs gpunode, before it is rendered in any format."""
+
     files: tuple[File, ...] = field(default=())
     links: tuple[Link, ...] = field(default=())
     units: tuple[Unit, ...] = field(default=())

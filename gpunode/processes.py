@@ -18,6 +18,8 @@ from gpunode.integers import parse_uint
 
 @dataclass(frozen=True)
 class ProcessFacts:
+    """Which of the named daemons run on the host, and when it booted, as /proc says."""
+
     boot_time: float | None  # seconds since the epoch; None when /proc/stat does not say
     running: dict[str, list[int]]  # process name → pids (empty when not running)
 

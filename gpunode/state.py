@@ -17,6 +17,8 @@ from gpunode.host import Host
 
 @dataclass(frozen=True)
 class BootRecord:
+    """The last boot's record (/run/gpunode/state.json), read back and checked."""
+
     outcome: str  # "ok", "failed" or "no-gpu"
     finished_at: str | None
     steps: tuple[dict[str, Any], ...]

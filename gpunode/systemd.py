@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class UnitExec:
+    """A loaded unit's ExecStart and the environment it runs with, as systemd reports them."""
+
     argv: tuple[str, ...]  # ExecStart as systemd stores it (variables not yet expanded)
     environment: dict[str, str]  # Environment= only
     environment_files: tuple[str, ...] = ()  # EnvironmentFile= paths (their values override)

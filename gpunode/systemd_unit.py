@@ -25,6 +25,8 @@ SYSTEM_UNIT_PATHS = (
 
 @dataclass(frozen=True)
 class UnitSettings:
+    """A unit's settings as its files give them, read the way systemd would."""
+
     name: str
     fragment: str | None  # the main unit file, None when the unit does not exist
     dropins: tuple[str, ...] = ()

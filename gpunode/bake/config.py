@@ -77,6 +77,8 @@ class Source:
 
 @dataclass(frozen=True)
 class Artifact:
+    """One artifact the bake config pins, as written there (its source not yet expanded)."""
+
     key: str  # "gpunode", "driver[1]": where the bake config names it
     name: str  # "gpunode", "nvidia-drivers-570-open"
     source: str  # as written (a driver's may hold placeholders)
@@ -85,6 +87,8 @@ class Artifact:
 
 @dataclass(frozen=True)
 class BakeConfig:
+    """A bake config, validated; its text is kept so that later refusals can name a key's line."""
+
     file: str
     base: Path  # the bake config's directory: relative sources are relative to it
     gpunode: Artifact

@@ -54,12 +54,16 @@ _HEX = {algorithm: re.compile(f"[0-9a-f]{{{n}}}") for algorithm, n in _LENGTHS.i
 
 @dataclass(frozen=True)
 class Prebuilt:
+    """One `[[prebuilt]]` table: the module set of one kernel, the image's unless named."""
+
     artifact: Artifact  # key "prebuilt[1]"; name: the kernel as written, or ""
     kernel: str | None  # None: the image's kernel
 
 
 @dataclass(frozen=True)
 class Build:
+    """An enabled `[build]` table: the driver to compile into the image's cache, and from what."""
+
     kernel: str | None  # None: the image's kernel
     flavours: tuple[str, ...]  # empty: the agent config's driver.flavour
     driver_url: str
@@ -71,6 +75,8 @@ class Build:
 
 @dataclass(frozen=True)
 class Extras:
+    """The optional artifacts a bake config names; false when it names none."""
+
     toolkit: Artifact | None = None
     prebuilt: tuple[Prebuilt, ...] = ()
     build: Build | None = None

@@ -24,6 +24,8 @@ OS_RELEASES = ("/usr/lib/os-release", "/etc/os-release")  # the initramfs reads 
 
 @dataclass(frozen=True)
 class Artifact:
+    """One entry of the bake manifest: an artifact the bake placed, where, and from which source."""
+
     what: str
     name: str
     version: str | None

@@ -57,6 +57,8 @@ _LIBCUDA = re.compile(r"lib(?:64)?/libcuda\.so\.(\d+\.\d+(?:\.\d+)?)")
 
 @dataclass
 class Toolkit:
+    """The toolkit sysext as the bake plans it: its place, and whether it must be fetched."""
+
     name: str
     path: str
     sha512: str
@@ -76,6 +78,8 @@ class Toolkit:
 
 @dataclass
 class ModuleSet:
+    """A prebuilt module set as planned: its kernel's directory, and whether to fetch it."""
+
     kernel: str
     path: str  # <prebuilt dir>/<kernel>
     sha512: str  # of the archive
@@ -107,6 +111,8 @@ class ModuleSet:
 
 @dataclass
 class Built:
+    """One driver build the bake plans into the image's cache: one kernel, driver and flavour."""
+
     inputs: driver_build.BuildInputs
     plan: driver_build.BuildPlan
     build: bool  # False: the image's cache has a usable entry already
@@ -115,6 +121,8 @@ class Built:
 
 @dataclass
 class Plan:
+    """What the bake does with the optional artifacts, decided before anything is written."""
+
     toolkit: Toolkit | None = None
     prebuilt: list[ModuleSet] = field(default_factory=list)
     builds: list[Built] = field(default_factory=list)

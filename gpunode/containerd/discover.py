@@ -22,6 +22,8 @@ CONTAINERD_DEFAULT_CONFIG = "/etc/containerd/config.toml"
 
 @dataclass(frozen=True)
 class ActiveConfig:
+    """The config file containerd really uses, and how containerd.service points it there."""
+
     path: str
     reason: str  # how the path was found, for `status` and logs
     # The config argument as the unit writes it ("${CONTAINERD_CONFIG}" on Flatcar), and the

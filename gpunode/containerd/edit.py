@@ -29,6 +29,8 @@ DEFAULT_COMMENT = ("# Added by gpunode: containerd's built-in default runtime '{
 
 @dataclass(frozen=True)
 class RuntimeSpec:
+    """The NVIDIA runtime a containerd config must define, with the CRI settings beside it."""
+
     name: str = "nvidia"
     binary: str = "/usr/bin/nvidia-container-runtime"
     set_as_default: bool = False
@@ -38,6 +40,8 @@ class RuntimeSpec:
 
 @dataclass(frozen=True)
 class Edit:
+    """A containerd config's new text, and what changed in it to get there."""
+
     text: str
     version: int
     added_runtime: str | None = None  # name of a runtime table gpunode created, if any

@@ -48,6 +48,8 @@ class Change:
 
 @dataclass(frozen=True)
 class Ledger:
+    """What gpunode changed in containerd's config and beside it: everything revert may undo."""
+
     target: str  # the config file gpunode edits (or its writable copy)
     copied_from: str | None = None  # the read-only original of a writable copy
     backup: str | None = None  # <target>.gpunode-orig, when gpunode wrote it

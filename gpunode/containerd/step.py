@@ -56,6 +56,8 @@ from gpunode.systemd import Systemd
 
 @dataclass(frozen=True)
 class Plan:
+    """The containerd change, decided from the files as they are before anything is written."""
+
     active: ActiveConfig
     target: str  # the file gpunode writes
     before: str | None  # the target's text now; None when gpunode creates it
@@ -117,6 +119,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class Outcome:
+    """What a configure did: the config changes made, and whether containerd was restarted."""
+
     changed: bool
     restarted: bool
     target: str

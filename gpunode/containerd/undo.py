@@ -35,6 +35,9 @@ class Kept:
 
 @dataclass(frozen=True)
 class Reverted:
+    """A containerd config with gpunode's changes undone where they still stand; a value someone
+    changed since is kept."""
+
     text: str
     undone: tuple[tomltext.Change, ...]  # (path, the value gpunode wrote, the value put back)
     kept: tuple[Kept, ...]

@@ -55,6 +55,8 @@ class Baked:
 
 @dataclass(frozen=True)
 class BranchChoice:
+    """The baked driver sysext chosen for this node's GPUs, and why."""
+
     baked: Baked
     reason: str
 

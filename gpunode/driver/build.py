@@ -59,6 +59,8 @@ _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_]+)\}")
 
 @dataclass(frozen=True)
 class BuildInputs:
+    """The inputs of one driver build: what it is for, and what it is made from."""
+
     kernel: str  # the kernel release to build for ("6.6.95-flatcar")
     driver: str  # the NVIDIA driver version ("570.195.03")
     flavour: str  # "open", "proprietary" or "grid"
@@ -80,6 +82,8 @@ class FlatcarFacts:
 
 @dataclass(frozen=True)
 class Download:
+    """One file a build downloads into its work directory, and the digest it must have."""
+
     role: str  # "dev_container" or "driver": the key in the manifest's "inputs"
     url: str  # rendered
     algorithm: str  # "sha512" or "sha256"
@@ -89,6 +93,8 @@ class Download:
 
 @dataclass(frozen=True)
 class BuildPlan:
+    """One build as planned, checked before any download: its cache entry and its downloads."""
+
     kernel: str
     driver: str
     flavour: str
@@ -107,6 +113,8 @@ class BuildPlan:
 
 @dataclass(frozen=True)
 class BuildResult:
+    """The usable cache entry a build gave, found there already or just built."""
+
     entry: cache.CacheEntry
     cache_hit: bool
     seconds: float

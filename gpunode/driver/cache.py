@@ -63,6 +63,8 @@ MAX_FILE_BYTES = 1 << 30
 
 @dataclass(frozen=True)
 class CacheEntry:
+    """A driver cache entry found usable for the kernel, driver and flavour asked: safe to load."""
+
     path: str  # host path of the entry directory
     manifest: dict[str, Any]
     modules: tuple[str, ...]  # host paths of the .ko files, sorted by name

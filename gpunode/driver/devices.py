@@ -36,6 +36,8 @@ class Capability:
 
 @dataclass(frozen=True)
 class Node:
+    """One /dev/nvidia* character device node the loaded driver calls for, as it must be."""
+
     path: str
     major: int
     minor: int

@@ -38,6 +38,8 @@ PARAMETER = userspace.FIRMWARE_CLASS_PATH
 
 @dataclass(frozen=True)
 class FirmwarePath:
+    """The firmware search path to set so that the kernel finds the open modules' GSP firmware."""
+
     path: str  # what firmware_class.path is set to: the entry's firmware/ (a host path)
     version: str
 

@@ -54,6 +54,8 @@ class Need:
 
 @dataclass(frozen=True)
 class FlavourChoice:
+    """The one driver flavour for all of the node's GPUs, and why."""
+
     flavour: str
     reason: str
 

@@ -33,6 +33,8 @@ class LoadStep:
 
 @dataclass(frozen=True)
 class LoadPlan:
+    """The tool calls that load the NVIDIA modules not loaded yet, in order (none when all are)."""
+
     steps: tuple[LoadStep, ...] = field(default=())
 
     def describe(self) -> list[str]:

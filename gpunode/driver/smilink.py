@@ -34,6 +34,8 @@ NO_DRIVER = ("the driver step failed: there is no loaded driver whose nvidia-smi
 
 @dataclass(frozen=True)
 class Plan:
+    """What makes the GPU Operator's validator run the loaded driver's nvidia-smi."""
+
     target: str  # the loaded driver's nvidia-smi
     found: str | None  # the path the validator runs now, None: none
     script: str | None  # what WRAPPER is (re)written with; None: nothing to write

@@ -54,6 +54,8 @@ class LazyBuildAdapters:
 
 @dataclass(frozen=True)
 class Plan:
+    """What the driver step would do on this boot, decided from the host as it is."""
+
     kernel: str
     flavour: flavour.FlavourChoice
     choice: strategy.Choice
@@ -92,6 +94,8 @@ class Plan:
 
 @dataclass(frozen=True)
 class Outcome:
+    """The driver the step left loaded and verified, and where it came from (its record fields)."""
+
     strategy: str
     flavour: str
     version: str | None

@@ -18,6 +18,8 @@ STRATEGIES = ("auto", "flatcar-sysext", "prebuilt", "build", "external")
 
 @dataclass(frozen=True)
 class DriverFacts:
+    """What the host offers for loading the driver, observed before a strategy is chosen."""
+
     kernel: str
     loaded_version: str | None  # from /proc/driver/nvidia/version
     merged_sysexts: tuple[str, ...]  # flatcar-nvidia-drivers-* extension names
@@ -30,6 +32,8 @@ class DriverFacts:
 
 @dataclass(frozen=True)
 class Choice:
+    """How the NVIDIA modules get loaded on this boot, and why; action "fail" when nothing can."""
+
     strategy: str  # the strategy that will act (never "auto")
     action: str  # "verify", "load", "activate" (merge a baked sysext, load), "build", "fail"
     reason: str

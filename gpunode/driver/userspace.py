@@ -70,6 +70,8 @@ _ELF64 = b"\x7fELF\x02"  # ELF magic and EI_CLASS = ELFCLASS64
 
 @dataclass(frozen=True)
 class DriverRoot:
+    """Where the loaded driver's user-space is: the files of its own version, and only those."""
+
     version: str                  # the loaded driver's version (driverinfo)
     root: str                     # host path it was found under ("/" or e.g. a prebuilt dir)
     libraries: tuple[str, ...]    # host paths of the versioned driver libraries, sorted

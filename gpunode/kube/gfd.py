@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Gpu:
+    """What NVIDIA's tables say of one GPU model, for GFD's compute and MIG labels."""
+
     product: str  # as NVIDIA's tables name it (for people reading this table)
     compute: tuple[int, int]
     mig: bool

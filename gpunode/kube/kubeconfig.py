@@ -20,6 +20,8 @@ from gpunode.host import Host
 
 @dataclass(frozen=True)
 class Kubeconfig:
+    """One kubeconfig context, checked: the API server to ask and the credential to ask it with."""
+
     path: str  # as the user reads it, for messages
     server: str  # an https URL whose host and port parse
     ca_pem: bytes | None = field(repr=False)  # None: the system trust store

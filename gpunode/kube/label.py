@@ -20,6 +20,8 @@ NOTHING_TO_LABEL = "no NVIDIA GPU: nothing to label"
 
 @dataclass(frozen=True)
 class Desired:
+    """The labels and GPUReady condition the Node should have, from one reading of the host."""
+
     node: str
     labels: dict[str, str]
     condition: labels.Condition
@@ -44,6 +46,8 @@ class Desired:
 
 @dataclass(frozen=True)
 class Outcome:
+    """What `gpunode label` changed on the Node, and the API calls it made."""
+
     node: str
     labels_changed: bool
     condition_changed: bool

@@ -65,6 +65,8 @@ class LabelFacts:
 
 @dataclass(frozen=True)
 class Condition:
+    """The GPUReady condition of the Node, as `gpunode label` or the watch sets it."""
+
     status: str  # "True" or "False"
     reason: str
     message: str

@@ -33,6 +33,8 @@ DEFAULT_KUBECONFIG = "~/.kube/config"
 
 @dataclass(frozen=True)
 class Row:
+    """One GPU node of `gpunode nodes`, read down from the Node object the API server lists."""
+
     name: str
     gpu_ready: dict[str, str | None] | None  # status, reason, message, last_transition_time
     kubelet_ready: str | None  # the Ready condition's status

@@ -23,6 +23,8 @@ from gpunode.status.facts import OK, WARN, Check, Failure
 
 @dataclass(frozen=True)
 class BakeFacts:
+    """A baked image as status sees it: the bake manifest, and what the node runs now."""
+
     baked: manifest.Baked | None
     error: Failure | None  # the manifest is there but cannot be read
     kernel: str | None  # the running kernel

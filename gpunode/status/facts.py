@@ -19,6 +19,8 @@ OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
 @dataclass(frozen=True)
 class Check:
+    """One check of `gpunode status`: what it found, and what to do when something is wrong."""
+
     name: str
     state: str  # ok | warn | fail | skip
     detail: str
@@ -45,6 +47,8 @@ class Failure:
 
 @dataclass(frozen=True)
 class DevNode:
+    """A path under /dev as status found it: a character device, a socket, missing or other."""
+
     path: str
     kind: str  # "char", "socket", "missing" or "other"
     major: int | None = None
@@ -74,6 +78,8 @@ class CdiSpec:
 
 @dataclass(frozen=True)
 class ContainerdFacts:
+    """The containerd config as status read it, and whether its NVIDIA runtime and CDI work."""
+
     config_path: str | None
     config_reason: str
     runtime_file: str | None = None  # the file that defines the runtime (main or an import)
@@ -122,6 +128,8 @@ _NAME_NOT_OBSERVED = nodename.NodeName(None, "not observed")
 
 @dataclass(frozen=True)
 class StatusFacts:
+    """Everything `observe` read of the host, once, for status's checks and `gpunode label`."""
+
     root: str
     detection: Detection | None
     detection_error: Failure | None
@@ -180,6 +188,8 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class Report:
+    """The status report: every check made, and the verdict they give."""
+
     checks: tuple[Check, ...]
     verdict: str  # "ready", "not-ready" or "no-gpu"
 

@@ -40,6 +40,8 @@ WATCH_REASONS = ("GPUFellOffBus", "GPUXidFatal", "GPUMissing")  # the conditions
 
 @dataclass(frozen=True)
 class Observed:
+    """What one watch pass reads of the host: this boot's kernel log and the GPUs present now."""
+
     boot_id: str
     records: list[str]
     uuids: dict[str, str]  # GPU address → UUID, as the driver says under /proc
@@ -50,6 +52,8 @@ class Observed:
 
 @dataclass
 class Decision:
+    """One watch pass's result: the state to remember, and the changes to report."""
+
     state: WatchState
     changes: list[dict[str, Any]] = field(default_factory=list)
 

@@ -29,6 +29,8 @@ MAX_EVENT_KEYS = 256  # GPU and Xid pairs whose last Event is remembered
 
 @dataclass(frozen=True)
 class Finding:
+    """A fatal Xid the watch found this boot; it holds until the next boot."""
+
     address: str
     uuid: str | None
     code: int
@@ -39,6 +41,8 @@ class Finding:
 
 @dataclass
 class WatchState:
+    """What `gpunode watch` already reported this boot, as /run/gpunode/watch.json keeps it."""
+
     boot_id: str
     last_seq: int = -1
     fatal: list[Finding] = field(default_factory=list)

@@ -59,6 +59,8 @@ class Record:
 
 @dataclass(frozen=True)
 class Xid:
+    """One Xid the driver logged for a GPU, as parsed from its kernel log record."""
+
     seq: int
     usec: int
     address: str  # the GPU's PCI function, lowercase: "0000:3b:00.0"

@@ -17,9 +17,22 @@ import pytest
 SHAPES = """\
 import dataclasses, importlib, json, pkgutil, sys
 from gpunode import dataclass_cache
-installed = dataclass_cache.install(*([__import__("pathlib").Path(sys.argv[1])]
-                                       if len(sys.argv) > 1 else []))
+installed = None if sys.argv[1] == "none" else \\
+    dataclass_cache.install(__import__("pathlib").Path(sys.argv[1]))
 import gpunode
+
+def shape(value, module):
+    methods = {m: [f.__code__.co_code.hex(), repr(f.__code__.co_consts),
+                   f.__code__.co_names, f.__code__.co_varnames, f.__code__.co_flags,
+                   repr(f.__annotations__),
+                   f.__globals__ is vars(module) or f.__globals__["__name__"]]
+               for m in ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__",
+                         "__delattr__")
+               if (f := getattr(value.__dict__.get(m), "__wrapped__",
+                                value.__dict__.get(m))) is not None
+               and hasattr(f, "__code__")}
+    return {"doc": value.__doc__, **methods}
+
 shapes = {}
 for info in pkgutil.walk_packages(gpunode.__path__, "gpunode."):
     if info.name.endswith("__main__"):
@@ -28,16 +41,14 @@ for info in pkgutil.walk_packages(gpunode.__path__, "gpunode."):
     for name, value in vars(module).items():
         if isinstance(value, type) and dataclasses.is_dataclass(value) and \\
                 value.__module__ == info.name:
-            methods = {m: [f.__code__.co_code.hex(), repr(f.__code__.co_consts),
-                           f.__code__.co_names, f.__code__.co_varnames, f.__code__.co_flags,
-                           repr(f.__annotations__),
-                           f.__globals__ is vars(module) or f.__globals__["__name__"]]
-                       for m in ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__",
-                                 "__delattr__")
-                       if (f := getattr(value.__dict__.get(m), "__wrapped__",
-                                        value.__dict__.get(m))) is not None
-                       and hasattr(f, "__code__")}
-            shapes[f"{info.name}.{name}"] = methods
+            shapes[f"{info.name}.{name}"] = shape(value, module)
+
+@dataclasses.dataclass(frozen=True)  # no file holds its code, nor a docstring of its own
+class Outside:
+    count: int
+    names: list[str] = dataclasses.field(default_factory=list)
+
+shapes["Outside"] = shape(Outside, sys.modules[__name__])
 print(json.dumps({"installed": installed, "shapes": shapes}))
 """
 
@@ -71,10 +82,14 @@ def test_the_kept_code_makes_the_same_classes(tmp_path: Path) -> None:
                           check=True)
     assert int(done.stdout) > 300
     with_cache = run(SHAPES, str(cache))
-    without = run(SHAPES, str(tmp_path / "absent.marshal"))
-    assert (with_cache["installed"], without["installed"]) == (True, False)
+    absent = run(SHAPES, str(tmp_path / "absent.marshal"))
+    without = run(SHAPES, "none")
+    assert (with_cache["installed"], absent["installed"]) == (True, False)
     assert len(with_cache["shapes"]) > 100  # type: ignore[arg-type]
     assert with_cache["shapes"] == without["shapes"]
+    assert absent["shapes"] == without["shapes"]
+    outside = with_cache["shapes"]["Outside"]  # type: ignore[index]
+    assert outside["doc"] == "Outside(count: int, names: list[str] = <factory>)"
 
 
 def test_the_boot_s_imports_take_every_method_from_the_kept_code() -> None:

@@ -1,5 +1,6 @@
 """The package keeps the shape docs/design.md shows: small modules (none over ~450 lines unless
-its docstring says why it is longer), and every module listed there with what lives in it."""
+its docstring says why it is longer), every module listed there with what lives in it, and
+every dataclass with a docstring of its own."""
 
 from __future__ import annotations
 
@@ -51,3 +52,19 @@ def test_design_md_lists_every_module_of_the_package() -> None:
                if p.name not in ("__init__.py", "__main__.py")}
     assert present - listed == set(), "add them to docs/design.md's module list"
     assert listed - present == set(), "docs/design.md lists modules that are gone"
+
+
+def _is_dataclass_decorator(node: ast.expr) -> bool:
+    target = node.func if isinstance(node, ast.Call) else node
+    return (isinstance(target, ast.Name) and target.id == "dataclass") or (
+        isinstance(target, ast.Attribute) and target.attr == "dataclass")
+
+
+def test_every_dataclass_has_a_docstring_of_its_own() -> None:
+    """Python 3.11's dataclasses writes one for a class without, with `inspect` (~8 ms of
+    every command, which gpunode.dataclass_cache keeps from loading)."""
+    missing = [f"{path.relative_to(REPO)}:{node.lineno} {node.name}"
+               for path in modules() for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ClassDef) and ast.get_docstring(node) is None
+               and any(_is_dataclass_decorator(d) for d in node.decorator_list)]
+    assert missing == []
