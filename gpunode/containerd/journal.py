@@ -35,9 +35,6 @@ so that a revert can remove gpunode's own directory inside the same transaction.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import json
 import os
 import stat
@@ -69,6 +66,10 @@ class Write:
 
 
 def sha256(data: bytes | None) -> str | None:
+    # hashlib here, not at the top: it loads OpenSSL (~5 ms), which a boot that writes
+    # nothing never needs; base64 likewise below
+    import hashlib
+
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 
@@ -331,12 +332,17 @@ def _problem(record: Any) -> str | None:
 
 
 def _b64(data: bytes | None) -> str | None:
+    import base64
+
     return None if data is None else base64.b64encode(data).decode("ascii")
 
 
 def _unb64(text: str | None, shown: str) -> bytes | None:
     if text is None:
         return None
+    import base64
+    import binascii
+
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:
