@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,7 +47,7 @@ def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
         detection = detect(host, use_udev=config.detect.use_udev)
         fields.update(gpus=len(detection.gpus), functions=len(detection.functions))
     if args.json:
-        _print_json({"schema_version": 1, "root": str(host.root), **detection.to_json()})
+        clirun.print_json({"schema_version": 1, "root": str(host.root), **detection.to_json()})
     else:
         from gpunode import render
 
@@ -63,23 +62,6 @@ def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode import status
-
-    with log.step("status") as fields:
-        facts = status.observe(host, config)
-        report = status.evaluate(facts)
-        fields.update(verdict=report.verdict,
-                      failed=[c.name for c in report.checks if c.state == status.FAIL])
-    if args.json:
-        _print_json(status.to_json(facts, report))
-    else:
-        from gpunode import render
-
-        print(render.status(report, str(host.root), colour=sys.stdout.isatty()))
-    return EXIT_OK if report.ready else EXIT_FAILED
-
-
 def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     """Exit 0 whenever it could plan, even a boot that would fail: that is the answer."""
     from gpunode import boot
@@ -92,7 +74,7 @@ def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 
     baked = plan_note(host)  # a baked image: what it downloads at boot (nothing, or why)
     if args.json:
-        _print_json({"schema_version": 1, "root": str(host.root), "baked": baked,
+        clirun.print_json({"schema_version": 1, "root": str(host.root), "baked": baked,
                      "gpu_count": len(detection.gpus) if detection else None,
                      "changes": bool(actions),
                      "actions": [{"step": a.step, "description": a.description}
@@ -139,7 +121,7 @@ def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
                           condition_changed=outcome.condition_changed,
                           calls=list(outcome.calls))
         if args.json:
-            _print_json(label.document(want, outcome, args.dry_run))
+            clirun.print_json(label.document(want, outcome, args.dry_run))
         else:
             print(render.label(want, outcome))
     label.require_decided(want, labelled=outcome is not None)  # exit 1, after the labels
@@ -209,7 +191,7 @@ def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) ->
                                                facts.undecided, kmod)
     found, userspace_error = userspace.loaded_root(host, config.driver.prebuilt_dirs)
     if args.json:
-        _print_json({"schema_version": 1, "root": str(host.root), "ready": report.ready,
+        clirun.print_json({"schema_version": 1, "root": str(host.root), "ready": report.ready,
                      "plan": plan_lines, "plan_error": plan_error,
                      "driver_root": dataclasses.asdict(found) if found else None,
                      "driver_root_error": userspace_error,
@@ -259,10 +241,6 @@ def _image_bake(host: Host, config: AgentConfig, args: argparse.Namespace) -> in
     return image.command(host, args)
 
 
-def _print_json(document: object) -> None:
-    print(json.dumps(document, indent=2, sort_keys=False))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -277,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 COMMANDS: dict[str, Command] = {
-    "detect": _detect, "status": _status, "plan": _plan, "boot": clirun.boot, "label": _label,
+    "detect": _detect, "status": clirun.status, "plan": _plan, "boot": clirun.boot,
+    "label": _label,
     "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
     "driver status": _driver_status, "containerd configure": cli_containerd.configure,
     "containerd revert": cli_containerd.revert, "cdi generate": _cdi_generate,

@@ -1,14 +1,16 @@
 """What runs one command once its arguments are known: the host, the agent config, the log
-and the exits (docs/cli.md, "Exit codes": 1 a failed step, 2 a usage error or an invalid
-agent config).
+and the exits (docs/cli.md, "Exit codes": 1 a failed step or a node that is not ready, 2 a
+usage error or an invalid agent config).
 
-The full command line (cli.py, argparse) and the boot's short way in share it: entry.py runs a
-plain `gpunode boot`, as fastpath.boot_args reads it, straight through `boot_plain` — argparse,
-the parser of every command and the modules it names cost ~15 ms of every GPU node's boot.
+The full command line (cli.py, argparse) and the short way in share it: entry.py runs a plain
+`gpunode boot` or `gpunode status [--json]`, as fastpath.plain_args reads it, straight
+through `plain` — argparse, the parser of every command and the modules it names cost ~15 ms
+of every GPU node's boot, and as much of every `status`.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -40,15 +42,17 @@ def execute(name: str, run: Command, args: Any) -> int:
         return EXIT_FAILED
 
 
-def boot_plain(root: str, config: str | None, log_format: str | None) -> int | None:
-    """`gpunode [--root R] [--config C] [--log-format F] boot` without the full parser;
-    None where the log format is not one the CLI takes (the full CLI refuses it)."""
+def plain(words: tuple[str, ...], root: str, config: str | None,
+          log_format: str | None) -> int | None:
+    """`gpunode [--root R] [--config C] [--log-format F] boot|status [--json]` (one of
+    fastpath.PLAIN) without the full parser; None where the log format is not one the CLI
+    takes (the full CLI refuses it)."""
     if log_format is not None and log_format not in LOG_FORMATS:
         return None
     log.configure(log_format)
-    args = SimpleNamespace(root=root, config=config, log_format=log_format, command="boot",
-                           dry_run=False)
-    return execute("boot", boot, args)
+    args = SimpleNamespace(root=root, config=config, log_format=log_format, command=words[0],
+                           dry_run=False, json=words[1:] == ("--json",))
+    return execute(words[0], boot if words[0] == "boot" else status, args)
 
 
 @changes_node("boot")
@@ -58,6 +62,27 @@ def boot(host: Host, config: AgentConfig, args: Any) -> int:
     run = pipeline.boot(host, config, pipeline.adapters_for(host, config))
     log.get().info("boot.done", outcome=run.outcome, steps=[s["name"] for s in run.steps])
     return EXIT_FAILED if run.outcome == "failed" else EXIT_OK
+
+
+def status(host: Host, config: AgentConfig, args: Any) -> int:
+    from gpunode import status as checks
+
+    with log.step("status") as fields:
+        facts = checks.observe(host, config)
+        report = checks.evaluate(facts)
+        fields.update(verdict=report.verdict,
+                      failed=[c.name for c in report.checks if c.state == checks.FAIL])
+    if args.json:
+        print_json(checks.to_json(facts, report))
+    else:
+        from gpunode import render
+
+        print(render.status(report, str(host.root), colour=sys.stdout.isatty()))
+    return EXIT_OK if report.ready else EXIT_FAILED
+
+
+def print_json(document: object) -> None:
+    print(json.dumps(document, indent=2, sort_keys=False))
 
 
 def host_for(root: str) -> Host:

@@ -1,6 +1,7 @@
 """The `gpunode` command's entry point: a no-op boot, a CPU node's boot and `--version` are
 answered before the CLI is imported (argparse and the command modules cost several times
-Python's own start), and a plain `gpunode boot` runs without argparse (clirun.boot_plain)."""
+Python's own start), and a plain `gpunode boot` or `gpunode status` runs without argparse
+(clirun.plain)."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ def main() -> int:
         return 0
     from gpunode import fastpath
 
-    parsed = fastpath.boot_args(sys.argv[1:])
-    if parsed is not None:
-        root, config, log_format = parsed
-        if config is None and fastpath.unchanged(os.path.realpath(root), __version__, config):
+    parsed = fastpath.plain_args(sys.argv[1:])
+    if parsed is not None and parsed[0] == ("boot",) and parsed[2] is None:
+        _, root, _, log_format = parsed
+        if fastpath.unchanged(os.path.realpath(root), __version__, None):
             fastpath.report_unchanged(log_format)
             return 0
-        if config is None and fastpath.no_gpu_boot(os.path.realpath(root), log_format):
+        if fastpath.no_gpu_boot(os.path.realpath(root), log_format):
             return 0
     if fastpath.command_word(sys.argv[1:]) != "watch":
         # Before the modules whose dataclass methods it has compiled; not for the daemon,
@@ -38,7 +39,7 @@ def main() -> int:
         if parsed is not None:
             from gpunode import clirun
 
-            code = clirun.boot_plain(*parsed)
+            code = clirun.plain(*parsed)
         if code is None:
             from gpunode.cli import main as cli_main
 

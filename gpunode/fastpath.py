@@ -163,9 +163,13 @@ def _json_document(text: str) -> Any:
     return value
 
 
-def boot_args(argv: list[str]) -> tuple[str, str | None, str | None] | None:
-    """(root, config, log format) when argv is a plain `boot`, else None (use the full CLI):
-    as given, for the command to resolve as the full CLI does (clirun.host_for)."""
+PLAIN = (("boot",), ("status",), ("status", "--json"))  # what clirun.plain runs itself
+
+
+def plain_args(argv: list[str]) -> tuple[tuple[str, ...], str, str | None, str | None] | None:
+    """(command words, root, config, log format) when argv is one of PLAIN after the global
+    options, else None (use the full CLI): as given, for the command to resolve as the full
+    CLI does (clirun.host_for)."""
     root, config, log_format = "/", None, None
     rest = list(argv)
     while rest and rest[0].startswith("--"):
@@ -185,9 +189,10 @@ def boot_args(argv: list[str]) -> tuple[str, str | None, str | None] | None:
             config = value
         else:
             log_format = value
-    if rest != ["boot"]:
+    words = tuple(rest)
+    if words not in PLAIN:
         return None
-    return root, config, log_format
+    return words, root, config, log_format
 
 
 def command_word(argv: list[str]) -> str | None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import HostFactory
 from gpunode.host import Host
 
@@ -45,6 +47,44 @@ def test_no_change_configure_imports_neither_tomlkit_nor_the_bus(flatcar: Host) 
     assert not {m for m in imported if m.split(".")[0] == "tomlkit" or m == "gpunode.dbus"}
 
 
+def test_a_pipeline_that_changes_nothing_and_status_import_only_what_they_use(
+        make_host: HostFactory, tmp_path: Path) -> None:
+    """Neither runs a program, digests a file, nor makes a dataclass without a docstring:
+    no subprocess, no hashlib (OpenSSL), and `dataclasses` without `inspect`
+    (gpunode.dataclass_cache), each several ms of every boot."""
+    node = make_host("nc4as-t4-v3", "ready")
+    config = tmp_path / "config.toml"  # --config: the whole pipeline, not the no-op boot
+    config.write_text("")
+    unused = {"inspect", "ast", "dis", "subprocess", "hashlib", "_hashlib"}
+    imported, stderr = imports_of_a_second_run("--root", str(node.root), "--config",
+                                               str(config), "boot")
+    assert {"gpunode.boot", "gpunode.containerd.step", "dataclasses"} <= imported
+    assert json.loads(stderr.splitlines()[-1])["event"] == "boot.done"
+    assert not imported & unused
+    imported, _ = imports_of_a_second_run("--root", str(node.root), "status", "--json")
+    assert {"gpunode.status.checks", "dataclasses"} <= imported
+    assert not imported & (unused | {"argparse", "gpunode.cli"})  # clirun.plain
+
+
+@pytest.mark.parametrize("state", ["ready", "driver"])
+@pytest.mark.parametrize("words", [["status"], ["status", "--json"]])
+def test_a_plain_status_answers_as_the_full_command_line_does(
+        make_host: HostFactory, state: str, words: list[str]) -> None:
+    """clirun.plain's `status` and argparse's (cli.main) print the same, exit the same."""
+    node = make_host("nc4as-t4-v3", state)
+    argv = ["--root", str(node.root), "--log-format", "json", *words]
+    plain = subprocess.run([sys.executable, "-m", "gpunode", *argv], capture_output=True,
+                           text=True, check=False)
+    full = subprocess.run([sys.executable, "-c", "import sys; from gpunode.cli import main; "
+                           "sys.exit(main(sys.argv[1:]))", *argv], capture_output=True,
+                          text=True, check=False)
+    assert plain.returncode == full.returncode == (0 if state == "ready" else 1)
+    assert plain.stdout == full.stdout and plain.stdout.strip()
+    events = [json.loads(line) for line in (plain.stderr + full.stderr).splitlines()]
+    assert [e["event"] for e in events] == ["step.done", "step.done"]
+    assert events[0]["verdict"] == events[1]["verdict"]
+
+
 def test_no_op_boot_imports_none_of_the_pipeline(make_host: HostFactory) -> None:
     node = make_host("nc4as-t4-v3", "ready")
     imported, stderr = imports_of_a_second_run("--root", str(node.root), "boot")
@@ -71,7 +111,7 @@ def test_a_cpu_node_s_first_boot_imports_none_of_the_pipeline(make_host: HostFac
 def test_a_gpu_node_s_plain_boot_runs_without_the_command_line_parser(
         make_host: HostFactory) -> None:
     """`gpunode boot` with at most --root, --config and --log-format goes through
-    clirun.boot_plain: the whole pipeline, none of argparse and the other commands."""
+    clirun.plain: the whole pipeline, none of argparse and the other commands."""
     node = make_host("nc4as-t4-v3", "driver")
     command = [sys.executable, "-X", "importtime", "-m", "gpunode", "--root", str(node.root),
                "--log-format", "json", "boot"]

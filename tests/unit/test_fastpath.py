@@ -71,17 +71,26 @@ def test_another_gpunode_version_ignores_the_stamp(node: Host) -> None:
 
 
 @pytest.mark.parametrize(("argv", "parsed"), [
-    (["boot"], ("/", None, None)),
-    (["--root", "/mnt/node", "--log-format=json", "boot"], ("/mnt/node", None, "json")),
+    (["boot"], (("boot",), "/", None, None)),
+    (["--root", "/mnt/node", "--log-format=json", "boot"], (("boot",), "/mnt/node", None,
+                                                             "json")),
     # as given: the command resolves them as the full command line does (clirun.host_for)
-    (["--root", "link/..", "--config", "sub/../c.toml", "boot"], ("link/..", "sub/../c.toml",
-                                                                   None)),
-    (["status"], None),
+    (["--root", "link/..", "--config", "sub/../c.toml", "boot"], (("boot",), "link/..",
+                                                                   "sub/../c.toml", None)),
+    (["status"], (("status",), "/", None, None)),
+    (["--root=/n", "status", "--json"], (("status", "--json"), "/n", None, None)),
+    (["status", "--js"], None),  # argparse's abbreviation: the full CLI's to read
+    (["status", "--json", "--json"], None),
+    (["--json", "status"], None),
+    (["detect"], None),
     (["boot", "--help"], None),
     (["--verbose", "boot"], None),
+    (["--root", "", "boot"], None),
+    (["--root"], None),
 ])
-def test_only_a_plain_boot_takes_the_fast_path(argv: list[str], parsed: object) -> None:
-    assert fastpath.boot_args(argv) == parsed
+def test_only_a_plain_boot_or_status_skips_the_full_command_line(argv: list[str],
+                                                                 parsed: object) -> None:
+    assert fastpath.plain_args(argv) == parsed
 
 
 def test_stamp_lists_the_inputs_the_boot_read(node: Host, monkeypatch: pytest.MonkeyPatch,
