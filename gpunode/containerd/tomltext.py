@@ -60,11 +60,39 @@ def set_path(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 
 
+_ESCAPES = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r", '"': '\\"',
+            "\\": "\\\\"}
+
+
+def value_text(value: Any) -> str:
+    """`value` as TOML text, exactly as tomlkit writes it (`tomlkit.item(value).as_string()`).
+    The strings, booleans, integers and arrays of them a runtime table holds are written here:
+    tomlkit's import is ~10 ms of a first boot whose change only appends new tables."""
+    text = _plain_text(value)
+    if text is None:
+        import tomlkit  # floats, dates, tables in arrays: tomlkit's own rules
+
+        text = str(tomlkit.item(value).as_string())
+    return text
+
+
+def _plain_text(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if type(value) is int:
+        return str(value)
+    if type(value) is str:
+        return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if c < " " or c == "\x7f"
+                                                 else c) for c in value) + '"'
+    if type(value) is list:
+        items = [_plain_text(v) for v in value]
+        return None if None in items else "[" + ", ".join(items) + "]"  # type: ignore[arg-type]
+    return None
+
+
 def table_block(path: tuple[str, ...], table: Mapping[str, Any], comment: str) -> str:
     """`table` as [header] sections: scalars first, then each sub-table under its own header."""
-    import tomlkit
-
-    scalars = [f"{quote_key(k)} = {tomlkit.item(v).as_string()}" for k, v in table.items()
+    scalars = [f"{quote_key(k)} = {value_text(v)}" for k, v in table.items()
                if not isinstance(v, Mapping)]
     subtables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
     lines = [comment] if comment else []
@@ -79,9 +107,7 @@ def table_block(path: tuple[str, ...], table: Mapping[str, Any], comment: str) -
 
 def render_document(doc: Mapping[str, Any], comment: str) -> str:
     """A whole document: top-level keys, then every table under its own [header]."""
-    import tomlkit
-
-    lines = [comment] + [f"{quote_key(k)} = {tomlkit.item(v).as_string()}"
+    lines = [comment] + [f"{quote_key(k)} = {value_text(v)}"
                          for k, v in doc.items() if not isinstance(v, Mapping)]
     text = "\n".join(lines) + "\n"
     for key, value in doc.items():
