@@ -31,6 +31,7 @@ from gpunode.systemd import Systemd
 @dataclass(frozen=True)
 class Action:
     """One line of what a step would do, as `gpunode plan` shows it."""
+
     step: str
     description: str
 
@@ -38,6 +39,7 @@ class Action:
 @dataclass
 class BootRun:
     """One boot as it runs: what its boot record will say, and the files the no-op stamp signs."""
+
     started_at: str
     steps: list[dict[str, Any]] = field(default_factory=list)
     outcome: str = "ok"
@@ -83,6 +85,7 @@ class Problem:
 @dataclass(frozen=True)
 class Plan:
     """What `gpunode plan` answers: what boot would do as the node is now, and what would fail."""
+
     detection: Detection | None  # None when boot would stop before detecting (preflight)
     actions: list[Action]
     problems: list[Problem]
@@ -327,16 +330,9 @@ def _registration_apply(ctx: Context, fields: dict[str, Any]) -> bool:
 
     text, why = _dropin(ctx)
     fields.update(reason=why)
-    if text is None:
-        return False
-    ctx.host.write_atomic(registration.KUBELET_DROPIN, text.encode(), make_parents=True)
-    systemd = ctx.adapters.systemd
-    if systemd.available:
-        systemd.daemon_reload()
-    else:
-        fields.update(daemon_reload=f"skipped: {systemd.unavailable_reason}; the kubelet's "
-                      "service manager reads the drop-in when it next loads units")
-    return True
+    if text is not None:
+        fields.update(registration.write_kubelet_dropin(ctx.host, text, ctx.adapters.systemd))
+    return text is not None
 
 
 def _registration_inputs(ctx: Context) -> list[str]:

@@ -10,11 +10,14 @@ JoinConfiguration's `nodeRegistration` or the kubelet's `--register-with-taints`
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpunode.errors import ConfigError, UsageError
 from gpunode.host import Host
 from gpunode.systemd_unit import read_unit
+
+if TYPE_CHECKING:
+    from gpunode.systemd import Systemd
 
 REGISTRATION_LABELS = {"nvidia.com/gpu.present": "true"}
 FORMATS = ("cluster-azure", "kubeadm", "kubelet-flags")
@@ -184,6 +187,17 @@ def plan_kubelet_dropin(host: Host, taints: tuple[str, ...], labels: dict[str, s
     if host.read_optional(KUBELET_DROPIN) == text:
         return None, "the kubelet drop-in is already in place"
     return text, f"write {KUBELET_DROPIN}"
+
+
+def write_kubelet_dropin(host: Host, text: str, systemd: Systemd) -> dict[str, str]:
+    """Write the drop-in and have systemd load it; the record's note where no systemd manages
+    the root."""
+    host.write_atomic(KUBELET_DROPIN, text.encode(), make_parents=True)
+    if systemd.available:
+        systemd.daemon_reload()
+        return {}
+    return {"daemon_reload": f"skipped: {systemd.unavailable_reason}; the kubelet's service "
+            "manager reads the drop-in when it next loads units"}
 
 
 def print_form(config: Any, name: str, pool: str | None, instance_type: str | None,
