@@ -260,7 +260,8 @@ def _cdi_apply(ctx: Context, fields: dict[str, Any]) -> bool:
 
     if "driver" in ctx.failed:
         raise DriverError(*cdinode.NO_DRIVER)
-    return cdinode.apply(ctx.host, _has_gpus(ctx), fields, ctx.config.driver.prebuilt_dirs)
+    return cdinode.apply(ctx.host, _has_gpus(ctx), fields, ctx.config.driver.prebuilt_dirs,
+                         ctx.found.get("driver_root"))  # the driver step's, found just now
 
 
 def _cdi_inputs(ctx: Context) -> list[str]:

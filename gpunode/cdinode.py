@@ -61,16 +61,17 @@ def hook(host: Host) -> str | None:
 
 
 def generate(host: Host, prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
-             ) -> dict[str, Any]:
+             found: userspace.DriverRoot | None = None) -> dict[str, Any]:
     """The spec for the node as it is now (the user-space searched as the driver step searches
-    it, driver.prebuilt_dirs included); DriverError when the driver or its user-space is
-    missing."""
+    it, driver.prebuilt_dirs included, or `found`, the driver step's, when it is of the loaded
+    version); DriverError when the driver or its user-space is missing."""
     version = driver_version(host)
     the_gpus = gpus(host)
     if not the_gpus:
         raise DriverError("no CDI spec: the driver sees no GPU",
                           "look for NVRM errors in 'dmesg'")
-    root = userspace.find(host, version, prebuilt_dirs=prebuilt_dirs)
+    root = found if found is not None and found.version == version else \
+        userspace.find(host, version, prebuilt_dirs=prebuilt_dirs)
     # Not the MIG capability nodes: they grant MIG config and monitor rights (and, for MIG
     # devices this spec does not have yet, per-instance access). The toolkit's own spec gives
     # them only in its "management" mode; its control nodes are nvidiactl, nvidia-uvm,
@@ -130,7 +131,7 @@ def _layout(document: dict[str, Any]) -> str:
 
 def preview(host: Host, has_gpus: bool,
             prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
-            ) -> tuple[str | None, dict[str, Any]]:
+            found: userspace.DriverRoot | None = None) -> tuple[str | None, dict[str, Any]]:
     """(what boot would do to the spec file, or None; the record's fields). With GPUs the spec
     is made from the node as it is now (DriverError when it cannot be); without, a spec
     gpunode wrote is removed."""
@@ -139,7 +140,7 @@ def preview(host: Host, has_gpus: bool,
         ours = written_by_gpunode(host, path)
         return (f"remove {path}: the node has no GPU" if ours else None), {
             "path": path, "removed": ours, "data": None}
-    document = generate(host, prebuilt_dirs)
+    document = generate(host, prebuilt_dirs, found)
     data = cdi.render(document, "yaml")
     fields = {"path": path, "devices": len(document["devices"]), "layout": _layout(document),
               "cdi_version": document["cdiVersion"], "data": data}
@@ -151,9 +152,10 @@ def preview(host: Host, has_gpus: bool,
 
 
 def apply(host: Host, has_gpus: bool, record: dict[str, Any],
-          prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs) -> bool:
+          prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
+          found: userspace.DriverRoot | None = None) -> bool:
     """Write (or remove) the spec file as preview says; True when the node changed."""
-    line, fields = preview(host, has_gpus, prebuilt_dirs)
+    line, fields = preview(host, has_gpus, prebuilt_dirs, found)
     data = fields.pop("data")
     record.update(fields)
     if line is None:

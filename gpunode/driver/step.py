@@ -66,6 +66,9 @@ class Plan:
     node_fixes: tuple[str, ...] = ()  # device nodes a loaded driver lacks: "<path>: <why>"
     firmware: firmware.FirmwarePath | None = None  # the open modules of a build: their GSP
     baked: str | None = None  # the baked driver sysext file to merge before loading
+    # A "verify" plan's user-space of the loaded driver: apply merges, builds and loads
+    # nothing that could change it, and takes it for its own when the version is the same.
+    driver_root: userspace.DriverRoot | None = None
 
     @property
     def changed(self) -> bool:
@@ -194,11 +197,12 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
             load = directory_load(host, directory, wanted, config, kmod)
         else:
             load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
+    found = None
     if version is not None:
         # The loaded driver's user-space: apply ends by finding it, so a plan that cannot is a
         # refusal now, not a surprise after the modules and nodes (a driver not loaded yet is
         # judged once it is).
-        userspace.find(host, version.version, prebuilt_dirs=config.prebuilt_dirs)
+        found = userspace.find(host, version.version, prebuilt_dirs=config.prebuilt_dirs)
     fw = None
     if chosen.flavour == "open" and choice.strategy == "build" and choice.action in ("build",
                                                                                   "load"):
@@ -212,7 +216,8 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
                            if (why := devices.problem(host, n) or devices.link_problem(host, n)))
     return Plan(kernel=kernel, flavour=chosen, choice=choice, modules=wanted, load=load,
                 sysext_line=sysext_line, node_fixes=node_fixes, firmware=fw, baked=baked_path,
-                gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"))
+                gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"),
+                driver_root=found if choice.action == "verify" else None)
 
 
 def _baked(host: Host, choice: strategy.Choice) -> strategy.Choice:
@@ -339,7 +344,9 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
                                        or "")
     assert version is not None  # verify() said it parses
     # The loaded driver's user-space, found once: the CDI spec and status read this record.
-    found = userspace.find(host, version.version, prebuilt_dirs=config.prebuilt_dirs)
+    found = the_plan.driver_root
+    if found is None or found.version != version.version:
+        found = userspace.find(host, version.version, prebuilt_dirs=config.prebuilt_dirs)
     return Outcome(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
                    version=version.version, loaded=loaded, nodes=tuple(nodes), source=source,
                    driver_root=found)

@@ -269,3 +269,28 @@ def test_plan_names_the_rollback_of_an_interrupted_change_that_boot_then_does(
     assert "roll back the interrupted change" in the_plan.actions[1].description
     assert {s["name"] for s in run.steps if s.get("changed")} == {"cdi", "containerd"}
     assert not journal.pending(host)
+
+
+@pytest.mark.parametrize("name", ["t4-driver-with-runtime", f"{T4}-ready"])
+def test_a_loaded_driver_s_user_space_is_searched_once_a_boot(
+        make_host: HostFactory, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A driver already loaded (the driver step's "verify"): its plan finds the user-space,
+    its apply and the cdi step take that instead of searching again."""
+    from gpunode.driver import userspace
+
+    case = CASES[name]
+    host = case.host(make_host)
+    calls: list[str] = []
+    real = userspace.find
+
+    def counted(*args: Any, **kwargs: Any) -> userspace.DriverRoot:
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(userspace, "find", counted)
+    run = boot.boot(host, case.config(), case.adapters(host))
+    assert run.outcome == "ok"
+    driver, cdi = (next(s for s in run.steps if s["name"] == n) for n in ("driver", "cdi"))
+    assert (driver["action"], driver["driver_root"]["libraries"]) == ("verify", 10)
+    assert (cdi["outcome"], cdi["devices"]) == ("ok", 3)
+    assert calls == ["550.127.08"]
