@@ -177,14 +177,17 @@ def pending_change(host: Host) -> bool | str:
     """A change to containerd's config is pending: True; the lock holder ("pid 12, gpunode
     boot") when a gpunode command is making it right now (the node lock, probed without
     waiting); False when none is."""
-    from gpunode import nodelock
     from gpunode.containerd import journal
 
     try:
         pending = journal.pending(host)
     except GpunodeError:
         pending = True  # something is at the journal's path: not gpunode's to judge, not clean
-    return (nodelock.probe(host) or True) if pending else False
+    if not pending:
+        return False
+    from gpunode import nodelock  # only then: it names every file gpunode writes (~2 ms)
+
+    return nodelock.probe(host) or True
 
 
 def runtime_check(facts: StatusFacts) -> Check:
