@@ -13,6 +13,7 @@ EXIT_BROKEN_PIPE = 141  # what a shell reports for a command killed by SIGPIPE (
 
 
 def main() -> int:
+    _standard_streams()
     from gpunode import __version__
 
     if sys.argv[1:] == ["--version"]:  # as argparse's version action prints it (cliargs.py)
@@ -51,6 +52,19 @@ def main() -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
     return code
+
+
+def _standard_streams() -> None:
+    """Descriptors 0, 1 and 2, when one was closed at the start (sys.stdout is then None), are
+    /dev/null from now on: what gpunode writes there goes nowhere, as print() sends it, instead
+    of failing, and no file gpunode opens takes the number (nor a program's writes to it)."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        if getattr(sys, name) is None:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: `fd` itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115  # for good
 
 
 def run() -> None:
