@@ -52,7 +52,13 @@ def load_build_script() -> ModuleType:
     spec = importlib.util.spec_from_file_location("build_sysext", BUILD_SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # Not packaging/__pycache__: a test writes only where it says (the boundary guard), and
+    # where PYTHONDONTWRITEBYTECODE is unset the import would write the script's bytecode.
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = writes
     return module
 
 
