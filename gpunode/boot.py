@@ -5,7 +5,8 @@ lines, nothing touched), how it does it (`apply`: fills the step's record fields
 whether it changed the node) and which files it depends on (`inputs`, signed in the no-op stamp,
 gpunode/fastpath.py). `plan`, `boot`, the boot record (/run/gpunode/state.json, for
 `gpunode status`) and the stamp all walk this one list, so they cannot disagree about which
-steps run, in which order, or what a step depends on.
+steps run, in which order, or what a step depends on. The module is longer than ~450 lines
+because every step's glue stays beside the list, where it is read with it.
 """
 
 from __future__ import annotations
@@ -205,6 +206,11 @@ def _driver_apply(ctx: Context, fields: dict[str, Any]) -> bool:
 
     assert ctx.detection is not None
     the_plan = driver.plan(ctx.host, ctx.config.driver, ctx.detection, ctx.adapters.kmod)
+    if the_plan.baked is None:  # no sysext merged: containerd's unit and files stay as they are
+        from gpunode.containerd import locate  # its probes run while this step and cdi work
+
+        ctx.found["located"] = locate.early(ctx.host, ctx.config.containerd,
+                                            ctx.adapters.systemd, ctx.adapters.probe)
     fields.update(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
                   action=the_plan.choice.action, reason=the_plan.choice.reason)
     outcome = driver.apply(ctx.host, the_plan, ctx.config.driver, ctx.adapters.kmod,
@@ -293,7 +299,8 @@ def _containerd_apply(ctx: Context, fields: dict[str, Any]) -> bool:
     rolls_back = journal.pending(ctx.host)
     the_plan, outcome = containerd.configure(ctx.host, c, ctx.adapters.systemd,
                                              c.restart_timeout, report=fields,
-                                             probe=ctx.adapters.probe)
+                                             probe=ctx.adapters.probe,
+                                             located=ctx.found.get("located"))
     fields.update(restarted=outcome.restarted)
     ctx.found["containerd"] = the_plan
     return outcome.changed or rolls_back

@@ -16,6 +16,7 @@ from gpunode.containerd.ledger import (
     TOOLKIT_CONFIG,
     Ledger,
 )
+from gpunode.containerd.writes import refuse_hard_links
 from gpunode.errors import ContainerdStepError, FileError, GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
@@ -35,7 +36,7 @@ def revert(host: Host, systemd: Systemd, restart_timeout: float,
         raise ContainerdStepError(f"gpunode changed {target}, not {expected_target}",
                                   f"run 'gpunode containerd revert --config {target}'")
     writes, notes = _revert_writes(host, recorded)
-    step.refuse_hard_links(host, [w.path for w in writes if w.data is not None])
+    refuse_hard_links(host, [w.path for w in writes if w.data is not None])
     done = journal.commit(host, writes, target, remove_dirs=recorded.created_dirs)
     notes += [f"remove {d} (gpunode created it; now empty)" for d in
               reversed(recorded.created_dirs) if not host.exists(d)]

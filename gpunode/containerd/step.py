@@ -24,6 +24,7 @@ from gpunode.containerd import (
     extras,
     journal,
     ledger,
+    locate,
     restart,
     schema,
     tomltext,
@@ -33,22 +34,18 @@ from gpunode.containerd import (
 from gpunode.containerd.discover import (
     CONTAINERD_UNIT,
     ActiveConfig,
-    ContainerdConfigError,
     active_config,
 )
 from gpunode.containerd.journal import JOURNAL
 from gpunode.containerd.ledger import (
     DROPIN,
-    ENV_FILE,
     IMPORT_FILE,
     LEDGER,
     POINTERS,
-    READ_ONLY_PREFIXES,
     WRITABLE_CONFIG,
     Ledger,
 )
 from gpunode.containerd.probe import CommandProbe, NoProbe, Probe
-from gpunode.containerd.writes import refuse_hard_links
 from gpunode.errors import ContainerdStepError, GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
@@ -138,51 +135,40 @@ def spec_from(config: ContainerdConfig, daemon: schema.Daemon | None = None,
 
 
 def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
-         explicit: str | None = None, force: bool = False, probe: Probe | None = None) -> Plan:
+         explicit: str | None = None, force: bool = False, probe: Probe | None = None,
+         located: locate.Located | GpunodeError | None = None) -> Plan:
     """The change, from the files as they are (after `recover()`: while an interrupted change
-    is pending, `preview()` is what configure and boot would do)."""
+    is pending, `preview()` is what configure and boot would do). `located`: boot's early
+    locating (locate.early), its probes already started."""
     spec = spec_from(config)
     probe = probe or (CommandProbe() if host.is_live else NoProbe())
-    binaries = [spec.binary] if config.runtime_wanted else []
-    if config.runtime_wanted and config.mode_runtimes:
-        binaries += [binary for _, binary in wiring.mode_runtime_binaries(spec.binary)]
-    for binary in binaries if not force else ():
-        if not host.is_executable_file(binary):
-            raise ContainerdStepError(
-                f"runtime binary {host.display(binary)} is not an executable file on this host",
-                "install the NVIDIA Container Toolkit (on Flatcar: sysext-bakery's "
-                "nvidia-runtime sysext), set containerd.runtime_path, use CDI alone "
-                '(containerd.gpu_access = "cdi"), or pass --force to configure it anyway')
-    files = extras.plan(host, config)
-    if explicit or config.config_path:
-        path = explicit or config.config_path or ""
-        active = ActiveConfig(path, "--config" if explicit else "containerd.config_path")
-    else:
-        active = active_config(host, systemd)
-    binary = active.binary
-    recorded = ledger.read(host)
-    target, copied_from, dropin, dropin_path = _target(host, active, recorded)
-    if recorded is not None and recorded.target != target:
-        raise ContainerdStepError(
-            f"gpunode's ledger {host.display(LEDGER)} records changes to {recorded.target}, "
-            f"not {target}; gpunode keeps one config's changes at a time",
-            f"run 'gpunode containerd revert' first to undo them in {recorded.target}")
-    source = copied_from or target
-    source_text = _read_config(host, source)
-    refuse_hard_links(host, [target])
-    before = None if copied_from else source_text
-    shown = host.display(source)
-    common: dict[str, Any] = {
-        "active": active, "target": target, "before": before, "copied_from": copied_from,
-        "dropin_text": dropin, "dropin_path": dropin_path, "runtime_name": spec.name,
-        "source_text": source_text,
-        "ledger": recorded, "files": files, "gpu_access": config.gpu_access}
-    # A first run asks containerd for its version and its own reading of the file: both at
-    # once (the dump only where a runtime is to be added: the file does not name it yet).
-    wants_dump = config.runtime_wanted and (config.mode == "drop-in" or config.mode_runtimes
-                                            or spec.name not in source_text)
-    probe.prefetch(binary, str(host.path(source)) if wants_dump else None)
-    try:
+    try:  # whatever was started (boot's early locating too) is reaped however this ends
+        binaries = [spec.binary] if config.runtime_wanted else []
+        if config.runtime_wanted and config.mode_runtimes:
+            binaries += [binary for _, binary in wiring.mode_runtime_binaries(spec.binary)]
+        for binary in binaries if not force else ():
+            if not host.is_executable_file(binary):
+                raise ContainerdStepError(
+                    f"runtime binary {host.display(binary)} is not an executable file on this host",
+                    "install the NVIDIA Container Toolkit (on Flatcar: sysext-bakery's "
+                    "nvidia-runtime sysext), set containerd.runtime_path, use CDI alone "
+                    '(containerd.gpu_access = "cdi"), or pass --force to configure it anyway')
+        files = extras.plan(host, config)
+        if isinstance(located, GpunodeError):
+            raise located
+        found = located or locate.locate(host, config, systemd, explicit)
+        active, binary, source_text = found.active, found.active.binary, found.source_text
+        copied_from, target, source = found.copied_from, found.target, found.source
+        before = None if copied_from else source_text
+        shown = host.display(source)
+        common: dict[str, Any] = {
+            "active": active, "target": target, "before": before, "copied_from": copied_from,
+            "dropin_text": found.dropin, "dropin_path": found.dropin_path,
+            "runtime_name": spec.name, "source_text": source_text,
+            "ledger": found.recorded, "files": files, "gpu_access": config.gpu_access}
+        # A first run asks containerd for its version and its own reading of the file: both at
+        # once (the dump only where a runtime is to be added: the file does not name it yet).
+        locate.start_probes(host, config, found, probe)
         if config.mode == "drop-in" and config.runtime_wanted:
             refused = _import_refusal(probe, binary, copied_from)
             if refused is None:
@@ -234,61 +220,6 @@ def _import_refusal(probe: Probe, binary: str, copied_from: str | None) -> str |
     return None
 
 
-def _target(host: Host, active: ActiveConfig,
-            recorded: Ledger | None) -> tuple[str, str | None, str | None, str]:
-    """(file to write, read-only original it is copied from, the text and path of what points
-    containerd at it) for the active file."""
-    if not active.path.startswith(READ_ONLY_PREFIXES):
-        return active.path, None, None, DROPIN
-    if host.exists(WRITABLE_CONFIG) and not (recorded and recorded.copied_from):
-        raise ContainerdStepError(
-            f"containerd reads {active.path} (read-only), and {host.display(WRITABLE_CONFIG)} "
-            "exists but is not the config containerd uses; gpunode will not overwrite it",
-            f"point containerd at {WRITABLE_CONFIG} (a containerd.service.d drop-in), or "
-            "remove it, then run gpunode again")
-    return (WRITABLE_CONFIG, active.path, *_pointer(active))
-
-
-def _pointer(active: ActiveConfig) -> tuple[str, str]:
-    """(text, path) of what makes containerd read the writable copy: where the unit reads
-    ENV_FILE (gpunode's shipped drop-in) and takes the path from a variable, that file — read
-    at containerd's next start, no daemon-reload; else a drop-in of its own."""
-    note = ("# Written by gpunode: containerd reads a writable copy of its config, which has "
-            "the NVIDIA runtime.\n")
-    flag = active.raw_flag or ""
-    if flag.startswith("${") and flag.endswith("}"):
-        if ENV_FILE in active.env_files:
-            return note + f"{flag[2:-1]}={WRITABLE_CONFIG}\n", ENV_FILE
-        return note + f"[Service]\nEnvironment={flag[2:-1]}={WRITABLE_CONFIG}\n", DROPIN
-    return note + "[Service]\n" + _exec_override(active), DROPIN
-
-
-def _exec_override(active: ActiveConfig) -> str:
-    argv = list(active.raw_exec) or ["/usr/bin/containerd"]
-    argv = _with_config(argv, WRITABLE_CONFIG)
-    return "ExecStart=\nExecStart=" + " ".join(argv) + "\n"
-
-
-def _with_config(argv: list[str], path: str) -> list[str]:
-    for i, word in enumerate(argv):
-        if word in ("--config", "-c") and i + 1 < len(argv):
-            return [*argv[: i + 1], path, *argv[i + 2 :]]
-        if word.startswith(("--config=", "-c=")):
-            return [*argv[:i], word.split("=", 1)[0] + "=" + path, *argv[i + 1 :]]
-    return [*argv, "--config", path]
-
-
-def _read_config(host: Host, path: str) -> str:
-    try:
-        text = discover.read_config(host, path)
-    except ContainerdConfigError as exc:
-        raise ContainerdStepError(str(exc), exc.hint) from None
-    if text is None:
-        raise ContainerdStepError(f"{host.display(path)}: does not exist",
-                                  "check the path containerd.service names")
-    return text
-
-
 def step_inputs(host: Host, the_plan: Plan, config: ContainerdConfig) -> list[str]:
     """The files boot's containerd step depends on (the no-op boot's stamp signs them)."""
     from gpunode.systemd_unit import unit_inputs
@@ -333,14 +264,16 @@ def _known_targets(host: Host, systemd: Systemd | None, explicit: str | None) ->
 def configure(host: Host, config: ContainerdConfig, systemd: Systemd, restart_timeout: float,
               explicit: str | None = None, force: bool = False,
               report: dict[str, Any] | None = None,
-              probe: Probe | None = None, restart_allowed: bool = True) -> tuple[Plan, Outcome]:
+              probe: Probe | None = None, restart_allowed: bool = True,
+              located: locate.Located | GpunodeError | None = None) -> tuple[Plan, Outcome]:
     """`containerd configure` and boot's containerd step: roll back an interrupted change,
     plan from the files as that leaves them, apply. `report` (the step's log fields) says
     what happened as it happens, so a failure's event is as true as a success's (apply).
     `restart_allowed` False (the watch's repair under its restart policy) leaves a running
-    containerd running with the old config: its restart is pending."""
+    containerd running with the old config: its restart is pending. `located`: boot's early
+    locating (locate.early: none where a rollback was pending, so recover() has none to do)."""
     recover(host, systemd, explicit or config.config_path)
-    the_plan = plan(host, config, systemd, explicit, force=force, probe=probe)
+    the_plan = plan(host, config, systemd, explicit, force=force, probe=probe, located=located)
     return the_plan, apply(host, the_plan, systemd, restart_timeout, report, restart_allowed)
 
 

@@ -10,6 +10,7 @@ fixture's /proc show a loaded driver, as tests/unit/test_driver.py's does.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -263,7 +264,9 @@ def test_plan_names_the_rollback_of_an_interrupted_change_that_boot_then_does(
     assert journal.pending(host)
     config, adapters = case.config(), case.adapters(host)
     the_plan = boot.plan(host, config, adapters)
+    located = located_while(monkeypatch, lambda: journal.pending(host))
     run = boot.boot(host, config, adapters)
+    assert located == [False]  # not early (locate.early): only after the rollback
     # (a driver-state fixture has no CDI spec yet: boot writes it too)
     assert [a.step for a in the_plan.actions] == ["cdi", "containerd"]
     assert "roll back the interrupted change" in the_plan.actions[1].description
@@ -294,3 +297,74 @@ def test_a_loaded_driver_s_user_space_is_searched_once_a_boot(
     assert (driver["action"], driver["driver_root"]["libraries"]) == ("verify", 10)
     assert (cdi["outcome"], cdi["devices"]) == ("ok", 3)
     assert calls == ["550.127.08"]
+
+
+def located_while(monkeypatch: pytest.MonkeyPatch, observe: Callable[[], object]) -> list[object]:
+    """What `observe` said at each call of locate.locate from now on."""
+    from gpunode.containerd import locate
+
+    seen: list[object] = []
+    real = locate.locate
+
+    def recorded(*args: Any, **kwargs: Any) -> locate.Located:
+        seen.append(observe())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(locate, "locate", recorded)
+    return seen
+
+
+@dataclass
+class RecordingProbe:
+    """containerd's answers for a boot, noting whether the CDI spec existed at each start."""
+
+    spec: Path
+    started: list[tuple[str, str | None, bool]] = field(default_factory=list)
+
+    def prefetch(self, binary: str, path: str | None) -> None:
+        self.started.append((binary, path, self.spec.exists()))
+
+    def version(self, binary: str) -> tuple[int, int] | None:
+        return (1, 7)
+
+    def dump(self, binary: str, path: str) -> dict[str, Any] | None:
+        return None
+
+    def discard(self) -> None:
+        pass
+
+
+def test_containerd_is_located_and_probed_before_the_driver_and_cdi_steps_run(
+        make_host: HostFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Boot locates containerd's config once, early (locate.early), and starts its probes
+    then: they run while the driver and cdi steps work, before the spec is written."""
+    case = CASES["t4-driver-with-runtime"]
+    host = case.host(make_host)
+    probe = RecordingProbe(host.root / "var/run/cdi/nvidia.yaml")
+    adapters = boot.Adapters(systemd=NoSystemd(), kmod=case.adapters(host).kmod, probe=probe)
+    cdi_written = located_while(monkeypatch, probe.spec.exists)
+    run = boot.boot(host, case.config(), adapters)
+    assert run.outcome == "ok" and probe.spec.exists()
+    assert cdi_written == [False]  # one locating, before the cdi step
+    binary, path, spec_then = probe.started[0]
+    assert (binary, spec_then) == ("/usr/bin/containerd", False)
+    assert path == str(host.root / "usr/share/containerd/config.toml")  # a runtime to add
+    step = next(s for s in run.steps if s["name"] == "containerd")
+    assert (step["outcome"], step["changed"]) == ("ok", True)
+
+
+def test_a_failure_to_locate_early_is_the_containerd_step_s_own(
+        make_host: HostFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An /etc/containerd/config.toml containerd does not read: located early, refused in the
+    containerd step's turn with the step's own message, the steps before it unaffected."""
+    case = CASES["t4-driver-with-runtime"]
+    host = case.host(make_host)
+    (host.root / "etc/containerd").mkdir(parents=True, exist_ok=True)
+    (host.root / "etc/containerd/config.toml").write_text("version = 2\n")
+    tries = located_while(monkeypatch, lambda: None)
+    run = boot.boot(host, case.config(), case.adapters(host))
+    outcomes = {s["name"]: s["outcome"] for s in run.steps}
+    assert outcomes == {"detect": "ok", "driver": "ok", "cdi": "ok", "containerd": "failed"}
+    step = next(s for s in run.steps if s["name"] == "containerd")
+    assert "exists but is not the config containerd uses" in step["error"]
+    assert step["code"] == "containerd-step-failed" and len(tries) == 1
