@@ -417,6 +417,8 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
                 break
     if run.outcome != "failed" and not _has_gpus(ctx):
         run.outcome = "no-gpu"
+    if adapters.probe is not None:  # a program started early and never asked (locate.early)
+        adapters.probe.discard()
     write_record(host, run)
     if run.outcome != "failed":
         _write_stamp(host, run, config)
