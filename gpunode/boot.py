@@ -121,6 +121,9 @@ class Step:
     gate: bool = False  # when it fails, boot stops there (the later steps need it)
     observes: bool = False  # plan is computed from it: when it fails there is no plan
     quiet: bool = False  # a check: logged and recorded only when it fails
+    # What boot starts once the step succeeded, to run while the later steps work (outside
+    # the step's record and duration)
+    then: Callable[[Context], None] | None = None
 
 
 # -- preflight: this boot, this config, and nobody else installing a driver ---------------------
@@ -189,6 +192,16 @@ def _detect_apply(ctx: Context, fields: dict[str, Any]) -> bool:
     return False
 
 
+def _locate_containerd(ctx: Context) -> None:
+    """A GPU node: containerd's config located now, its probes started, so that they run
+    while preflight, driver and cdi work (containerd/locate.py)."""
+    if _has_gpus(ctx):
+        from gpunode.containerd import locate
+
+        ctx.found["located"] = locate.early(ctx.host, ctx.config.containerd,
+                                            ctx.adapters.systemd, ctx.adapters.probe)
+
+
 # -- driver ---------------------------------------------------------------------------------------
 
 
@@ -206,11 +219,10 @@ def _driver_apply(ctx: Context, fields: dict[str, Any]) -> bool:
 
     assert ctx.detection is not None
     the_plan = driver.plan(ctx.host, ctx.config.driver, ctx.detection, ctx.adapters.kmod)
-    if the_plan.baked is None:  # no sysext merged: containerd's unit and files stay as they are
-        from gpunode.containerd import locate  # its probes run while this step and cdi work
-
-        ctx.found["located"] = locate.early(ctx.host, ctx.config.containerd,
-                                            ctx.adapters.systemd, ctx.adapters.probe)
+    if the_plan.baked is not None:  # the sysext it merges could bring containerd drop-ins:
+        ctx.found.pop("located", None)  # the containerd step locates after it, and probes
+        if ctx.adapters.probe is not None:
+            ctx.adapters.probe.discard()
     fields.update(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
                   action=the_plan.choice.action, reason=the_plan.choice.reason)
     outcome = driver.apply(ctx.host, the_plan, ctx.config.driver, ctx.adapters.kmod,
@@ -356,7 +368,7 @@ def _registration_inputs(ctx: Context) -> list[str]:
 # once. A failed gate (detect, preflight) stops the boot there.
 STEPS: tuple[Step, ...] = (
     Step("detect", _detect_plan, _detect_apply, lambda ctx: [f"{SYSFS_PCI_DEVICES}/"], gate=True,
-         observes=True),
+         observes=True, then=_locate_containerd),
     # Only where there is a GPU for two drivers to race over: a CPU node's boot is decided
     # from sysfs alone (gpunode/fastpath.py no_gpu), without asking systemd anything.
     Step("preflight", _preflight_plan, _preflight_apply, _preflight_inputs, applies=_has_gpus,
@@ -415,6 +427,9 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
             ctx.failed.add(step.name)
             if step.gate:
                 break
+            continue
+        if step.then is not None:
+            step.then(ctx)
     if run.outcome != "failed" and not _has_gpus(ctx):
         run.outcome = "no-gpu"
     if adapters.probe is not None:  # a program started early and never asked (locate.early)

@@ -3,10 +3,11 @@ uses (its unit says, or the agent config's `containerd.config_path`), gpunode's 
 earlier changes, the file gpunode writes (a writable copy of a read-only one, with what points
 containerd at it) and the text the change starts from.
 
-Boot locates early (`early`), while the driver step works: containerd's `--version` and
-`config dump` (two Go programs, ~30 ms) then run side by side with the driver and cdi steps
-instead of on the critical path after them. Neither step touches what they read: containerd's
-unit, its config and the binary.
+Boot locates early (`early`), as soon as detect has found GPUs: containerd's `--version` and
+`config dump` (two Go programs, ~30 ms) then run side by side with the preflight, driver and
+cdi steps instead of on the critical path after them. None of those touches what they read
+(containerd's unit, its config, the binary), except a driver step that merges a sysext: boot
+then drops what it located and stops the probes, and the containerd step starts over.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ def start_probes(host: Host, config: ContainerdConfig, located: Located, probe: 
 
 def early(host: Host, config: ContainerdConfig, systemd: Systemd | None,
           probe: Probe | None) -> Located | GpunodeError | None:
-    """Boot's locating before the driver step, its probes started: what the containerd step's
+    """Boot's locating right after detect, its probes started: what the containerd step's
     plan then takes as its own (a failure too, raised there in its turn). None, and nothing
     started, while an interrupted change waits to be rolled back: the step rolls it back first
     and locates from the files as that leaves them."""

@@ -313,3 +313,50 @@ def test_a_tampered_manifest_s_driver_is_ignored_not_merged(
         step.plan(host, DriverConfig(), detect(host),
                   FakeKernel(host.root, fixtures.MACHINES["nc6s-v3"]))
     assert not (host.root / "run/extensions").exists()
+
+
+def test_a_boot_that_merges_a_baked_sysext_locates_containerd_again_after_it(
+        make_host: HostFactory, tmp_path: Path, cli: Cli,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What boot located and probed early (gpunode/containerd/locate.py) is dropped where the
+    driver step merges a sysext, which could bring containerd drop-ins: the containerd step
+    locates again after the merge, and the early probes are stopped first."""
+    from gpunode import boot
+    from gpunode.config import AgentConfig
+    from gpunode.containerd import locate
+    from gpunode.systemd import NoSystemd
+
+    host = make_host("nc6s-v3", "bare")
+    bake_several(host.root, tmp_path, cli)
+    runtime = host.root / "usr/bin/nvidia-container-runtime"
+    runtime.write_text("#!/bin/sh\n")
+    runtime.chmod(0o755)
+    kernel = FakeKernel(host.root, fixtures.MACHINES["nc6s-v3"])
+    events: list[str] = []
+
+    class Probe:
+        def prefetch(self, binary: str, path: str | None) -> None:
+            events.append("prefetch")
+
+        def version(self, binary: str) -> tuple[int, int] | None:
+            return (1, 7)
+
+        def dump(self, binary: str, path: str) -> None:
+            return None
+
+        def discard(self) -> None:
+            events.append("discard")
+
+    real = locate.locate
+
+    def located(*args: object, **kwargs: object) -> locate.Located:
+        events.append(f"locate, merged: {bool(kernel.refreshes)}")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(locate, "locate", located)
+    run = boot.boot(host, AgentConfig(), boot.Adapters(NoSystemd(), kernel, probe=Probe()))
+    driver = next(s for s in run.steps if s["name"] == "driver")
+    assert (driver["outcome"], driver["source"]) == ("ok", "flatcar-nvidia-drivers-580")
+    assert events[:5] == ["locate, merged: False", "prefetch", "discard",
+                          "locate, merged: True", "prefetch"]
+    assert next(s for s in run.steps if s["name"] == "containerd")["outcome"] == "ok"

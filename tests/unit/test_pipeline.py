@@ -336,8 +336,9 @@ class RecordingProbe:
 
 def test_containerd_is_located_and_probed_before_the_driver_and_cdi_steps_run(
         make_host: HostFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Boot locates containerd's config once, early (locate.early), and starts its probes
-    then: they run while the driver and cdi steps work, before the spec is written."""
+    """Boot locates containerd's config once, right after detect (locate.early), and starts
+    its probes then: they run while the driver and cdi steps work, before the spec is
+    written."""
     case = CASES["t4-driver-with-runtime"]
     host = case.host(make_host)
     probe = RecordingProbe(host.root / "var/run/cdi/nvidia.yaml")
