@@ -236,6 +236,8 @@ def recover(host: Host, systemd: Systemd, explicit: str | None = None) -> None:
     """Roll back a change an earlier run could not finish (killed, power cut); configure,
     revert and boot call this before they read anything. A journal is only followed for a
     config gpunode edits here (`_known_targets`)."""
+    if not journal.pending(host):
+        return  # nothing interrupted: no need to ask containerd's unit for its config
     undone = journal.recover(host, _known_targets(host, systemd, explicit))
     if undone:
         log.get().warning("containerd.interrupted_change_undone", undone=undone,

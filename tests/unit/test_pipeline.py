@@ -341,12 +341,23 @@ def test_containerd_is_located_and_probed_before_the_driver_and_cdi_steps_run(
     written."""
     case = CASES["t4-driver-with-runtime"]
     host = case.host(make_host)
+    from gpunode.containerd import discover, locate, step
+
     probe = RecordingProbe(host.root / "var/run/cdi/nvidia.yaml")
     adapters = boot.Adapters(systemd=NoSystemd(), kmod=case.adapters(host).kmod, probe=probe)
     cdi_written = located_while(monkeypatch, probe.spec.exists)
+    asked: list[str] = []  # containerd's unit asked for its config (over D-Bus on a node)
+
+    def active_config(*args: Any) -> discover.ActiveConfig:
+        asked.append("unit")
+        return discover.active_config(*args)
+
+    for module in (locate, step):
+        monkeypatch.setattr(module, "active_config", active_config)
     run = boot.boot(host, case.config(), adapters)
     assert run.outcome == "ok" and probe.spec.exists()
     assert cdi_written == [False]  # one locating, before the cdi step
+    assert asked == ["unit"]  # and no other (recover() has no journal to check it against)
     binary, path, spec_then = probe.started[0]
     assert (binary, spec_then) == ("/usr/bin/containerd", False)
     assert path == str(host.root / "usr/share/containerd/config.toml")  # a runtime to add
