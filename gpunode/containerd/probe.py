@@ -20,7 +20,7 @@ class Probe(Protocol):
 
     def dump(self, binary: str, path: str) -> dict[str, Any] | None: ...
 
-    def prefetch(self, binary: str, path: str | None) -> None: ...
+    def prefetch(self, binary: str, path: str | None, version: bool = True) -> None: ...
 
     def discard(self) -> None: ...
 
@@ -32,15 +32,17 @@ VERSION_TIMEOUT, DUMP_TIMEOUT = 10.0, 20.0
 class CommandProbe:
     """Runs the node's containerd (`binary_override`: a test's real containerd instead).
 
-    `prefetch` starts `--version` (and, given a path, `config dump`) at once, side by side;
-    `version` and `dump` then take those results. Without it each runs when asked."""
+    `prefetch` starts `--version` (unless told not to) and, given a path, `config dump` at
+    once, side by side; `version` and `dump` then take those results. Without it each runs
+    when asked."""
 
     binary_override: str | None = None
     _started: dict[tuple[str, ...], command.Started] = field(default_factory=dict, repr=False)
     _versions: dict[str, tuple[int, int] | None] = field(default_factory=dict, repr=False)
 
-    def prefetch(self, binary: str, path: str | None) -> None:
-        for argv in (self._version_argv(binary), self._dump_argv(binary, path) if path else ()):
+    def prefetch(self, binary: str, path: str | None, version: bool = True) -> None:
+        for argv in (self._version_argv(binary) if version else (),
+                     self._dump_argv(binary, path) if path else ()):
             if argv and argv not in self._started:
                 timeout = VERSION_TIMEOUT if len(argv) == 2 else DUMP_TIMEOUT
                 self._started[argv] = command.Started(argv, timeout)
@@ -96,7 +98,7 @@ class NoProbe:
     def dump(self, binary: str, path: str) -> dict[str, Any] | None:
         return None
 
-    def prefetch(self, binary: str, path: str | None) -> None:
+    def prefetch(self, binary: str, path: str | None, version: bool = True) -> None:
         return None
 
     def discard(self) -> None:

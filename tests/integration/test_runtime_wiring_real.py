@@ -151,3 +151,25 @@ exec {real} "$@"
     events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
     assert "containerd.version_unknown" not in events and "containerd.dump_unavailable" \
         not in events
+
+
+def test_boot_s_early_start_is_the_dump_alone_and_the_plan_takes_it(
+        make_host: HostFactory) -> None:
+    """locate.early starts one Go program beside gpunode, the longer `config dump` (where a
+    runtime is to be added); the plan then asks the version and takes the dump already
+    running. The answers are the real 2.x's."""
+    from gpunode.containerd import locate
+
+    real = str(ensure_binary("2").path)
+    host, _ = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
+    config = ContainerdConfig()
+    asked = CommandProbe(binary_override=real)
+    located = locate.early(host, config, NoSystemd(), asked)
+    assert isinstance(located, locate.Located)
+    # (the probe's own record of what it started: which programs run is the point here)
+    assert [argv[1:] for argv in asked._started] == [
+        ("--config", str(host.path(located.source)), "config", "dump")]
+    plan = step.plan(host, config, NoSystemd(), probe=asked, located=located)
+    runtime = tomllib.loads(plan.edit.text)["plugins"][CRI[2]]["containerd"]["runtimes"]
+    assert runtime["nvidia"]["runtime_type"] == "io.containerd.runc.v2"
+    assert asked._started == {}  # both answered, nothing left running

@@ -319,10 +319,10 @@ class RecordingProbe:
     """containerd's answers for a boot, noting whether the CDI spec existed at each start."""
 
     spec: Path
-    started: list[tuple[str, str | None, bool]] = field(default_factory=list)
+    started: list[tuple[str, str | None, bool, bool]] = field(default_factory=list)
 
-    def prefetch(self, binary: str, path: str | None) -> None:
-        self.started.append((binary, path, self.spec.exists()))
+    def prefetch(self, binary: str, path: str | None, version: bool = True) -> None:
+        self.started.append((binary, path, version, self.spec.exists()))
 
     def version(self, binary: str) -> tuple[int, int] | None:
         return (1, 7)
@@ -337,7 +337,7 @@ class RecordingProbe:
 def test_containerd_is_located_and_probed_before_the_driver_and_cdi_steps_run(
         make_host: HostFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Boot locates containerd's config once, right after detect (locate.early), and starts
-    its probes then: they run while the driver and cdi steps work, before the spec is
+    its longer probe then: it runs while the driver and cdi steps work, before the spec is
     written."""
     case = CASES["t4-driver-with-runtime"]
     host = case.host(make_host)
@@ -358,9 +358,10 @@ def test_containerd_is_located_and_probed_before_the_driver_and_cdi_steps_run(
     assert run.outcome == "ok" and probe.spec.exists()
     assert cdi_written == [False]  # one locating, before the cdi step
     assert asked == ["unit"]  # and no other (recover() has no journal to check it against)
-    binary, path, spec_then = probe.started[0]
-    assert (binary, spec_then) == ("/usr/bin/containerd", False)
-    assert path == str(host.root / "usr/share/containerd/config.toml")  # a runtime to add
+    config = str(host.root / "usr/share/containerd/config.toml")  # a runtime to add: dumped
+    # early, the dump alone (one Go program beside gpunode); the version with the step's plan
+    assert probe.started == [("/usr/bin/containerd", config, False, False),
+                             ("/usr/bin/containerd", config, True, True)]
     step = next(s for s in run.steps if s["name"] == "containerd")
     assert (step["outcome"], step["changed"]) == ("ok", True)
 
