@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpunode.watch.xid import DEFAULT_FATAL
+from gpunode.config import DEFAULT_FATAL
 from gpunode_testing.fixtures import MACHINES, Options, build
 
 XID_RUNS = 12

@@ -22,7 +22,7 @@ issue 15 (docs/design.md): the fatal set of Node Problem Detector's GPU plugin, 
 application errors NVIDIA's device plugin ignores (k8s-device-plugin internal/rm/health.go:
 13, 31, 43, 45, 68, 109). 68 is in both lists; the fatal set wins (`classify`), as a node
 whose video engine faults is not one to send GPU pods to. Both sets are the agent config's
-`watch.fatal_xids` and `watch.ignored_xids`.
+`watch.fatal_xids` and `watch.ignored_xids` (their defaults: gpunode/config.py).
 """
 
 from __future__ import annotations
@@ -34,8 +34,6 @@ FATAL = "fatal"
 IGNORED = "ignored"
 EVENT = "event"  # neither: a Node Event, rate-limited
 
-DEFAULT_FATAL = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
-DEFAULT_IGNORED = (13, 31, 43, 45, 68, 109)
 FELL_OFF_BUS = 79
 MAX_XID = 65535  # far above any code the driver has (nverror.h); a bigger number is garbage
 MAX_TEXT = 256  # of the driver's message kept for a report

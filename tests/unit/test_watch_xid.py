@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpunode.config import DEFAULT_FATAL, DEFAULT_IGNORED
 from gpunode.watch import xid
 
 # Each line as a driver wrote it (sources in xid.py's docstring), as one /dev/kmsg record.
@@ -90,4 +91,4 @@ def test_the_uuid_line_names_the_gpu_by_address() -> None:
     ids=["79-fell-off", "48-dbe", "119-gsp-timeout", "31-page-fault", "13-graphics",
          "109-ctxsw-timeout", "68-in-both-is-fatal", "94-contained-ecc", "8-stopped"])
 def test_default_sets_classify_fatal_ignored_and_event(code: int, kind: str) -> None:
-    assert xid.classify(code, xid.DEFAULT_FATAL, xid.DEFAULT_IGNORED) == kind
+    assert xid.classify(code, DEFAULT_FATAL, DEFAULT_IGNORED) == kind
