@@ -3,11 +3,13 @@ uses (its unit says, or the agent config's `containerd.config_path`), gpunode's 
 earlier changes, the file gpunode writes (a writable copy of a read-only one, with what points
 containerd at it) and the text the change starts from.
 
-Boot locates early (`early`), as soon as detect has found GPUs: containerd's `--version` and
-`config dump` (two Go programs, ~30 ms) then run side by side with the preflight, driver and
-cdi steps instead of on the critical path after them. None of those touches what they read
-(containerd's unit, its config, the binary), except a driver step that merges a sysext: boot
-then drops what it located and stops the probes, and the containerd step starts over.
+Boot locates early (`early`), as soon as detect has found GPUs, and starts the longer of
+containerd's two probes then (`config dump` where the plan will want it, else `--version`):
+it runs beside the preflight, driver and cdi steps instead of on the critical path after
+them; the plan starts the other. One Go program, not two: on a 2-CPU node both and gpunode's
+own work oversubscribe it. None of those steps touches what the probes read (containerd's
+unit, its config, the binary), except a driver step that merges a sysext: boot then drops
+what it located and stops the probe, and the containerd step starts over.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def start_probes(host: Host, config: ContainerdConfig, located: Located, probe: 
 
 def early(host: Host, config: ContainerdConfig, systemd: Systemd | None,
           probe: Probe | None) -> Located | GpunodeError | None:
-    """Boot's locating right after detect, its probes started: what the containerd step's
+    """Boot's locating right after detect, its longer probe started: what the containerd step's
     plan then takes as its own (a failure too, raised there in its turn). None, and nothing
     started, while an interrupted change waits to be rolled back: the step rolls it back first
     and locates from the files as that leaves them."""
@@ -93,9 +95,7 @@ def early(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     except GpunodeError as exc:
         return exc
     if probe is not None:  # None: the step's plan makes its own (the tests' adapters)
-        # One Go program beside gpunode, not two: on a 2-CPU node both and gpunode's own work
-        # oversubscribe it, and the steps they were to overlap get slower by as much.
-        start_probes(host, config, located, probe, one=True)
+        start_probes(host, config, located, probe, one=True)  # one program (module docstring)
     return located
 
 
