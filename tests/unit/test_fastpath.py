@@ -164,3 +164,29 @@ def test_the_stamp_reader_refuses_with_a_value_error(text: str) -> None:
 def test_the_command_word_skips_the_global_options_and_their_values(
         argv: list[str], word: str | None) -> None:
     assert fastpath.command_word(argv) == word
+
+
+@pytest.mark.parametrize(("argv", "collecting"), [
+    (["status", "--json"], False), (["--root", "/", "boot"], False), (["--version"], False),
+    (["watch"], True), (["--log-format", "json", "watch", "--interval", "5"], True)])
+def test_only_the_daemon_runs_with_the_cycle_collector(
+        monkeypatch: pytest.MonkeyPatch, argv: list[str], collecting: bool) -> None:
+    """entry.run, the installed entry point: a one-shot command is spared the collector's
+    passes over every module's objects; the node-lifetime daemon keeps it."""
+    import gc
+
+    seen: list[bool] = []
+    monkeypatch.setattr(sys, "argv", ["gpunode", *argv])
+    monkeypatch.setattr(entry, "main", lambda: seen.append(gc.isenabled()) or 3)
+    monkeypatch.setattr(entry.atexit, "_run_exitfuncs", lambda: None)  # pytest's own
+
+    def exit_(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(entry.os, "_exit", exit_)
+    try:
+        with pytest.raises(SystemExit) as ended:
+            entry.run()
+    finally:
+        gc.enable()
+    assert (seen, ended.value.code) == ([collecting], 3)
