@@ -11,8 +11,8 @@ of every GPU node's boot, and as much of every `status`.
 from __future__ import annotations
 
 import json
+import os
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,7 +20,7 @@ from gpunode import log
 from gpunode.clicommon import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Command, changes_node
 from gpunode.config import AgentConfig, load_config
 from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
-from gpunode.host import Host
+from gpunode.host import Host, plain_path
 
 LOG_FORMATS = ("json", "console")  # cliargs' choices for --log-format
 
@@ -88,15 +88,13 @@ def print_json(document: object) -> None:
 def host_for(root: str) -> Host:
     if not root:
         raise UsageError("--root is empty: name the node's root directory (/ for this machine)")
-    path = Path(root)
-    if not path.is_absolute():
-        path = Path.cwd() / path
-    try:
-        is_dir = path.is_dir()
-        resolved = path.resolve()
-    except (OSError, ValueError, RuntimeError) as exc:
+    try:  # os.path, not pathlib: pathlib is imported by no plain boot or status
+        resolved = os.path.realpath(root, strict=True)
+    except (FileNotFoundError, NotADirectoryError):
+        raise UsageError(f"--root {root}: not a directory") from None
+    except (OSError, ValueError) as exc:  # a symlink loop, a NUL byte, no permission
         raise UsageError(f"--root {root}: cannot be used ({exc})") from None
-    if not is_dir:
+    if not os.path.isdir(resolved):
         raise UsageError(f"--root {root}: not a directory")
     return Host(resolved)
 
@@ -132,4 +130,5 @@ def _load_config(host: Host, config: str | None) -> AgentConfig:
     """--config names a file on the machine gpunode runs on, not under --root."""
     if config is None:
         return load_config(host)
-    return load_config(Host(), str(Path(config).absolute()))
+    return load_config(Host(), plain_path(config if config.startswith("/") else
+                                          os.path.join(os.getcwd(), config)))

@@ -23,19 +23,19 @@ from __future__ import annotations
 
 import builtins
 import marshal
+import os
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 VERSIONS = ((3, 11), (3, 12))  # 3.13 builds a class's methods in one exec already
-CACHE = Path(__file__).resolve().parent / "__pycache__" / \
-    f"dataclasses.{sys.implementation.cache_tag}.marshal"
+CACHE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "__pycache__",
+                     f"dataclasses.{sys.implementation.cache_tag}.marshal")  # no pathlib: boot
 LIMIT = 16 << 20  # the file is ~0.7 MB
 _code: dict[str, Any] = {}
 
 
-def install(path: Path = CACHE) -> bool:
+def install(path: str | os.PathLike[str] = CACHE) -> bool:
     """True when the kept code is in use; False (nothing changed) where there is none, it
     cannot be read, or this Python is not one it applies to."""
     if sys.version_info[:2] not in VERSIONS or _code:
@@ -44,7 +44,7 @@ def install(path: Path = CACHE) -> bool:
     from gpunode import safeio
 
     try:  # a regular file only (a FIFO would hang the boot), within a bound
-        kept = marshal.loads(safeio.read(str(path), LIMIT))
+        kept = marshal.loads(safeio.read(os.fspath(path), LIMIT))
     except (OSError, safeio.Refused, ValueError, EOFError, TypeError):
         return False
     if not isinstance(kept, dict) or not kept:
@@ -88,13 +88,13 @@ def _exec(source: Any, globals: dict[str, Any] | None = None,
     builtins.exec(code, globals, locals)
 
 
-def write(path: Path = CACHE) -> int:
+def write(path: str | os.PathLike[str] = CACHE) -> int:
     """Import every gpunode module, keeping the code of each text `dataclasses` runs, and
     write it to `path` (a temporary file renamed over it); the number of texts kept."""
     import dataclasses
     import importlib
-    import os
     import pkgutil
+    from pathlib import Path
 
     import gpunode
 
@@ -117,6 +117,7 @@ def write(path: Path = CACHE) -> int:
                 importlib.import_module(module.name)
     finally:
         del dataclasses.exec  # type: ignore[attr-defined]
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_bytes(marshal.dumps(kept))

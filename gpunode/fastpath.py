@@ -19,8 +19,8 @@ gpunode.timestamps (time), gpunode.bootrecord and gpunode.nodepaths (nothing); j
 where a stamp is written (with `re`, it costs more than a CPU node's whole boot): a stamp is
 read by json's own C scanner (_json_document).
 That is why it is the one module that reads the host without gpunode.host.Host: importing Host
-(dataclasses, pathlib, fcntl) doubles the start of a no-op boot, ~20 ms to ~40 ms measured with
-`python -X importtime -c "import gpunode.fastpath, gpunode.host"` on the test machine (and
+(dataclasses, fcntl; pathlib too, then) doubled the start of a no-op boot, ~20 ms to ~40 ms,
+measured with `python -X importtime -c "import gpunode.fastpath, gpunode.host"` here (and
 tests/integration/test_cli_process.py asserts a no-op boot imports no dataclasses). The
 boundary holds all the same: every path is mapped by safeio.resolve, which resolves symlinks
 inside the root exactly as Host does (tests/unit/test_host.py checks that they agree), and only

@@ -27,12 +27,14 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from gpunode import safeio
 from gpunode.errors import HostError, LockTimeout
 from gpunode.nodepaths import TEMP_SUFFIX
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
 # Files the kernel writes: their text is read with replacement, never refused for its bytes.
@@ -48,13 +50,14 @@ _LOCK_NOTE_LIMIT = 256
 class Host:
     """The host's files under one root: "/" on a live node, or a fixture tree or mounted image."""
 
-    root: Path = Path("/")
+    root: str | os.PathLike[str] = "/"  # as given (a test's fixture tree is a Path)
     _resolved: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
-    # The root as a string: path handling is on the hot path of detection, pathlib is not.
+    # The root as a string: path handling is on the hot path of every command, and pathlib
+    # (with re, fnmatch, urllib.parse and ipaddress) is not imported there at all.
     _root: str = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_root", str(self.root))
+        object.__setattr__(self, "_root", os.fspath(self.root))
 
     @property
     def is_live(self) -> bool:
@@ -66,7 +69,13 @@ class Host:
 
     def path(self, path: str) -> Path:
         """The real filesystem path of a host path, symlinks resolved inside the root."""
+        from pathlib import Path
+
         return Path(self._real(path))
+
+    def real(self, path: str) -> str:
+        """path() as a string, for an open() or a program's argument."""
+        return plain_path(self._real(path))
 
     def _real(self, path: str) -> str:
         if not path.startswith("/"):
@@ -298,7 +307,7 @@ class Host:
     def list_dir(self, path: str) -> list[str]:
         """Sorted entry names; an absent directory is empty."""
         try:
-            return sorted(os.listdir(self.path(path)))
+            return sorted(os.listdir(self.real(path)))
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
@@ -307,7 +316,7 @@ class Host:
     def stat(self, path: str) -> os.stat_result | None:
         """stat() following links inside the root; None when absent."""
         try:
-            return os.stat(self.path(path))
+            return os.stat(self.real(path))
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
@@ -343,7 +352,7 @@ class Host:
         shown = self.display(path)
         if make_parents:
             self.make_dirs(path.rstrip("/").rpartition("/")[0] or "/")
-        target = self.path(path)
+        target = self.real(path)
         try:
             current = os.stat(target)
         except FileNotFoundError:
@@ -388,7 +397,7 @@ class Host:
             close = getattr(data, "close", None)  # a generator of chunks: its source closes now
             if close is not None:
                 close()
-        _fsync_dir(target.parent, "write", shown)
+        _fsync_dir(os.path.dirname(target), "write", shown)
 
     def write_attribute(self, path: str, data: bytes) -> None:
         """Write a kernel attribute (a /sys module parameter) in place, in one write: it must
@@ -422,13 +431,13 @@ class Host:
         except OSError as exc:
             raise HostError("stat", self.display(path), _reason(exc)) from exc
 
-    def _entry(self, path: str) -> Path:
+    def _entry(self, path: str) -> str:
         """The real path of a directory entry itself: its parent resolved, not the entry."""
         parent, _, name = path.rstrip("/").rpartition("/")
         if "\0" in name:  # the parent is checked by path(); the OS raises ValueError
             raise HostError("resolve", self.display(path.replace("\0", "\\0")),
                             "a path cannot contain a NUL byte")
-        return self.path(parent or "/") / name
+        return os.path.join(self.real(parent or "/"), name)
 
     def make_char_device(self, path: str, major: int, minor: int, mode: int) -> None:
         """Create a character device node (replacing whatever is there) with exactly `mode`.
@@ -444,7 +453,7 @@ class Host:
             raise HostError("create device", shown, f"{major}:{minor} is not a device number "
                             f"({exc})") from None
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
             temp = _make_unique(target, lambda t: os.mknod(t, stat.S_IFCHR | mode, device))
             try:
                 os.chmod(temp, mode)  # mknod applies the umask
@@ -460,7 +469,7 @@ class Host:
         made under a unique temporary name, so concurrent callers never collide."""
         link = self._entry(path)
         try:
-            link.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(link), exist_ok=True)
             temp = _make_unique(link, lambda t: os.symlink(target, t))
             try:
                 os.rename(temp, link)
@@ -474,7 +483,7 @@ class Host:
     def remove(self, path: str) -> None:
         """Remove a file (a symlink itself, not its target); one already gone is fine."""
         entry = self._entry(path)
-        directory = entry.parent
+        directory = os.path.dirname(entry)
         try:
             os.unlink(entry)
         except FileNotFoundError:
@@ -494,7 +503,7 @@ class Host:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 return False
             raise HostError("remove directory", self.display(path), _reason(exc)) from exc
-        _fsync_dir(entry.parent, "remove directory", self.display(path))
+        _fsync_dir(os.path.dirname(entry), "remove directory", self.display(path))
         return True
 
     def rename(self, source: str, target: str) -> None:
@@ -508,9 +517,9 @@ class Host:
         except OSError as exc:
             raise HostError("rename", shown, _reason(exc)) from exc
         self._resolved.clear()  # names under the source now resolve elsewhere
-        _fsync_dir(real_target.parent, "rename", shown)
-        if real_source.parent != real_target.parent:
-            _fsync_dir(real_source.parent, "rename", shown)
+        _fsync_dir(os.path.dirname(real_target), "rename", shown)
+        if os.path.dirname(real_source) != os.path.dirname(real_target):
+            _fsync_dir(os.path.dirname(real_source), "rename", shown)
 
     def remove_tree(self, path: str) -> None:
         """Remove an entry and, when it is a directory, everything in it: links are removed,
@@ -526,14 +535,14 @@ class Host:
             else:
                 os.unlink(entry)
         except (FileNotFoundError, NotADirectoryError) as exc:
-            if exc.filename not in (None, str(entry)):  # something inside, not the entry
+            if exc.filename not in (None, entry):  # something inside, not the entry
                 raise HostError("remove", shown, f"{_reason(exc)} ({exc.filename})") from exc
             return
         except OSError as exc:
-            inside = f" ({exc.filename})" if exc.filename not in (None, str(entry)) else ""
+            inside = f" ({exc.filename})" if exc.filename not in (None, entry) else ""
             raise HostError("remove", shown, _reason(exc) + inside) from exc
         self._resolved.clear()
-        _fsync_dir(entry.parent, "remove", shown)
+        _fsync_dir(os.path.dirname(entry), "remove", shown)
 
     def fsync(self, path: str) -> None:
         """Flush a file's or a directory's data to the disk (before a rename publishes it)."""
@@ -638,9 +647,17 @@ class Host:
 
     def make_dirs(self, path: str, mode: int = 0o755) -> None:
         try:
-            self.path(path).mkdir(mode=mode, parents=True, exist_ok=True)
+            os.makedirs(self.real(path), mode=mode, exist_ok=True)
         except OSError as exc:
             raise HostError("create directory", self.display(path), _reason(exc)) from exc
+
+
+def plain_path(path: str) -> str:
+    """An absolute `path` as pathlib spells it, without importing it: no empty or "."
+    components, no trailing slash (a leading "//" too is "/", as Linux reads it)."""
+    if "//" not in path and "/." not in path and not path.endswith("/"):
+        return path
+    return "/" + "/".join(name for name in path.split("/") if name not in ("", "."))
 
 
 def _normalize(base: str, path: str, shown: str) -> str:
@@ -745,7 +762,7 @@ def _write(out: BinaryIO, chunk: bytes, shown: str) -> None:
         raise HostError("write", shown, _reason(exc)) from exc
 
 
-def _make_temp(beside: Path) -> tuple[int, str]:
+def _make_temp(beside: str) -> tuple[int, str]:
     """A new private file ".<name>.<random>.gpunode-tmp" next to `beside`, open for writing."""
     fds: list[int] = []
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -764,17 +781,18 @@ def _reason(exc: OSError, followed: bool = False) -> str:
     return exc.strerror or str(exc)
 
 
-def _make_unique(beside: Path, make: Callable[[str], None]) -> str:
+def _make_unique(beside: str, make: Callable[[str], None]) -> str:
     """Create an entry with make(name) under a fresh ".<name>.<random>.gpunode-tmp" next to
     `beside` (the way mkstemp picks names), and return that name."""
     for _ in range(100):
-        temp = str(beside.with_name(f".{beside.name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"))
+        directory, _, name = beside.rpartition("/")
+        temp = f"{directory}/.{name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
         try:
             make(temp)
         except FileExistsError:
             continue
         return temp
-    raise FileExistsError(errno.EEXIST, "no unused temporary name", str(beside))
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", beside)
 
 
 def _unlink_quietly(path: str) -> None:
@@ -783,7 +801,7 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
 
 
-def _fsync_dir(directory: Path, op: str, shown: str) -> None:
+def _fsync_dir(directory: str, op: str, shown: str) -> None:
     """fsync(2) a directory after an entry in it changed; a failure is the change's HostError
     (the entry may be in place, but it is not known to be on the disk)."""
     try:

@@ -75,7 +75,7 @@ def start_probes(host: Host, config: ContainerdConfig, located: Located, probe: 
     """containerd's `--version`, and its `config dump` where the plan will want it, started
     now, side by side; the plan takes their answers (probe.CommandProbe.prefetch). `one`: only
     one program, the dump where it is wanted (the longer), else the version."""
-    path = str(host.path(located.source)) if wants_dump(config, located) else None
+    path = host.real(located.source) if wants_dump(config, located) else None
     probe.prefetch(located.active.binary, path, version=not one or path is None)
 
 

@@ -173,7 +173,7 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
             refused = _import_refusal(probe, binary, copied_from)
             if refused is None:
                 spec = spec_from(config, probe.version(binary), edit.parse(source_text, shown))
-                effective = probe.dump(binary, str(host.path(source)))
+                effective = probe.dump(binary, host.real(source))
                 extra = [edit.RuntimeSpec(name=name, binary=path) for name, path in
                          wiring.mode_runtime_binaries(spec.binary)] if config.mode_runtimes else []
                 main, import_text = edit.configure_dropin(source_text, spec, shown, IMPORT_FILE,
@@ -194,7 +194,7 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
         result = edit.configure(source_text, spec, shown, daemon=daemon, imports=imports)
         effective = None
         if result.added_runtime or config.mode_runtimes:
-            effective = probe.dump(binary, str(host.path(source)))
+            effective = probe.dump(binary, host.real(source))
             if effective is not None and result.added_runtime:
                 result = edit.configure(source_text, spec, shown, effective, daemon, imports)
         if config.mode_runtimes:

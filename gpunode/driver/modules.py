@@ -123,7 +123,7 @@ def execute(host: Host, plan: LoadPlan, kmod: Kmod) -> list[str]:
     for step in plan.steps:
         argv = step.argv
         if argv[0] == "insmod":  # a host path: the tool needs the real one
-            argv = (argv[0], str(host.path(argv[1])), *argv[2:])
+            argv = (argv[0], host.real(argv[1]), *argv[2:])
         try:
             kmod.run(argv)
         except CommandFailed as exc:

@@ -284,7 +284,7 @@ def directory_load(host: Host, directory: str, wanted: tuple[str, ...], config: 
     files = modules.module_files(host, directory)
     _require(files, wanted, directory)
     try:
-        depends = {m: kmod.depends(str(host.path(files[m]))) for m in wanted}
+        depends = {m: kmod.depends(host.real(files[m])) for m in wanted}
     except CommandFailed as exc:
         raise DriverError(f"cannot read the module information in {directory}: {exc}",
                           "are these kernel modules for this kernel?") from exc

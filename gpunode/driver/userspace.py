@@ -308,7 +308,7 @@ def _firmware(host: Host, own: list[str], version: str, kernel: str | None,
     seen: set[str] = set()
     for directory in dirs:
         try:
-            real = str(host.path(directory))
+            real = host.real(directory)
         except GpunodeError:
             continue
         if real in seen:

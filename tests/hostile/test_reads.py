@@ -217,13 +217,16 @@ def test_a_byte_order_mark_before_the_agent_config_is_accepted(
     ("", "--root is empty"),
     ("FILE", "not a directory"),
     ("MISSING", "not a directory"),
-], ids=["empty", "regular-file", "missing"])
+    ("FILE/below", "not a directory"),
+    ("LOOP", "cannot be used ([Errno 40] Too many levels of symbolic links"),
+], ids=["empty", "regular-file", "missing", "below-a-file", "symlink-loop"])
 def test_a_root_that_is_no_directory_is_a_usage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
     root: str, message: str
 ) -> None:
     """Through the real entry point (the no-op fast path looks at --root first), for `boot`."""
     (tmp_path / "FILE").write_text("x")
+    (tmp_path / "LOOP").symlink_to("LOOP")
     value = str(tmp_path / root) if root else ""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["gpunode", f"--root={value}", "--log-format", "json",
@@ -232,7 +235,7 @@ def test_a_root_that_is_no_directory_is_a_usage_error(
     err = capsys.readouterr().err
     assert (code, "Traceback" in err) == (2, False)
     assert message in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]  # nothing made in the cwd
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE", "LOOP"]  # nothing made
 
 
 # -- the driver's /proc files ----------------------------------------------------------------------
