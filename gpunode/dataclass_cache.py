@@ -5,12 +5,15 @@ Python 3.11 and 3.12 build every dataclass's `__init__`, `__repr__`, `__eq__`, `
 a boot imports ~65 dataclasses, ~370 such functions, ~30 ms of compiling on the test machine,
 a fifth of the whole process. The text depends only on the class's fields, so its compiled
 code can be kept: `write` imports every gpunode module once, keeping each text's code object,
-and marshals them (as a .pyc holds code) to gpunode/__pycache__/dataclasses.<tag>.marshal;
-`install`, called by the entry point before the pipeline's imports, loads that file and gives
-the `dataclasses` module an `exec` that runs the kept code for a text it has and compiles any
-other. Same text, same code: the classes are exactly what `dataclasses` makes without it, and
-a class that changed since the file was written is simply compiled. The sysext build and
-`make setup` write the file; without it (or from another Python) nothing changes.
+and marshals them (as a .pyc holds code) to gpunode/__pycache__/dataclasses.<tag>.marshal,
+one section per module; `install`, called by the entry point before the pipeline's imports,
+reads that file and gives the `dataclasses` module an `exec` that runs the kept code for a
+text it has and compiles any other. A module's section is unmarshalled at its first class:
+a boot imports about half of gpunode's dataclasses, and making every code object of the file
+cost ~3 ms of its start. Same text, same code: the classes are exactly what `dataclasses`
+makes without it, and a class that changed since the file was written is simply compiled.
+The sysext build and `make setup` write the file; without it (or from another Python, or in
+an older gpunode's format) nothing changes.
 
 On 3.11 `install` also imports `dataclasses` without `inspect` (with ast, dis and tokenize,
 ~8 ms of every command that imports dataclasses): `dataclasses` uses it only to write the
@@ -32,14 +35,15 @@ VERSIONS = ((3, 11), (3, 12))  # 3.13 builds a class's methods in one exec alrea
 CACHE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "__pycache__",
                      f"dataclasses.{sys.implementation.cache_tag}.marshal")  # no pathlib: boot
 LIMIT = 16 << 20  # the file is ~0.7 MB
-_code: dict[str, Any] = {}
+_sections: dict[str, bytes] = {}  # module -> its texts' code, marshalled, not yet needed
+_code: dict[str, dict[str, Any]] = {}  # module -> {text: code}, from its first class on
 
 
 def install(path: str | os.PathLike[str] = CACHE) -> bool:
     """True when the kept code is in use; False (nothing changed) where there is none, it
     cannot be read, or this Python is not one it applies to."""
-    if sys.version_info[:2] not in VERSIONS or _code:
-        return bool(_code)
+    if sys.version_info[:2] not in VERSIONS or _sections or _code:
+        return bool(_sections or _code)
     _import_dataclasses()
     from gpunode import safeio
 
@@ -47,11 +51,12 @@ def install(path: str | os.PathLike[str] = CACHE) -> bool:
         kept = marshal.loads(safeio.read(os.fspath(path), LIMIT))
     except (OSError, safeio.Refused, ValueError, EOFError, TypeError):
         return False
-    if not isinstance(kept, dict) or not kept:
-        return False
+    if not isinstance(kept, dict) or not kept or \
+            not all(type(section) is bytes for section in kept.values()):
+        return False  # not this format (a file an older gpunode wrote: its own whole)
     import dataclasses
 
-    _code.update(kept)
+    _sections.update(kept)
     dataclasses.exec = _exec  # type: ignore[attr-defined]  # a module global shadows the builtin
     return True
 
@@ -80,17 +85,35 @@ def _import_dataclasses() -> None:
 
 def _exec(source: Any, globals: dict[str, Any] | None = None,
           locals: dict[str, Any] | None = None) -> None:
-    code = _code.get(source) if type(source) is str else None
     if globals is None:  # exec's default: the caller's globals (here, dataclasses')
         globals = sys._getframe(1).f_globals
+    # dataclasses runs each text in the globals of the class's module
+    code = _kept(globals.get("__name__")).get(source) if type(source) is str else None
     if code is None:  # compiled as `dataclasses` compiles it: not with this module's
         code = compile(source, "<string>", "exec", dont_inherit=True)  # __future__ flags
     builtins.exec(code, globals, locals)
 
 
+def _kept(module: object) -> dict[str, Any]:
+    """The kept code of `module`'s texts, its section unmarshalled at the first ask ({}: none,
+    or a section that cannot be read, whose texts are then compiled)."""
+    code = _code.get(module) if type(module) is str else {}
+    if code is None:
+        section = _sections.pop(module, None)  # type: ignore[arg-type]
+        try:
+            code = marshal.loads(section) if section is not None else {}
+        except (ValueError, EOFError, TypeError):
+            code = {}
+        if not isinstance(code, dict):
+            code = {}
+        _code[module] = code  # type: ignore[index]
+    return code
+
+
 def write(path: str | os.PathLike[str] = CACHE) -> int:
     """Import every gpunode module, keeping the code of each text `dataclasses` runs, and
-    write it to `path` (a temporary file renamed over it); the number of texts kept."""
+    write it to `path`, a section per module (a temporary file renamed over it); the number
+    of texts kept."""
     import dataclasses
     import importlib
     import pkgutil
@@ -98,17 +121,19 @@ def write(path: str | os.PathLike[str] = CACHE) -> int:
 
     import gpunode
 
-    kept: dict[str, Any] = {}
+    kept: dict[str, dict[str, Any]] = {}
 
     def keep(source: Any, globals: dict[str, Any] | None = None,
              locals: dict[str, Any] | None = None) -> None:
+        if globals is None:
+            globals = sys._getframe(1).f_globals
         if type(source) is str:
             # dont_inherit: not this module's `from __future__ import annotations` (exec of
             # the text compiles it with none either: the annotations stay objects)
-            source = kept.setdefault(source, compile(source, "<string>", "exec",
-                                                     dont_inherit=True))
-        builtins.exec(source, globals if globals is not None else
-                      sys._getframe(1).f_globals, locals)
+            texts = kept.setdefault(globals["__name__"], {})
+            source = texts.setdefault(source, compile(source, "<string>", "exec",
+                                                      dont_inherit=True))
+        builtins.exec(source, globals, locals)
 
     dataclasses.exec = keep  # type: ignore[attr-defined]
     try:
@@ -120,9 +145,10 @@ def write(path: str | os.PathLike[str] = CACHE) -> int:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_bytes(marshal.dumps(kept))
+    partial.write_bytes(marshal.dumps({module: marshal.dumps(texts)
+                                       for module, texts in kept.items()}))
     partial.replace(path)
-    return len(kept)
+    return sum(len(texts) for texts in kept.values())
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ process's `dataclasses` module."""
 from __future__ import annotations
 
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -53,17 +54,21 @@ print(json.dumps({"installed": installed, "shapes": shapes}))
 """
 
 HITS = """\
-import json
+import builtins, dataclasses, json
 from gpunode import dataclass_cache
 installed = dataclass_cache.install()
-asked = []
-class Counting(dict):
-    def get(self, key, default=None):
-        asked.append(key in self)
-        return super().get(key, default)
-dataclass_cache._code = Counting(dataclass_cache._code)
+kept_exec, texts, compiled = dataclasses.exec, [], []
+def counting(source, globals=None, locals=None):
+    texts.append(type(source) is str)
+    return kept_exec(source, globals, locals)
+def compiling(*args, **kwargs):
+    compiled.append(args[0])
+    return builtins.compile(*args, **kwargs)
+dataclasses.exec, dataclass_cache.compile = counting, compiling
 import gpunode.clirun, gpunode.boot, gpunode.containerd.step, gpunode.driver.step
-print(json.dumps({"installed": installed, "hits": sum(asked), "misses": len(asked) - sum(asked)}))
+print(json.dumps({"installed": installed, "hits": sum(texts) - len(compiled),
+                  "misses": len(compiled), "loaded": sorted(dataclass_cache._code),
+                  "left": sorted(dataclass_cache._sections)}))
 """
 
 
@@ -98,10 +103,16 @@ def test_the_boot_s_imports_take_every_method_from_the_kept_code() -> None:
     seen = run(HITS)
     assert seen["installed"] is True
     assert seen["misses"] == 0 and int(seen["hits"]) > 300  # type: ignore[call-overload]
+    # Only the sections of the modules imported were unmarshalled, each at its first class.
+    assert "gpunode.containerd.step" in seen["loaded"]  # type: ignore[operator]
+    assert "gpunode.bake.manifest" in seen["left"]  # type: ignore[operator]
+    assert not set(seen["loaded"]) & set(seen["left"])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage", b"\xe9" * 100, b"[]",
                                      b"\xfa\x01\x00\x00\x00",  # a marshalled list, truncated
+                                     # an older gpunode's format: {text: code}, no sections
+                                     marshal.dumps({"x": compile("pass", "<s>", "exec")}),
                                      "fifo", "directory", "huge"])
 def test_a_broken_file_changes_nothing(tmp_path: Path, content: bytes | str) -> None:
     cache = tmp_path / "broken.marshal"
@@ -121,3 +132,16 @@ def test_a_broken_file_changes_nothing(tmp_path: Path, content: bytes | str) -> 
                "print(json.dumps({'installed': ok, 'patched': hasattr(dataclasses, 'exec')}))",
                str(cache))
     assert seen == {"installed": False, "patched": False}
+
+
+def test_a_section_that_cannot_be_read_is_compiled(tmp_path: Path) -> None:
+    """One module's section broken, the rest whole: that module's classes are compiled as
+    `dataclasses` compiles them, the others' taken from the file."""
+    whole = tmp_path / "whole.marshal"
+    subprocess.run([sys.executable, "-c", "import sys; from gpunode import dataclass_cache; "
+                    "dataclass_cache.write(sys.argv[1])", str(whole)], check=True)
+    sections = marshal.loads(whole.read_bytes())
+    sections["gpunode.host"] = b"garbage"
+    broken = tmp_path / "broken.marshal"
+    broken.write_bytes(marshal.dumps(sections))
+    assert run(SHAPES, str(broken)) == run(SHAPES, "none") | {"installed": True}
