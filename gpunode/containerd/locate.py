@@ -3,15 +3,13 @@ uses (its unit says, or the agent config's `containerd.config_path`), gpunode's 
 earlier changes, the file gpunode writes (a writable copy of a read-only one, with what points
 containerd at it) and the text the change starts from.
 
-Boot locates early (`early`), as soon as detect has found GPUs, and starts containerd's two
-probes then, one after the other (command.Series): `--version`, and as it ends `config dump`
-where the plan will want it. They run beside the preflight, driver and cdi steps instead of
-on the critical path after them, and the plan, which asks the version first, edits while the
-dump runs. One Go program at a time: on a 2-CPU node two side by side and gpunode's own work
-oversubscribe it (side by side from the start gained nothing over the dump alone early, and
-that left the version to the critical path). None of those steps touches what the probes
-read (containerd's unit, its config, the binary), except a driver step that merges a sysext:
-boot then drops what it located and stops the probes, and the containerd step starts over.
+Boot locates early (`early`), as soon as detect has found GPUs, and starts the longer of
+containerd's two probes then (`config dump` where the plan will want it, else `--version`):
+it runs beside the preflight, driver and cdi steps instead of on the critical path after
+them; the plan starts the other. One Go program, not two: on a 2-CPU node both and gpunode's
+own work oversubscribe it. None of those steps touches what the probes read (containerd's
+unit, its config, the binary), except a driver step that merges a sysext: boot then drops
+what it located and stops the probe, and the containerd step starts over.
 """
 
 from __future__ import annotations
@@ -73,17 +71,17 @@ def wants_dump(config: ContainerdConfig, located: Located) -> bool:
 
 
 def start_probes(host: Host, config: ContainerdConfig, located: Located, probe: Probe,
-                 series: bool = False) -> None:
+                 one: bool = False) -> None:
     """containerd's `--version`, and its `config dump` where the plan will want it, started
-    now, side by side or in `series`; the plan takes their answers
-    (probe.CommandProbe.prefetch); what is already started is not started again."""
+    now, side by side; the plan takes their answers (probe.CommandProbe.prefetch). `one`: only
+    one program, the dump where it is wanted (the longer), else the version."""
     path = host.real(located.source) if wants_dump(config, located) else None
-    probe.prefetch(located.active.binary, path, series=series)
+    probe.prefetch(located.active.binary, path, version=not one or path is None)
 
 
 def early(host: Host, config: ContainerdConfig, systemd: Systemd | None,
           probe: Probe | None) -> Located | GpunodeError | None:
-    """Boot's locating right after detect, its probes started: what the containerd step's
+    """Boot's locating right after detect, its longer probe started: what the containerd step's
     plan then takes as its own (a failure too, raised there in its turn). None, and nothing
     started, while an interrupted change waits to be rolled back: the step rolls it back first
     and locates from the files as that leaves them."""
@@ -97,7 +95,7 @@ def early(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     except GpunodeError as exc:
         return exc
     if probe is not None:  # None: the step's plan makes its own (the tests' adapters)
-        start_probes(host, config, located, probe, series=True)  # (the module's docstring)
+        start_probes(host, config, located, probe, one=True)  # one program (module docstring)
     return located
 
 

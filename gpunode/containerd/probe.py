@@ -20,7 +20,7 @@ class Probe(Protocol):
 
     def dump(self, binary: str, path: str) -> dict[str, Any] | None: ...
 
-    def prefetch(self, binary: str, path: str | None, series: bool = False) -> None: ...
+    def prefetch(self, binary: str, path: str | None, version: bool = True) -> None: ...
 
     def discard(self) -> None: ...
 
@@ -32,42 +32,28 @@ VERSION_TIMEOUT, DUMP_TIMEOUT = 10.0, 20.0
 class CommandProbe:
     """Runs the node's containerd (`binary_override`: a test's real containerd instead).
 
-    `prefetch` starts `--version` and, given a path, `config dump`: side by side, or in
-    `series` the version first and the dump as it ends (command.Series); `version` and `dump`
-    then take those results. Without it each runs when asked."""
+    `prefetch` starts `--version` (unless told not to) and, given a path, `config dump` at
+    once, side by side; `version` and `dump` then take those results. Without it each runs
+    when asked."""
 
     binary_override: str | None = None
     _started: dict[tuple[str, ...], command.Started] = field(default_factory=dict, repr=False)
-    _series: list[command.Series] = field(default_factory=list, repr=False)
     _versions: dict[str, tuple[int, int] | None] = field(default_factory=dict, repr=False)
 
-    def prefetch(self, binary: str, path: str | None, series: bool = False) -> None:
-        wanted = [argv for argv in (self._version_argv(binary),
-                                    self._dump_argv(binary, path) if path else ())
-                  if argv and not self._asked(argv)]
-        timeouts = [VERSION_TIMEOUT if len(argv) == 2 else DUMP_TIMEOUT for argv in wanted]
-        if series and wanted:
-            self._series.append(command.Series(list(zip(wanted, timeouts, strict=True))))
-            return
-        for argv, timeout in zip(wanted, timeouts, strict=True):
-            self._started[argv] = command.Started(argv, timeout)
-
-    def _asked(self, argv: tuple[str, ...]) -> bool:
-        return argv in self._started or any(argv in series for series in self._series)
+    def prefetch(self, binary: str, path: str | None, version: bool = True) -> None:
+        for argv in (self._version_argv(binary) if version else (),
+                     self._dump_argv(binary, path) if path else ()):
+            if argv and argv not in self._started:
+                timeout = VERSION_TIMEOUT if len(argv) == 2 else DUMP_TIMEOUT
+                self._started[argv] = command.Started(argv, timeout)
 
     def discard(self) -> None:
         """Stop and reap what was started and never asked for (a dump nobody needed)."""
-        for series in self._series:
-            series.discard()
-        self._series.clear()
         for started in self._started.values():
             started.discard()
         self._started.clear()
 
     def _run(self, argv: tuple[str, ...], timeout: float) -> str:
-        for series in self._series:
-            if argv in series:
-                return series.take(argv)
         started = self._started.pop(argv, None) or command.Started(argv, timeout)
         return started.result()
 
@@ -112,7 +98,7 @@ class NoProbe:
     def dump(self, binary: str, path: str) -> dict[str, Any] | None:
         return None
 
-    def prefetch(self, binary: str, path: str | None, series: bool = False) -> None:
+    def prefetch(self, binary: str, path: str | None, version: bool = True) -> None:
         return None
 
     def discard(self) -> None:

@@ -335,7 +335,7 @@ def test_a_boot_that_merges_a_baked_sysext_locates_containerd_again_after_it(
     events: list[str] = []
 
     class Probe:
-        def prefetch(self, binary: str, path: str | None, series: bool = False) -> None:
+        def prefetch(self, binary: str, path: str | None, version: bool = True) -> None:
             events.append("prefetch")
 
         def version(self, binary: str) -> tuple[int, int] | None:

@@ -321,8 +321,8 @@ class RecordingProbe:
     spec: Path
     started: list[tuple[str, str | None, bool, bool]] = field(default_factory=list)
 
-    def prefetch(self, binary: str, path: str | None, series: bool = False) -> None:
-        self.started.append((binary, path, series, self.spec.exists()))
+    def prefetch(self, binary: str, path: str | None, version: bool = True) -> None:
+        self.started.append((binary, path, version, self.spec.exists()))
 
     def version(self, binary: str) -> tuple[int, int] | None:
         return (1, 7)
@@ -337,8 +337,8 @@ class RecordingProbe:
 def test_containerd_is_located_and_probed_before_the_driver_and_cdi_steps_run(
         make_host: HostFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Boot locates containerd's config once, right after detect (locate.early), and starts
-    its probes then, one after the other: they run while the driver and cdi steps work,
-    before the spec is written."""
+    its longer probe then: it runs while the driver and cdi steps work, before the spec is
+    written."""
     case = CASES["t4-driver-with-runtime"]
     host = case.host(make_host)
     from gpunode.containerd import discover, locate, step
@@ -359,10 +359,9 @@ def test_containerd_is_located_and_probed_before_the_driver_and_cdi_steps_run(
     assert cdi_written == [False]  # one locating, before the cdi step
     assert asked == ["unit"]  # and no other (recover() has no journal to check it against)
     config = str(host.root / "usr/share/containerd/config.toml")  # a runtime to add: dumped
-    # early, in series (one Go program beside gpunode at a time); the step's plan asks again
-    # (a CommandProbe starts nothing it has started)
-    assert probe.started == [("/usr/bin/containerd", config, True, False),
-                             ("/usr/bin/containerd", config, False, True)]
+    # early, the dump alone (one Go program beside gpunode); the version with the step's plan
+    assert probe.started == [("/usr/bin/containerd", config, False, False),
+                             ("/usr/bin/containerd", config, True, True)]
     step = next(s for s in run.steps if s["name"] == "containerd")
     assert (step["outcome"], step["changed"]) == ("ok", True)
 
