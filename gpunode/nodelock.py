@@ -46,7 +46,7 @@ from gpunode.containerd.ledger import (
 from gpunode.errors import GpunodeError, HostError, LockBusy, LockTimeout
 from gpunode.host import TEMP_SUFFIX, Host
 from gpunode.integers import parse_uint
-from gpunode.kube.registration import KUBELET_DROPIN
+from gpunode.nodepaths import KUBELET_DROPIN
 
 LOCK_PATH = "/run/gpunode/lock"
 BOOT_WAIT_SECONDS = 300.0

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpunode.errors import ConfigError, UsageError
 from gpunode.host import Host
+from gpunode.nodepaths import KUBELET_DROPIN
 from gpunode.systemd_unit import read_unit
 
 if TYPE_CHECKING:
@@ -160,7 +161,6 @@ def form(name: str, pool: str, instance_type: str, taints: tuple[str, ...],
 
 
 KUBELET_UNIT = "kubelet.service"
-KUBELET_DROPIN = "/etc/systemd/system/kubelet.service.d/20-gpunode-registration.conf"
 KUBELET_CLIENT_CERT = "/var/lib/kubelet/pki/kubelet-client-current.pem"
 
 
