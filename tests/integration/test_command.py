@@ -4,6 +4,7 @@ started side by side (Started) run at the same time and are reaped."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -61,8 +62,66 @@ def test_a_started_program_s_errors_are_run_s() -> None:
 
 def test_a_discarded_program_is_stopped_and_reaped() -> None:
     started = Started(["sleep", "30"])
-    pid = started._process.pid if started._process else 0
+    assert started.pid is not None
     started.discard()
-    assert started._process is not None and started._process.returncode is not None
+    assert started.returncode == -9  # SIGKILL
     with pytest.raises(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)  # nothing left to reap: no zombie
+        os.waitpid(started.pid, os.WNOHANG)  # nothing left to reap: no zombie
+
+
+def test_a_discarded_program_s_child_holding_its_pipes_is_not_waited_for(
+        tmp_path: Path) -> None:
+    """`sh -c 'sleep 30 & wait'`: killing sh leaves the sleep with the pipes open."""
+    pid_file = tmp_path / "sleep.pid"
+    started = Started(["sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait"])
+    try:
+        for _ in range(1000):  # 10 s at most
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            time.sleep(0.01)
+        began = time.monotonic()
+        started.discard()
+        assert time.monotonic() - began < 5 and started.returncode == -9
+    finally:
+        os.kill(int(pid_file.read_text()), 9)  # the sleep, left to init
+
+
+def test_a_program_sees_gpunode_s_environment_path_and_default_signals(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found on PATH; the environment as it is now; SIGPIPE at its default (Python ignores
+    it, and an ignored signal would survive exec): `yes | head -1` ends at once."""
+    monkeypatch.setenv("GPUNODE_PROBE", "seen")
+    assert run(["sh", "-c", "echo $GPUNODE_PROBE"]) == "seen\n"
+    assert run(["sh", "-c", "yes | head -1"], timeout=10) == "y\n"
+    status = run(["sh", "-c", "grep -E '^Sig(Ign|Blk):' /proc/self/status"])
+    ignored = int(status.split("SigIgn:")[1].split()[0], 16)
+    assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1))  # PIPE, XFSZ
+
+
+def test_output_is_text_as_popen_gave_it_and_bad_bytes_are_one_error() -> None:
+    assert run(["printf", "a\\r\\nb\\rc\\n"]) == "a\nb\nc\n"  # universal newlines
+    assert run(["printf", "\\303\\251\\n"]) == "\u00e9\n"
+    with pytest.raises(CommandFailed, match="printed what is not text"):
+        run(["printf", "\\377\\n"])
+    with pytest.raises(CommandFailed, match="exited 1: bad \ufffd"):  # stderr: replaced
+        run(["sh", "-c", "printf 'bad \\377\\n' >&2; exit 1"])
+
+
+def test_a_large_output_on_both_pipes_is_read_whole() -> None:
+    """More than a pipe holds on each, written interleaved: nothing blocks, nothing is lost."""
+    out = run(["sh", "-c", "i=0; while [ $i -lt 3000 ]; do echo out-$i; echo err-$i >&2; "
+               "i=$((i+1)); done"], timeout=30)
+    assert out.splitlines()[-1] == "out-2999" and len(out.splitlines()) == 3000
+
+
+def test_running_a_program_imports_no_subprocess() -> None:
+    """A fresh interpreter runs one program through gpunode.command: `subprocess` (with
+    selectors, threading and locale) is never imported."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import sys; from gpunode import command; "
+                           "print(command.run(['echo', 'ran']).strip(), "
+                           "'subprocess' in sys.modules, 'threading' in sys.modules)"],
+                          capture_output=True, text=True, check=True, timeout=60)
+    assert done.stdout.split() == ["ran", "False", "False"]
