@@ -94,19 +94,19 @@ def _exec(source: Any, globals: dict[str, Any] | None = None,
     builtins.exec(code, globals, locals)
 
 
-def _kept(module: object) -> dict[str, Any]:
+def _kept(module: str | None) -> dict[str, Any]:
     """The kept code of `module`'s texts, its section unmarshalled at the first ask ({}: none,
     or a section that cannot be read, whose texts are then compiled)."""
-    code = _code.get(module) if type(module) is str else {}
+    code = _code.get(module or "")
     if code is None:
-        section = _sections.pop(module, None)  # type: ignore[arg-type]
+        section = _sections.pop(module or "", None)
         try:
             code = marshal.loads(section) if section is not None else {}
         except (ValueError, EOFError, TypeError):
             code = {}
         if not isinstance(code, dict):
             code = {}
-        _code[module] = code  # type: ignore[index]
+        _code[module or ""] = code
     return code
 
 
