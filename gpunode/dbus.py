@@ -37,7 +37,6 @@ UNREACHABLE_ERRORS = ("org.freedesktop.DBus.Error.ServiceUnknown",
                       "org.freedesktop.DBus.Error.NoServer")
 MAX_MESSAGE = 128 * 1024 * 1024  # the specification's limit on a whole message
 
-_PROPERTIES = "org.freedesktop.DBus.Properties"
 _METHOD_CALL, _METHOD_RETURN, _ERROR = 1, 2, 3
 _PATH, _INTERFACE, _MEMBER, _ERROR_NAME, _REPLY_SERIAL, _DESTINATION, _SIGNATURE = (
     1, 2, 3, 4, 5, 6, 8)
@@ -69,47 +68,10 @@ class Connection:
         self._serial = 0
         self._buffer = bytearray()
         self._deadline = 0.0  # of the call being answered (time.monotonic)
-        # Replies that came before the one waited for (get_properties sends several at once;
-        # the specification does not promise they are answered in order).
-        self._early: dict[int, tuple[int, dict[int, Any], bytes, str]] = {}
 
     def call(self, path: str, interface: str, member: str, signature: str = "",
              args: tuple[str, ...] = (), destination: str | None = None) -> list[Any]:
         """The reply's values; `signature` is made of "s" only (all gpunode sends)."""
-        message = self._method_call(path, interface, member, signature, args, destination)
-        self._deadline = time.monotonic() + TIMEOUT_SECONDS  # the whole call, not each read
-        self._send(message)
-        return self._reply(self._serial, f"{interface}.{member}")
-
-    def get_property(self, path: str, interface: str, name: str) -> Any:
-        """org.freedesktop.DBus.Properties.Get: the property's value."""
-        (value,) = self.call(path, _PROPERTIES, "Get", "ss", (interface, name))
-        return value
-
-    def get_properties(self, path: str, names: list[tuple[str, str]]) -> list[Any]:
-        """Properties.Get for each (interface, name), sent at once and answered in one wait
-        instead of one round trip each: each property's value, or the BusError systemd
-        answered for it (returned, not raised: the caller knows which it needs). A bus
-        that cannot be reached raises BusUnreachable; no answer in time, BusError."""
-        messages = [self._method_call(path, _PROPERTIES, "Get", "ss", pair) for pair in names]
-        first = self._serial - len(names) + 1
-        self._deadline = time.monotonic() + TIMEOUT_SECONDS  # all of them
-        self._send(b"".join(messages))
-        values: list[Any] = []
-        for serial, (interface, name) in enumerate(names, first):
-            try:
-                (value,) = self._reply(serial, f"{interface}.{name}")
-            except BusUnreachable:
-                raise
-            except BusError as exc:
-                if not exc.name:  # no answer in time: the connection is done for
-                    raise
-                value = exc
-            values.append(value)
-        return values
-
-    def _method_call(self, path: str, interface: str, member: str, signature: str,
-                     args: tuple[str, ...], destination: str | None = None) -> bytes:
         if set(signature) - {"s"} or len(signature) != len(args):
             raise ValueError(f"unsupported call signature {signature!r} for {len(args)} args")
         self._serial += 1
@@ -120,7 +82,15 @@ class Connection:
             fields.append((_DESTINATION, "s", target))
         if signature:
             fields.append((_SIGNATURE, "g", signature))
-        return _header(self._serial, len(body), fields) + body
+        self._deadline = time.monotonic() + TIMEOUT_SECONDS  # the whole call, not each read
+        self._send(_header(self._serial, len(body), fields) + body)
+        return self._reply(self._serial, f"{interface}.{member}")
+
+    def get_property(self, path: str, interface: str, name: str) -> Any:
+        """org.freedesktop.DBus.Properties.Get: the property's value."""
+        (value,) = self.call(path, "org.freedesktop.DBus.Properties", "Get", "ss",
+                             (interface, name))
+        return value
 
     def close(self) -> None:
         self._sock.close()
@@ -136,15 +106,9 @@ class Connection:
 
     def _reply(self, serial: int, what: str) -> list[Any]:
         while True:
-            message = self._early.pop(serial, None) or self._message()
-            kind, fields, body, order = message
-            if kind not in (_METHOD_RETURN, _ERROR):
+            kind, fields, body, order = self._message()
+            if fields.get(_REPLY_SERIAL) != serial or kind not in (_METHOD_RETURN, _ERROR):
                 continue  # a signal (NameAcquired after Hello)
-            replied = fields.get(_REPLY_SERIAL)
-            if replied != serial:
-                if isinstance(replied, int) and serial < replied <= self._serial:
-                    self._early[replied] = message  # sent with this one, asked for next
-                continue  # an answer to a call given up on
             values = _parse(body, order, str(fields.get(_SIGNATURE, "")))
             if kind == _METHOD_RETURN:
                 return values

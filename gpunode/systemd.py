@@ -190,27 +190,17 @@ class DbusSystemd:
         return state in ("enabled", "enabled-runtime", "static", "alias")
 
     def exec_start(self, unit: str) -> UnitExec | None:
-        """None where systemd cannot be asked (no system bus) or has no such unit. The four
-        properties are asked at once (dbus.Connection.get_properties): this runs on the
-        first boot's critical path, where each round trip waits for systemd."""
-        from gpunode import dbus
-
-        asked = [(UNIT_INTERFACE, "LoadState"), (SERVICE_INTERFACE, "ExecStart"),
-                 (SERVICE_INTERFACE, "Environment"), (SERVICE_INTERFACE, "EnvironmentFiles")]
+        """None where systemd cannot be asked (no system bus) or has no such unit."""
         try:
-            load, commands, environment, files = self._request(
-                unit, "read", lambda bus: bus.get_properties(_unit_path(unit), asked))
+            if self._unit_state(unit, "LoadState") != "loaded":
+                return None
+            commands = self._property(unit, SERVICE_INTERFACE, "ExecStart")
+            if not commands:
+                return None
+            environment = self._property(unit, SERVICE_INTERFACE, "Environment")
+            files = self._property(unit, SERVICE_INTERFACE, "EnvironmentFiles")
         except Unavailable:
             return None  # the caller falls back to the unit files
-        if isinstance(load, dbus.BusError):  # as a Get of it alone would have raised it
-            raise SystemdError(unit, "read", str(load)) from load
-        if str(load) != "loaded":
-            return None  # (and what a unit that is not there says of the rest is no matter)
-        for value in (commands, environment, files):
-            if isinstance(value, dbus.BusError):
-                raise SystemdError(unit, "read", str(value)) from value
-        if not commands:
-            return None
         # ExecStart is a(sasbttttuii): (path, argv, ignore failure, timestamps…, pid, status)
         return UnitExec(argv=tuple(str(w) for w in commands[-1][1]),
                         environment=dict(_split_env(str(e)) for e in environment),
