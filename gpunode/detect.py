@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -126,7 +126,7 @@ def parse_function(
     address: str,
     read: ReadAttr,
     read_link: ReadLink,
-    names: dict[str, str],
+    names: Mapping[str, str],
     problems: list[str],
 ) -> PciFunction:
     """One PCI function from its sysfs attributes; unreadable or unparseable values become None
@@ -293,7 +293,7 @@ def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID,
     )
 
 
-def _from_sysfs(host: Host, vendor: str | None, names: dict[str, str],
+def _from_sysfs(host: Host, vendor: str | None, names: Mapping[str, str],
                 problems: list[str], undecided: list[str]) -> Iterable[PciFunction]:
     if not host.exists(SYSFS_PCI_DEVICES):
         # Not "no GPU": nothing was looked at, so any GPU of this node would be hidden.
@@ -326,7 +326,7 @@ def _load_pyudev() -> Any:
     return pyudev
 
 
-def _from_udev(pyudev: Any, vendor: str | None, names: dict[str, str],
+def _from_udev(pyudev: Any, vendor: str | None, names: Mapping[str, str],
                problems: list[str], undecided: list[str]) -> Iterable[PciFunction]:
     for dev in pyudev.Context().list_devices(subsystem="pci"):
         device = _UdevDevice(dev)

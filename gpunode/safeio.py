@@ -55,8 +55,11 @@ def read(real: str, limit: int = DEFAULT_LIMIT, follow: bool = True) -> bytes:
             raise Refused(too_large(limit))
         chunks: list[bytes] = []
         total = 0
+        # A regular file's size is known: all of it in one read (pci.ids, 1.3 MB: ~1 ms, where
+        # 64 KiB reads and their join took ~2.5), and on to the end in case it grew.
+        size = max(_CHUNK, st.st_size + 1)
         while True:
-            chunk = os.read(fd, _CHUNK)
+            chunk = os.read(fd, size)
             if not chunk:
                 break
             total += len(chunk)

@@ -12,7 +12,7 @@ from conftest import HostFactory
 from gpunode import log
 from gpunode.detect import PciFunction, classify, detect
 from gpunode.host import Host
-from gpunode.pciids import BUILTIN_NAMES, parse_vendor_block
+from gpunode.pciids import BUILTIN_NAMES, VendorBlock, nvidia_names, parse_vendor_block
 from gpunode_testing import fixtures
 
 EXPECTED_NAMES = {
@@ -150,6 +150,41 @@ def test_pci_ids_vendor_block_skips_subsystems_and_stops_at_next_vendor() -> Non
     assert names["1eb8"] == "TU104GL [Tesla T4]"
     assert "0720" not in names
     assert "10de" not in names
+
+
+def test_pci_ids_lookup_finds_each_asked_device_as_the_whole_block_parse_does() -> None:
+    data = fixtures.PCI_IDS_EXCERPT.encode()
+    names = VendorBlock.find(data, "10de")
+    assert names is not None
+    assert dict(names) == parse_vendor_block(fixtures.PCI_IDS_EXCERPT, "10de")
+    assert (names.get("1eb8"), names.get("1EB8"), len(names)) == ("TU104GL [Tesla T4]",) * 2 + (8,)
+    # a subsystem line, the next vendor's device and the vendor's own id are no devices of it
+    assert [names.get(key) for key in ("12a2", "0720", "10de", "")] == [None] * 4
+
+
+def test_pci_ids_names_keep_a_stray_byte_replaced_and_lose_a_carriage_return() -> None:
+    data = b"10df  Other\n\t0001  x\n10de  NVIDIA\r\n\t1eb8  T\xff4 \r\n\t\t10de 1  s\r\n"
+    names = VendorBlock.find(data, "10de")
+    assert names is not None and names.get("1eb8") == "T\ufffd4"
+
+
+@pytest.mark.parametrize("text", ["10de  NVIDIA\n\t\t10de 0001  a subsystem only\n",
+                                  "10df  Emulex\n\t0720  NIC\n", ""])
+def test_pci_ids_without_an_nvidia_device_gives_the_builtin_names(tmp_path: Path,
+                                                                   text: str) -> None:
+    (tmp_path / "usr/share/misc").mkdir(parents=True)
+    (tmp_path / "usr/share/misc/pci.ids").write_text("# pci.ids\n" + text)
+    names, source = nvidia_names(Host(tmp_path))
+    assert (names, source) == (BUILTIN_NAMES, "builtin")
+
+
+def test_a_pci_ids_link_to_nothing_gives_the_next_file(tmp_path: Path) -> None:
+    (tmp_path / "usr/share/misc").mkdir(parents=True)
+    (tmp_path / "usr/share/misc/pci.ids").symlink_to("/usr/share/misc/gone.ids")
+    (tmp_path / "usr/share/hwdata").mkdir(parents=True)
+    (tmp_path / "usr/share/hwdata/pci.ids").write_text(fixtures.PCI_IDS_EXCERPT)
+    names, source = nvidia_names(Host(tmp_path))
+    assert (names.get("2901"), source) == ("GB100 [B200]", "/usr/share/hwdata/pci.ids")
 
 
 def test_builtin_table_covers_the_gpus_named_in_the_design() -> None:
