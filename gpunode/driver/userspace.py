@@ -78,6 +78,7 @@ class DriverRoot:
     binaries: tuple[str, ...]     # host paths of the driver's binaries present, sorted
     firmware: tuple[str, ...]     # host paths of nvidia/<version>/gsp_*.bin present, sorted
     persistenced_socket: str | None = None  # /run/nvidia-persistenced/socket when present
+    looked: tuple[str, ...] = ()  # each library and binary path looked up, there or not
 
 
 @dataclass(frozen=True)
@@ -126,12 +127,16 @@ def find(host: Host, version: str, *,
         looked += dirs
         libraries = _libraries(host, dirs, version, notes, listed)
         if all(name in libraries for name in REQUIRED):
+            bin_dirs = [_join(root, d) for d in layout.binaries]
             return DriverRoot(
                 version=version, root=root, libraries=tuple(sorted(libraries.values())),
-                binaries=_binaries(host, [_join(root, d) for d in layout.binaries], listed),
+                binaries=_binaries(host, bin_dirs, listed),
                 firmware=_firmware(host, [_join(root, d.format(version=version))
                                           for d in layout.firmware], version, kernel, listed),
-                persistenced_socket=_socket(host, PERSISTENCED_SOCKET))
+                persistenced_socket=_socket(host, PERSISTENCED_SOCKET),
+                looked=tuple(_candidates(dirs, LIBRARIES, f".so.{version}")
+                             + _candidates(bin_dirs, BINARIES)))
+        _other_versions(host, dirs, version, notes)
         if libraries:
             notes.append(f"{host.display(root)} has {len(libraries)} of its libraries but not "
                          f"{' or '.join(n for n in REQUIRED if n not in libraries)}")
@@ -181,10 +186,13 @@ def describe(found: DriverRoot) -> str:
 
 
 def watched(found: DriverRoot) -> list[str]:
-    """The directories holding the driver root's files, as the no-op stamp signs a directory
-    (by its listing, a trailing "/"): a removed libcuda makes the next boot run."""
-    paths = (*found.libraries, *found.binaries, *found.firmware)
-    return sorted({path.rpartition("/")[0] + "/" for path in paths})
+    """What the no-op stamp signs for the driver root: every library and binary path looked
+    up (there or not, by its stat: a removed, replaced or newly installed libcuda makes the
+    next boot run), and the directories holding its firmware (by their listing, a trailing
+    "/"). The library directories themselves are not listed: /usr/lib64 or
+    /usr/lib/x86_64-linux-gnu holds a thousand files or more."""
+    paths = {*found.looked, *found.libraries, *found.binaries}
+    return sorted(paths | {path.rpartition("/")[0] + "/" for path in found.firmware})
 
 
 # -- the search ----------------------------------------------------------------------------------
@@ -233,19 +241,16 @@ def _join(root: str, path: str) -> str:
 def _libraries(host: Host, dirs: list[str], version: str, notes: list[str],
                listed: set[str] | None = None) -> dict[str, str]:
     """name → host path of lib<name>.so.<version>, the first directory's winning (of those
-    in `listed`, when given)."""
+    in `listed`, when given). Each name is looked up, not found in a listing: the library
+    directories hold a thousand files or more, and listing them cost milliseconds of every
+    boot (tens, the first time, through the overlay a system extension merges)."""
     found: dict[str, str] = {}
     suffix = f".so.{version}"
     for directory in dirs:
-        for entry in _entries(host, directory, notes):
-            name = entry[:-len(suffix)] if entry.endswith(suffix) else None
-            if name not in LIBRARIES:
-                if name is None and (other := _other_version(entry)):
-                    notes.append(f"{host.display(directory)} has {entry} ({other}, not "
-                                 f"{version})")
-                continue
-            path = f"{directory}/{entry}"
-            if name in found or (listed is not None and path not in listed):
+        for name in LIBRARIES:
+            path = f"{directory}/{name}{suffix}"
+            if name in found or (listed is not None and path not in listed) \
+                    or not _exists(host, path):
                 continue
             problem = _not_a_library(host, path)
             if problem:
@@ -253,6 +258,20 @@ def _libraries(host: Host, dirs: list[str], version: str, notes: list[str],
             else:
                 found[name] = path
     return found
+
+
+def _candidates(dirs: list[str], names: tuple[str, ...], suffix: str = "") -> list[str]:
+    return [f"{directory}/{name}{suffix}" for directory in dirs for name in names]
+
+
+def _other_versions(host: Host, dirs: list[str], version: str, notes: list[str]) -> None:
+    """Why a layout without the libraries may still matter: the required ones of another
+    driver version in its directories (a stale install, or modules and user-space that
+    differ), each named in `notes`. Only listed when the version's own are missing."""
+    for directory in dirs:
+        for entry in _entries(host, directory, notes):
+            if other := _other_version(entry):
+                notes.append(f"{host.display(directory)} has {entry} ({other}, not {version})")
 
 
 def _other_version(entry: str) -> str | None:
@@ -281,12 +300,12 @@ def _not_a_library(host: Host, path: str) -> str | None:
 def _binaries(host: Host, dirs: list[str], listed: set[str] | None = None) -> tuple[str, ...]:
     found: dict[str, str] = {}
     for directory in dirs:
-        for entry in _entries(host, directory, []):
-            path = f"{directory}/{entry}"
+        for name in BINARIES:  # looked up, as the libraries are (/usr/bin: a thousand files)
+            path = f"{directory}/{name}"
             if listed is not None and path not in listed:
                 continue
-            if entry in BINARIES and entry not in found and _executable(host, path):
-                found[entry] = path
+            if name not in found and _executable(host, path):
+                found[name] = path
     return tuple(sorted(found.values()))
 
 

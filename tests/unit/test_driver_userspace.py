@@ -155,8 +155,13 @@ def test_the_record_holds_the_root_and_counts_not_every_path(make_host: HostFact
     assert userspace.record_fields(found) == {
         "root": "/", "libraries": len(found.libraries), "binaries": 5, "firmware": 2,
         "persistenced_socket": False}
-    assert userspace.watched(found) == [f"/lib/firmware/nvidia/{VERSION}/", "/usr/bin/",
-                                        "/usr/lib64/"]
+    watched = userspace.watched(found)
+    # each library and binary looked up, there or not, and the firmware's directory: no
+    # listing of a library directory (a thousand files on a node)
+    assert [p for p in watched if p.endswith("/")] == [f"/lib/firmware/nvidia/{VERSION}/"]
+    assert {*found.libraries, *found.binaries} < set(watched)
+    assert {f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}", "/usr/sbin/nvidia-smi",
+            f"/usr/lib64/libnvidia-tileiras.so.{VERSION}"} < set(watched)
 
 
 def test_every_gpu_has_a_distinct_uuid_in_the_drivers_format(make_host: HostFactory) -> None:
@@ -200,6 +205,25 @@ def test_boot_records_the_driver_root_and_a_removed_libcuda_makes_the_next_boot_
     driver = next(s for s in again.steps if s["name"] == "driver")
     assert (again.outcome, driver["code"]) == ("failed", "driver-unavailable")
     assert f"libcuda.so.{VERSION}" in driver["error"] and "Flatcar driver sysext" in driver["hint"]
+
+
+@pytest.mark.parametrize("change", ["replaced", "installed"])
+def test_a_driver_library_replaced_or_newly_installed_makes_the_next_boot_run(
+        make_host: HostFactory, change: str) -> None:
+    host = with_runtime_binary(make_host("nc24ads-a100-v4", "ready"))
+    assert _boot(host).outcome == "ok"
+    assert fastpath.unchanged(str(host.root), __version__, None)
+    name = "libcuda" if change == "replaced" else "libnvidia-nscq"
+    library = host.root / f"usr/lib64/{name}.so.{VERSION}"
+    assert library.exists() == (change == "replaced")
+    library.unlink(missing_ok=True)
+    library.write_bytes(ELF64_LIBRARY + b"another build")
+    assert not fastpath.unchanged(str(host.root), __version__, None)
+    again = _boot(host)
+    driver = next(s for s in again.steps if s["name"] == "driver")
+    assert (again.outcome, str(library).removeprefix(str(host.root))) == (
+        "ok", f"/usr/lib64/{name}.so.{VERSION}")
+    assert driver["driver_root"]["libraries"] == 10 + (change == "installed")
 
 
 def test_driver_status_says_where_the_user_space_is(make_host: HostFactory, cli: Cli) -> None:
