@@ -197,11 +197,11 @@ def _node_name(value: str) -> str | None:
     return node_name_problem(value)
 
 
-_TAINT_RE = re.compile(r"[^=:\s]+(=[^:\s]*)?:(NoSchedule|PreferNoSchedule|NoExecute)")
+_TAINT = r"[^=:\s]+(=[^:\s]*)?:(NoSchedule|PreferNoSchedule|NoExecute)"  # compiled when used
 
 
 def _taint(value: str) -> str | None:
-    if _TAINT_RE.fullmatch(value):
+    if re.fullmatch(_TAINT, value):
         return None
     return f"{value!r} is not a taint like key=value:NoSchedule (PreferNoSchedule, NoExecute)"
 
@@ -221,11 +221,11 @@ def _absolute_path(value: Any) -> str | None:
     return None
 
 
-_RUNTIME_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+_RUNTIME_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 
 
 def _runtime_name(value: Any) -> str | None:
-    if _RUNTIME_NAME_RE.fullmatch(str(value)):
+    if re.fullmatch(_RUNTIME_NAME, str(value)):
         return None
     return "must be letters, digits, '.', '_' or '-', starting with a letter or digit"
 

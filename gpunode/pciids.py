@@ -60,9 +60,10 @@ class VendorBlock(Mapping[str, str]):
     asked for. Ids are pci.ids' lowercase hex; a name's stray bytes are replaced (names only)."""
 
     # The line after the vendor's block: the next vendor's (or a device class's), one that
-    # starts with neither a tab (devices, subsystems), '#' (comments) nor is empty.
-    _END = re.compile(rb"\n[^\t#\n]")
-    _DEVICE = re.compile(rb"\n\t(?!\t)")  # a device's line, not a subsystem's
+    # starts with neither a tab (devices, subsystems), '#' (comments) nor is empty. Compiled
+    # when a pci.ids is first read (re keeps them), not at every import: Flatcar has none.
+    _END = rb"\n[^\t#\n]"
+    _DEVICE = rb"\n\t(?!\t)"  # a device's line, not a subsystem's
 
     def __init__(self, block: bytes, vendor: str) -> None:
         self._block = block  # from the newline before the vendor's line to its block's end
@@ -74,9 +75,9 @@ class VendorBlock(Mapping[str, str]):
         start = data.find(f"\n{vendor}  ".encode())
         if start < 0:
             return None
-        end = cls._END.search(data, start + 1)
+        end = re.compile(cls._END).search(data, start + 1)
         block = data[start:end.start() if end else len(data)]
-        return cls(block, vendor) if cls._DEVICE.search(block) else None
+        return cls(block, vendor) if re.search(cls._DEVICE, block) else None
 
     def __getitem__(self, device: str) -> str:
         key = f"\n\t{device.lower()}  ".encode("utf-8", "replace")

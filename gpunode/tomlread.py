@@ -10,7 +10,7 @@ from typing import Any
 from gpunode.errors import FileError
 from gpunode.records import TOO_DEEP, too_deep
 
-_LINE_RE = re.compile(r"at line (\d+)")
+_LINE = r"at line (\d+)"  # in tomllib's messages; compiled only for one
 
 
 BOM = "\ufeff"  # some editors write one; it carries nothing (containerd 1.x skips it too)
@@ -36,7 +36,7 @@ def loads_toml(text: str, file: str, error: FileErrorFactory = FileError) -> dic
 
 def error_line(exc: tomllib.TOMLDecodeError) -> int | None:
     """The line tomllib names in its message ("... (at line 3, column 7)")."""
-    match = _LINE_RE.search(str(exc))
+    match = re.search(_LINE, str(exc))
     return int(match.group(1)) if match else None
 
 

@@ -211,7 +211,7 @@ def _artifact(value: Any, key: str, name: str | None, text: str, shown: str) -> 
                               "artifact's sha512)", _line(text, f"{key}.sha512"))
     if name is None:
         name = strings["name"]
-        if not DRIVER_NAME.fullmatch(name):
+        if not re.fullmatch(DRIVER_NAME, name):
             raise BakeConfigError(shown, f"{key}.name", f"{name!r} is not a Flatcar driver "
                                   "sysext: nvidia-drivers-<branch> or nvidia-drivers-<branch>-"
                                   "open (e.g. nvidia-drivers-570-open)", _line(text, f"{key}.name"))

@@ -38,7 +38,7 @@ from typing import Any
 from gpunode.bake import config as bake_config
 from gpunode.bake.config import Artifact, BakeConfig
 from gpunode.config import BuildConfig
-from gpunode.driver.cache import NAME_RE
+from gpunode.driver.cache import is_name
 from gpunode.driver.flavour import FLAVOURS
 from gpunode.errors import BakeConfigError
 from gpunode.tomlread import loads_toml
@@ -180,7 +180,7 @@ def _kernel(config: BakeConfig, table: dict[str, Any], key: str) -> str | None:
     if "kernel" not in table:
         return None
     kernel = _string(config, table["kernel"], f"{key}.kernel")
-    if not NAME_RE.fullmatch(kernel):
+    if not is_name(kernel):
         raise _refuse(config, f"{key}.kernel", f"{kernel!r} is not a kernel release like "
                       "6.6.95-flatcar (letters, digits, '.', '_', '+', '-')")
     return kernel

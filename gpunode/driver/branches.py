@@ -26,7 +26,7 @@ from gpunode.driver.flavour import Need
 from gpunode.errors import DriverError
 
 # Flatcar's driver sysext names (flatcar/scripts build_library/extra_sysexts.sh).
-NAME = re.compile(r"nvidia-drivers-(\d+)(-open)?")
+NAME = r"nvidia-drivers-(\d+)(-open)?"  # compiled when first used (re keeps it)
 SYSEXT_DIR = "/etc/flatcar/sysext"  # where Flatcar's initramfs looks (docs/image-bake.md)
 # architecture → (oldest branch that drives it, newest branch that still does); None: no bound.
 SUPPORT: dict[str, tuple[int | None, int | None]] = {
@@ -67,7 +67,7 @@ def driver_path(name: str, version: str) -> str:
 
 
 def _match(name: str) -> re.Match[str]:
-    match = NAME.fullmatch(name)
+    match = re.fullmatch(NAME, name)
     if match is None:
         raise ValueError(f"{name!r} is not a Flatcar driver sysext name")
     return match

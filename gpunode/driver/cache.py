@@ -54,8 +54,7 @@ STAGING_PREFIX = ".staging-"
 FLAVOUR_SOURCES = {"open": "kernel-open", "proprietary": "kernel", "grid": "kernel"}
 MODULE_DIRS = ("/lib/modules", "/usr/lib/modules")
 
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # a kernel release or driver version
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._+-]*"  # a kernel release or driver version
 # No file of a driver comes near this (libcuda, libnvidia-nvvm and gsp_ga10x.bin are ~100 MB);
 # a larger one is refused before it is hashed.
 MAX_FILE_BYTES = 1 << 30
@@ -85,10 +84,15 @@ class CacheEntry:
 # -- names and manifests (pure) ------------------------------------------------------------------
 
 
+def is_name(value: str) -> bool:
+    """A kernel release or driver version as a directory name: no '/', no leading dot."""
+    return re.fullmatch(NAME_PATTERN, value) is not None
+
+
 def entry_path(kernel: str, driver: str, flavour: str) -> str:
     """The host path of the cache entry; names that could climb out of the cache are refused."""
     for what, value in (("kernel", kernel), ("driver version", driver)):
-        if not NAME_RE.fullmatch(value):
+        if not is_name(value):
             raise DriverBuildError("use", value, f"not a {what}: letters, digits, '.', '_', '+' "
                                    "or '-' only, starting with a letter or digit")
     if flavour not in FLAVOUR_SOURCES:
@@ -98,7 +102,7 @@ def entry_path(kernel: str, driver: str, flavour: str) -> str:
 
 
 def is_module_name(name: str) -> bool:
-    return bool(NAME_RE.fullmatch(name)) and name.endswith(".ko")
+    return is_name(name) and name.endswith(".ko")
 
 
 def userspace_path_problem(rel: str, driver: str) -> str | None:
@@ -107,7 +111,7 @@ def userspace_path_problem(rel: str, driver: str) -> str | None:
     parts = rel.split("/")
     if (len(parts) == 2 and parts[0] in ("lib", "bin")) or \
             (len(parts) == 4 and parts[:3] == ["firmware", "nvidia", driver]):
-        return None if NAME_RE.fullmatch(parts[-1]) else f"{parts[-1]!r} is not a file name"
+        return None if is_name(parts[-1]) else f"{parts[-1]!r} is not a file name"
     return f"not under lib/, bin/ or firmware/nvidia/{driver}/"
 
 
@@ -157,7 +161,8 @@ def _userspace_shape_problem(files: Any, links: Any, driver: str) -> str | None:
         return "it lists no user-space"
     for rel, digest in files.items():
         problem = userspace_path_problem(rel, driver)
-        if problem is None and not (isinstance(digest, str) and _HEX64.fullmatch(digest)):
+        if problem is None and not (isinstance(digest, str)
+                                    and re.fullmatch(r"[0-9a-f]{64}", digest)):
             problem = "its sha256 is malformed"
         if problem:
             return f"user-space entry {rel!r} is malformed: {problem}"
@@ -265,7 +270,7 @@ _SETTLED_NS = 2_000_000_000
 def installed_kernels(host: Host) -> set[str]:
     """Kernel releases with a module tree, plus the running kernel."""
     kernels = {name for directory in MODULE_DIRS for name in host.list_dir(directory)
-               if NAME_RE.fullmatch(name)}
+               if is_name(name)}
     running = (host.read_optional(kernelinfo.RELEASE) or "").strip()
     if running:
         kernels.add(running)

@@ -74,7 +74,7 @@ def collect(host: Host, staging: str, driver: str, flavour: str,
         rel = f"{firmware}/{name}"
         _require_regular(_lstat(host, staging, rel, hint), rel, hint)
         if not (name.startswith("gsp") and name.endswith(".bin")
-                and cache.NAME_RE.fullmatch(name)):
+                and cache.is_name(name)):
             raise _refused(rel, "is not GSP firmware (gsp*.bin)", hint)
         files[rel] = host.digest(f"{staging}/{rel}", "sha256")
     _require_complete(files, driver, flavour, hint)
@@ -156,8 +156,8 @@ def _link_target(host: Host, staging: str, rel: str, hint: str) -> str:
     except GpunodeError as exc:
         raise _refused(rel, f"cannot be read ({exc})", hint) from exc
     name = rel.removeprefix("lib/")
-    if target is None or "/" in target or not cache.NAME_RE.fullmatch(target) \
-            or not cache.NAME_RE.fullmatch(name):
+    if target is None or "/" in target or not cache.is_name(target) \
+            or not cache.is_name(name):
         raise _refused(rel, f"links to {target!r}: a SONAME link names a library beside it",
                        hint)
     return target

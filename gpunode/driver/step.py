@@ -8,6 +8,7 @@ here) and the build adapters.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -248,7 +249,7 @@ def _baked_sysext(host: Host, config: DriverConfig, detection: Detection,
     except GpunodeError:
         return {}  # a damaged manifest is status's bake check to report
     # Only what a bake places: a Flatcar driver sysext's name, in Flatcar's own place for it.
-    odd = [a for a in usable if not branches.NAME.fullmatch(a.name)
+    odd = [a for a in usable if not re.fullmatch(branches.NAME, a.name)
            or a.path != branches.driver_path(a.name, str(a.version))]
     if odd:
         log.get().warning("driver.baked_ignored", artifacts=[f"{a.name}: {a.path}" for a in odd],
