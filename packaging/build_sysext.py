@@ -136,7 +136,10 @@ PACKAGE_DATA = ("gpunode/driver/build.sh", "gpunode/units/containerd-env.conf",
 LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
                 "bz2", "http.client", "urllib.request", "ssl", "ctypes",
                 # gpunode.host's (only some commands need them) and the build script's reader
-                "hashlib", "fnmatch", "shutil", "socket", "importlib.resources")
+                "hashlib", "fnmatch", "shutil", "socket", "importlib.resources",
+                # the D-Bus client's socket, the journal's SHA-256 and base64 (without
+                # socket's, hashlib's and base64's imports: gpunode/dbus.py, journal.py)
+                "_socket", "_sha2" if sys.version_info >= (3, 12) else "_sha256", "binascii")
 # The launchers: the bundled interpreter isolated (-I: no PYTHON* variables, no user site, no
 # script directory on the path) and without site (-S: gpunode and its dependencies lie in the
 # standard library's directory), found from where the launcher itself lies, so the unpacked
