@@ -318,3 +318,29 @@ def test_values_are_written_as_tomlkit_writes_them(value: object) -> None:
     assert text == tomlkit.item(value).as_string()
     if not isinstance(value, list) or value != [{"a": 1}]:  # tomlkit writes that as a table
         assert tomllib.loads(f"v = {text}")["v"] == value
+
+
+@pytest.mark.parametrize(("before", "appended"), [
+    ("version = 2\n", "\n[a]\nb = 1\n"),
+    ("", "version = 2\n"),
+    ("x = 1\ny = 2\nz = 3\n", "x = 1\ny = 2\nz = 3\n"),  # the whole file again
+    ("x = 1\n", "\n\n"),
+    ("x = 1\r\n", "y = 2"),  # no newline at the end of what is appended
+])
+def test_an_append_gives_the_hunk_difflib_gives_and_is_undone(before: str,
+                                                              appended: str) -> None:
+    """tomltext.text_hunks' own answer for lines only appended (a first boot's runtime) is
+    the one difflib's SequenceMatcher finds, and unapplying it gives the file back."""
+    after = before + appended
+    a, b = tomltext.split_lines(before), tomltext.split_lines(after)
+    expected = [(tuple(b[max(0, j1 - 2):j1]), tuple(a[i1:i2]), tuple(b[j1:j2]))
+                for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(
+                    None, a, b, autojunk=False).get_opcodes() if tag != "equal"]
+    hunks = tomltext.text_hunks(before, after)
+    assert hunks == expected and len(hunks) == 1
+    assert tomltext.unapply(after, (tuple(hunks),)) == before
+
+
+def test_a_last_line_without_newline_that_is_extended_is_diffed_as_before() -> None:
+    hunks = tomltext.text_hunks("x = 1", "x = 1\ny = 2\n")
+    assert hunks == [((), ("x = 1",), ("x = 1\n", "y = 2\n"))]
