@@ -18,7 +18,7 @@ import contextlib
 import io
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from gpunode.errors import CommandFailed
 
@@ -35,7 +35,9 @@ class Started:
     (the containerd probes: ~15 ms and ~30 ms of the first boot's critical path one after the
     other). `run` is one started and waited for at once."""
 
-    def __init__(self, argv: Sequence[str], timeout: float = 30.0) -> None:
+    def __init__(self, argv: Sequence[str], timeout: float = 30.0,
+                 env: Mapping[str, str] | None = None) -> None:
+        """`env`: variables set for the program over gpunode's own environment."""
         self.argv = list(argv)
         self._deadline = time.monotonic() + timeout
         self._timeout = timeout
@@ -48,7 +50,8 @@ class Started:
 
         out, err = os.pipe(), os.pipe()  # (read, write), close-on-exec both
         try:  # SIGPIPE and SIGXFSZ: ignored by Python, and an ignored signal survives exec
-            self.pid = os.posix_spawnp(self.argv[0], self.argv, os.environ, file_actions=[
+            environment = {**os.environ, **env} if env else os.environ
+            self.pid = os.posix_spawnp(self.argv[0], self.argv, environment, file_actions=[
                 (os.POSIX_SPAWN_DUP2, out[1], 1), (os.POSIX_SPAWN_DUP2, err[1], 2)],
                 setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
         except OSError as exc:

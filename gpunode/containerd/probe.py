@@ -26,6 +26,12 @@ class Probe(Protocol):
 
 
 VERSION_TIMEOUT, DUMP_TIMEOUT = 10.0, 20.0
+# The probes run without Go's garbage collector (GOGC=off; GOMEMLIMIT, Go 1.19+, still
+# collects near the bound, far above what either allocates): each program only starts,
+# answers and exits, and the collections during containerd's start were a fifth of
+# `--version` (29.7 → 23.8 ms here) and more than a fourth of `config dump`
+# (54.3 → 39.3 ms), which run on a GPU node's first boot, mostly on its critical path.
+PROBE_ENV = {"GOGC": "off", "GOMEMLIMIT": "512MiB"}
 
 
 @dataclass
@@ -45,7 +51,7 @@ class CommandProbe:
                      self._dump_argv(binary, path) if path else ()):
             if argv and argv not in self._started:
                 timeout = VERSION_TIMEOUT if len(argv) == 2 else DUMP_TIMEOUT
-                self._started[argv] = command.Started(argv, timeout)
+                self._started[argv] = command.Started(argv, timeout, PROBE_ENV)
 
     def discard(self) -> None:
         """Stop and reap what was started and never asked for (a dump nobody needed)."""
@@ -54,7 +60,7 @@ class CommandProbe:
         self._started.clear()
 
     def _run(self, argv: tuple[str, ...], timeout: float) -> str:
-        started = self._started.pop(argv, None) or command.Started(argv, timeout)
+        started = self._started.pop(argv, None) or command.Started(argv, timeout, PROBE_ENV)
         return started.result()
 
     def _version_argv(self, binary: str) -> tuple[str, ...]:

@@ -98,6 +98,33 @@ def test_a_program_sees_gpunode_s_environment_path_and_default_signals(
     assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1))  # PIPE, XFSZ
 
 
+def test_variables_given_for_a_program_are_set_over_gpunode_s_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUNODE_PROBE", "seen")
+    monkeypatch.setenv("GOGC", "50")
+    started = Started(["sh", "-c", "echo $GPUNODE_PROBE $GOGC $GOMEMLIMIT"], 10,
+                      {"GOGC": "off", "GOMEMLIMIT": "512MiB"})
+    assert started.result() == "seen off 512MiB\n"
+    assert os.environ["GOGC"] == "50"  # gpunode's own is left as it was
+
+
+def test_containerd_is_probed_without_go_s_garbage_collector(tmp_path: Path) -> None:
+    """Both probes (containerd/probe.py PROBE_ENV): each only starts, answers and exits."""
+    from gpunode.containerd.probe import CommandProbe
+
+    fake = tmp_path / "containerd"
+    fake.write_text('#!/bin/sh\necho "$GOGC $GOMEMLIMIT $*" >> "${0%/*}/seen"\n'
+                    'echo "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6"\n')
+    fake.chmod(0o755)
+    probe = CommandProbe()
+    probe.prefetch(str(fake), "/etc/containerd/config.toml", version=False)
+    assert probe.version(str(fake)) == (1, 7)
+    probe.discard()
+    seen = sorted((tmp_path / "seen").read_text().splitlines())
+    assert seen == ["off 512MiB --config /etc/containerd/config.toml config dump",
+                    "off 512MiB --version"]
+
+
 def test_output_is_text_as_popen_gave_it_and_bad_bytes_are_one_error() -> None:
     assert run(["printf", "a\\r\\nb\\rc\\n"]) == "a\nb\nc\n"  # universal newlines
     assert run(["printf", "\\303\\251\\n"]) == "\u00e9\n"
