@@ -81,8 +81,12 @@ class CommandProbe:
         except GpunodeError as exc:
             log.get().warning("containerd.version_unknown", exc=exc)
             return None
-        match = re.search(r"\s(\d+)\.(\d+)\.\d+", line)
-        return (int(match.group(1)), int(match.group(2))) if match else None
+        version = parse_version(line)
+        if version is None:
+            log.get().warning("containerd.version_unknown", binary=binary,
+                              output=line.strip()[:200], reason="no version in its output",
+                              effect="the change is judged for every containerd version")
+        return version
 
     def dump(self, binary: str, path: str) -> dict[str, Any] | None:
         """containerd's own reading of the file, with the defaults it fills into runc."""
@@ -93,6 +97,14 @@ class CommandProbe:
             log.get().warning("containerd.dump_unavailable", exc=exc,
                               effect="the runtime is copied from the file alone")
             return None
+
+
+def parse_version(line: str) -> tuple[int, int] | None:
+    """Major and minor of a `containerd --version` line: upstream's and Flatcar's tag
+    ("containerd github.com/containerd/containerd/v2 v2.1.5 fcd43222…": the ebuild builds
+    with VERSION=v${PV}) or a distribution's ("… 1.6.20~ds1 1.6.20~ds1-1+deb12u3")."""
+    match = re.search(r"\sv?(\d+)\.(\d+)\.\d+", line)
+    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 class NoProbe:

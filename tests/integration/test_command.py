@@ -152,3 +152,34 @@ def test_running_a_program_imports_no_subprocess() -> None:
                            "'subprocess' in sys.modules, 'threading' in sys.modules)"],
                           capture_output=True, text=True, check=True, timeout=60)
     assert done.stdout.split() == ["ran", "False", "False"]
+
+
+@pytest.mark.parametrize(("line", "version"), [
+    # Flatcar's (the ebuild builds with VERSION=v${PV}) and upstream's releases: a tag
+    ("containerd github.com/containerd/containerd/v2 v2.1.5 fcd43222d6b07379a4be9786bda5", (2, 1)),
+    ("containerd github.com/containerd/containerd v1.7.20 8fc6bcff51318944179630522a09", (1, 7)),
+    # Debian's packages (tests/data/containerd/defaults/VERSIONS)
+    ("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3", (1, 6)),
+    ("containerd github.com/containerd/containerd/v2 2.1.9+unknown", (2, 1)),
+    ("containerd github.com/containerd/containerd/v2 (devel)", None),
+])
+def test_containerd_s_version_is_read_from_each_build_s_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str,
+        version: tuple[int, int] | None) -> None:
+    import io
+    import json
+
+    from gpunode import log
+    from gpunode.containerd.probe import CommandProbe
+
+    fake = tmp_path / "containerd"
+    fake.write_text(f"#!/bin/sh\necho '{line}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(log, "_logger", log.get())  # the test's logger is undone afterwards
+    stream = io.StringIO()
+    log.configure("json", stream=stream)
+    assert CommandProbe().version(str(fake)) == version
+    events = [json.loads(e) for e in stream.getvalue().splitlines()]
+    # a line without a version is said, not taken silently as "unknown"
+    assert [(e["event"], e.get("output")) for e in events] == (
+        [] if version else [("containerd.version_unknown", line)])
