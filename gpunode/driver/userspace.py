@@ -78,7 +78,7 @@ class DriverRoot:
     binaries: tuple[str, ...]     # host paths of the driver's binaries present, sorted
     firmware: tuple[str, ...]     # host paths of nvidia/<version>/gsp_*.bin present, sorted
     persistenced_socket: str | None = None  # /run/nvidia-persistenced/socket when present
-    looked: tuple[str, ...] = ()  # each library and binary path looked up, there or not
+    lookups: tuple[str, ...] = ()  # each library and binary path looked up, there or not
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def find(host: Host, version: str, *,
                 firmware=_firmware(host, [_join(root, d.format(version=version))
                                           for d in layout.firmware], version, kernel, listed),
                 persistenced_socket=_socket(host, PERSISTENCED_SOCKET),
-                looked=tuple(_candidates(dirs, LIBRARIES, f".so.{version}")
+                lookups=tuple(_candidates(dirs, LIBRARIES, f".so.{version}")
                              + _candidates(bin_dirs, BINARIES)))
         _other_versions(host, dirs, version, notes)
         if libraries:
@@ -191,7 +191,7 @@ def watched(found: DriverRoot) -> list[str]:
     next boot run), and the directories holding its firmware (by their listing, a trailing
     "/"). The library directories themselves are not listed: /usr/lib64 or
     /usr/lib/x86_64-linux-gnu holds a thousand files or more."""
-    paths = {*found.looked, *found.libraries, *found.binaries}
+    paths = {*found.lookups, *found.libraries, *found.binaries}
     return sorted(paths | {path.rpartition("/")[0] + "/" for path in found.firmware})
 
 
