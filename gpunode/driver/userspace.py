@@ -270,7 +270,7 @@ def _other_versions(host: Host, dirs: list[str], version: str, notes: list[str])
     differ), each named in `notes`. Only listed when the version's own are missing."""
     for directory in dirs:
         for entry in _entries(host, directory, notes):
-            if other := _other_version(entry):
+            if (other := _other_version(entry)) and other != version:
                 notes.append(f"{host.display(directory)} has {entry} ({other}, not {version})")
 
 

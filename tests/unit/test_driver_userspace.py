@@ -114,6 +114,24 @@ def test_a_library_of_another_driver_version_is_not_taken_and_is_named(tmp_path:
         userspace.find(Host(root), VERSION)
 
 
+def test_a_refused_library_is_named_and_its_version_s_others_are_not_another_version(
+        tmp_path: Path) -> None:
+    """The notes after a miss: the refused file, and only libraries of other versions (the
+    directories are listed for them only then); the version's own are no 'other' version."""
+    root = bare(tmp_path)
+    write_userspace(root, VERSION, open_modules=False)
+    write_userspace(root, "535.104.05", open_modules=False, lib_dir="/usr/lib")
+    ml = root / f"usr/lib64/libnvidia-ml.so.{VERSION}"
+    ml.unlink()
+    os.mkfifo(ml)
+    with pytest.raises(DriverError) as info:
+        userspace.find(Host(root), VERSION)
+    notes = str(info.value).split(" (", 1)[1]
+    assert f"{root}/usr/lib64/libnvidia-ml.so.{VERSION} is refused" in notes
+    assert f"has libcuda.so.535.104.05 (535.104.05, not {VERSION})" in notes
+    assert f"({VERSION}, not {VERSION})" not in notes
+
+
 def test_a_32_bit_copy_in_usr_lib_is_not_the_driver_library(tmp_path: Path) -> None:
     root = bare(tmp_path)
     write_userspace(root, VERSION, open_modules=False, lib_dir="/usr/lib")
