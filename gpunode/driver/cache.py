@@ -85,7 +85,9 @@ class CacheEntry:
 
 
 def is_name(value: str) -> bool:
-    """A kernel release or driver version as a directory name: no '/', no leading dot."""
+    """One path component that cannot climb out of its directory: letters, digits, '.', '_',
+    '+' and '-', starting with a letter or digit (a kernel release, a driver version, a file
+    of a cache entry)."""
     return re.fullmatch(NAME_PATTERN, value) is not None
 
 
