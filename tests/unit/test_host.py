@@ -255,6 +255,26 @@ def _fail_directory_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "fsync", fsync)
 
 
+@pytest.mark.parametrize(("path", "synced"), [
+    ("/etc/containerd/config.toml", 2), ("/var/lib/gpunode/containerd.json", 2),
+    ("/run/gpunode/state.json", 0), ("/var/run/cdi/nvidia.yaml", 0), ("/runner/x", 2)])
+def test_a_file_under_run_is_replaced_atomically_without_fsync(
+    root: Path, monkeypatch: pytest.MonkeyPatch, path: str, synced: int
+) -> None:
+    """/run no crash outlives: its files are replaced as atomically, not made durable; every
+    other file and its directory are fsynced."""
+    calls: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
+    host = Host(root)
+    host.write_atomic(path, b"old\n", make_parents=True)
+    host.write_atomic(path, b"new\n")
+    assert (root / path.lstrip("/")).read_bytes() == b"new\n"
+    assert sorted(p.name for p in (root / path.lstrip("/")).parent.iterdir()) == [
+        path.rpartition("/")[2]]
+    assert len(calls) == 2 * synced
+
+
 @pytest.mark.parametrize("op", ["write", "remove", "remove directory", "rename", "remove tree"])
 def test_a_failed_directory_sync_is_a_host_error_naming_the_path(
     root: Path, monkeypatch: pytest.MonkeyPatch, op: str
