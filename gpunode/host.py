@@ -356,7 +356,7 @@ class Host:
         temporary file is removed. `make_parents` creates missing parent directories (0755).
         """
         shown = self.display(path)
-        durable = not path.startswith(VOLATILE)
+        durable = not os.path.normpath(path).startswith(VOLATILE)  # not /run/../etc/x
         if make_parents:
             self.make_dirs(path.rstrip("/").rpartition("/")[0] or "/")
         target = self.real(path)

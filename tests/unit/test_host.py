@@ -257,7 +257,8 @@ def _fail_directory_fsync(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("path", "synced"), [
     ("/etc/containerd/config.toml", 2), ("/var/lib/gpunode/containerd.json", 2),
-    ("/run/gpunode/state.json", 0), ("/var/run/cdi/nvidia.yaml", 0), ("/runner/x", 2)])
+    ("/run/gpunode/state.json", 0), ("/var/run/cdi/nvidia.yaml", 0), ("/runner/x", 2),
+    ("/run/../etc/cdi/nvidia.yaml", 2)])
 def test_a_file_under_run_is_replaced_atomically_without_fsync(
     root: Path, monkeypatch: pytest.MonkeyPatch, path: str, synced: int
 ) -> None:
@@ -267,6 +268,7 @@ def test_a_file_under_run_is_replaced_atomically_without_fsync(
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real(fd))[1])
     host = Host(root)
+    (root / "run").mkdir(exist_ok=True)
     host.write_atomic(path, b"old\n", make_parents=True)
     host.write_atomic(path, b"new\n")
     assert (root / path.lstrip("/")).read_bytes() == b"new\n"
