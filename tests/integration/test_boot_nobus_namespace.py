@@ -103,6 +103,11 @@ def test_containerd_configure_of_a_file_without_a_bus_writes_it_and_exits_0(
     runtime.write_text("#!/bin/sh\n")
     runtime.chmod(0o755)
     done = in_namespace_without_bus(tmp_path, [
+        # (the overlays) the machine's containerd as a fresh node's: neither gpunode's
+        # LimitMEMLOCK drop-in (an earlier run on this machine may have left one) nor the
+        # sysext's shipped one, so the drop-in is always written
+        "rm -f /etc/systemd/system/containerd.service.d/20-gpunode-memlock.conf "
+        "/usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf",
         gpunode(tmp_path, "configure", "containerd", "configure", "--config", str(config),
                 "--runtime-path", str(runtime)),
         gpunode(tmp_path, "revert", "containerd", "revert", "--config", str(config)),
@@ -114,7 +119,9 @@ def test_containerd_configure_of_a_file_without_a_bus_writes_it_and_exits_0(
     assert done.returncode == 0, done.stderr
     code, out, events = result(tmp_path, "configure")
     assert code == 0
-    assert out == f"{config}: add runtime 'nvidia' (a copy of 'runc')\n"
+    assert out == (f"{config}: add runtime 'nvidia' (a copy of 'runc')\n"
+                   "write /etc/systemd/system/containerd.service.d/20-gpunode-memlock.conf "
+                   "(LimitMEMLOCK=infinity for containerd)\n")
     assert [e["event"] for e in events if e["level"] == "warning"] == [
         "systemd.unavailable", "containerd.unmanaged"]
     assert "whoever runs it must restart it" in str(events[1]["note"])
