@@ -91,7 +91,9 @@ def configure(text: str, spec: RuntimeSpec, file: str,
 
     `effective` is containerd's own `config dump` of the file, when it could be had: containerd
     fills built-in defaults into `runc` (2.x merges them under the file's values), and a new
-    runtime name gets none, so the copy takes the source's non-zero effective values too.
+    runtime name gets none, so the copy takes the source's non-zero effective values too. For a
+    `daemon` whose defaults gpunode knows (schema.KNOWN_DEFAULTS) its views give the same
+    values, and the dump need not be asked.
     `daemon` is the containerd version that reads the file (None: unknown, then every version
     that reads this config version is considered), `imports` the files the main file imports,
     in containerd's load order (per version, where versions resolve them differently): the edit
@@ -116,6 +118,8 @@ def configure(text: str, spec: RuntimeSpec, file: str,
         version, doc = 2, {}
     versions = readers(version, daemon)
     before = views_of(schema.Layer(file, doc, bom), imports, versions, file)
+    if effective is None and daemon in schema.KNOWN_DEFAULTS:
+        effective = schema.reading(before[0])  # what its dump would show (no need to ask)
     expected = copy.deepcopy(doc)
     if changes:
         expected["version"] = 2
@@ -304,16 +308,20 @@ def _builtin_copy(name: str, effective: Mapping[str, Any] | None, version: int,
 
 def configure_dropin(text: str, spec: RuntimeSpec, file: str, dropin_path: str,
                      effective: Mapping[str, Any] | None = None,
-                     extra: Sequence[RuntimeSpec] = ()) -> tuple[Edit, str]:
+                     extra: Sequence[RuntimeSpec] = (),
+                     daemon: schema.Daemon | None = None) -> tuple[Edit, str]:
     """Drop-in mode: the runtime (and CDI/default settings) in a file of its own that the main
     config imports. Only for containerd >= 2.1, which merges imported plugin tables; older ones
     let an imported CRI table replace the main file's whole CRI table (containerd#5837).
+    `effective` and `daemon` as for `configure`.
 
     Returns the edit of the main file (an `imports` entry, when none matches yet) and the
     drop-in's full text, which gpunode owns and rewrites as a whole."""
     doc, version, runtimes = _read(text, file)
     views = views_of(schema.Layer(file, doc, text.startswith(schema.BOM)), (),
                    (schema.MERGES_FROM,), file)
+    if effective is None and daemon in schema.KNOWN_DEFAULTS:
+        effective = schema.reading(views[0])
     source_name, source = _source_runtime(doc, runtimes, views, spec.name)
     dropin: dict[str, Any] = {"version": version} if "version" in doc else {}
     rt_path = (*schema.runtimes_path(version), spec.name)

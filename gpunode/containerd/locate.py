@@ -3,13 +3,14 @@ uses (its unit says, or the agent config's `containerd.config_path`), gpunode's 
 earlier changes, the file gpunode writes (a writable copy of a read-only one, with what points
 containerd at it) and the text the change starts from.
 
-Boot locates early (`early`), as soon as detect has found GPUs, and starts the longer of
-containerd's two probes then (`config dump` where the plan will want it, else `--version`):
-it runs beside the preflight, driver and cdi steps instead of on the critical path after
-them; the plan starts the other. One Go program, not two: on a 2-CPU node both and gpunode's
-own work oversubscribe it. None of those steps touches what the probes read (containerd's
-unit, its config, the binary), except a driver step that merges a sysext: boot then drops
-what it located and stops the probe, and the containerd step starts over.
+Boot locates early (`early`), as soon as detect has found GPUs, and starts containerd's
+`--version` then: it runs beside the preflight, driver and cdi steps instead of on the critical
+path after them. The plan asks for containerd's `config dump` only after it, and only for a
+version whose defaults gpunode does not know (schema.KNOWN_DEFAULTS): one Go program at a time,
+and on most nodes only the shorter one; on a 2-CPU node two and gpunode's own work
+oversubscribe it. None of those steps touches what the probes read (containerd's unit, its
+config, the binary), except a driver step that merges a sysext: boot then drops what it located
+and stops the probe, and the containerd step starts over.
 """
 
 from __future__ import annotations
@@ -64,27 +65,25 @@ def locate(host: Host, config: ContainerdConfig, systemd: Systemd | None,
 
 
 def wants_dump(config: ContainerdConfig, located: Located) -> bool:
-    """Whether the plan asks containerd for its own reading of the file: only where a runtime
-    is to be added (the file does not name it yet), or drop-in and mode runtimes are wanted."""
+    """Whether the plan may ask containerd for its own reading of the file (for a version
+    whose defaults gpunode does not know): only where a runtime is to be added (the file does
+    not name it yet), or drop-in and mode runtimes are wanted."""
     return config.runtime_wanted and (config.mode == "drop-in" or config.mode_runtimes
                                       or config.runtime_name not in located.source_text)
 
 
-def start_probes(host: Host, config: ContainerdConfig, located: Located, probe: Probe,
-                 one: bool = False) -> None:
-    """containerd's `--version`, and its `config dump` where the plan will want it, started
-    now, side by side; the plan takes their answers (probe.CommandProbe.prefetch). `one`: only
-    one program, the dump where it is wanted (the longer), else the version."""
-    path = host.real(located.source) if wants_dump(config, located) else None
-    probe.prefetch(located.active.binary, path, version=not one or path is None)
+def start_probes(located: Located, probe: Probe) -> None:
+    """containerd's `--version`, started now; the plan takes its answer
+    (probe.CommandProbe.prefetch)."""
+    probe.prefetch(located.active.binary, None)
 
 
 def early(host: Host, config: ContainerdConfig, systemd: Systemd | None,
           probe: Probe | None) -> Located | GpunodeError | None:
-    """Boot's locating right after detect, its longer probe started: what the containerd step's
-    plan then takes as its own (a failure too, raised there in its turn). None, and nothing
-    started, while an interrupted change waits to be rolled back: the step rolls it back first
-    and locates from the files as that leaves them."""
+    """Boot's locating right after detect, containerd's `--version` started: what the
+    containerd step's plan then takes as its own (a failure too, raised there in its turn).
+    None, and nothing started, while an interrupted change waits to be rolled back: the step
+    rolls it back first and locates from the files as that leaves them."""
     try:
         if journal.pending(host):
             return None
@@ -95,7 +94,7 @@ def early(host: Host, config: ContainerdConfig, systemd: Systemd | None,
     except GpunodeError as exc:
         return exc
     if probe is not None:  # None: the step's plan makes its own (the tests' adapters)
-        start_probes(host, config, located, probe, one=True)  # one program (module docstring)
+        start_probes(located, probe)
     return located
 
 

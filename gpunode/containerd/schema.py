@@ -1,6 +1,9 @@
 """The one place that knows where things live in a containerd config, per config version.
 
 Nobody else spells `doc["plugins"][...]`: callers ask for the CRI plugin table or the runtimes.
+It is longer than most modules because it is also the one place that knows what each
+containerd version makes of those tables (built-ins, merges, imports, its dump), each rule
+beside the paths it reads.
 """
 
 from __future__ import annotations
@@ -139,6 +142,14 @@ BUILTIN_RUNC: dict[Daemon, dict[str, Any]] = {
         k: v for k, v in _RUNC_OPTIONS_1X.items() if k not in ("CriuPath", "NoPivotRoot")}},
 }
 _1X = ((1, 6), (1, 7))
+# The versions whose `config dump` of a file's runtimes gpunode knows from the files alone
+# (`reading`): every input of tests/integration/test_containerd_dump.py is configured alike
+# from their real dump and from that reading. For these the dump need not be asked (about 40 ms
+# of a Go program on a GPU node's first boot); for any other version it still is.
+KNOWN_DEFAULTS = frozenset(BUILTIN_RUNC)
+# What a dump shows of the built-in runc beyond BUILTIN_RUNC: 2.1's sandboxer, which a copy
+# into a version 2 file writes as sandbox_mode (BUILTIN_RUNC is written out as either version).
+_DUMPED_RUNC: dict[Daemon, dict[str, Any]] = {(2, 1): {"sandboxer": "podsandbox"}}
 
 
 def builtin_runc(daemon: Daemon | None) -> dict[str, Any]:
@@ -153,6 +164,22 @@ def builtin_runc(daemon: Daemon | None) -> dict[str, Any]:
     options = {k: v for k, v in tables[0]["options"].items()
                if all(t["options"].get(k) == v for t in tables)}
     return {**common, "options": options}
+
+
+def reading(view: View) -> dict[str, Any]:
+    """The runtimes of containerd `view.daemon`'s `config dump`, shaped as that dump (version 3
+    from 2.0 on, else 2), for a version in KNOWN_DEFAULTS: what a copy takes from the dump."""
+    version = 3 if view.daemon >= (2, 0) else 2
+    runtimes = {name: dict(table) for name, table in view.runtimes.items()}
+    extra = _DUMPED_RUNC.get(view.daemon)
+    if extra and view.origin.get(BUILTIN_DEFAULT_NAME) is not None:
+        runtimes[BUILTIN_DEFAULT_NAME] = _deep_merge(extra, runtimes[BUILTIN_DEFAULT_NAME])
+    dump: dict[str, Any] = {"version": version}
+    node = dump
+    for key in runtimes_path(version)[:-1]:
+        node = node.setdefault(key, {})
+    node["runtimes"] = runtimes
+    return dump
 
 
 def replaces_builtin_runtimes(daemon: Daemon | None) -> bool | None:

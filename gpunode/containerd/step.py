@@ -166,24 +166,28 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
             "dropin_text": found.dropin, "dropin_path": found.dropin_path,
             "runtime_name": spec.name, "source_text": source_text,
             "ledger": found.recorded, "files": files, "gpu_access": config.gpu_access}
-        # A first run asks containerd for its version and its own reading of the file: both at
-        # once (the dump only where a runtime is to be added: the file does not name it yet).
-        locate.start_probes(host, config, found, probe)
+        # A first run asks containerd for its version, and only then, where a runtime is to be
+        # added and gpunode does not know that version's defaults, for its own reading of the
+        # file (locate.start_probes).
+        locate.start_probes(found, probe)
         if config.mode == "drop-in" and config.runtime_wanted:
             refused = _import_refusal(probe, binary, copied_from)
             if refused is None:
-                spec = spec_from(config, probe.version(binary), edit.parse(source_text, shown))
-                effective = probe.dump(binary, host.real(source))
+                daemon = probe.version(binary)
+                spec = spec_from(config, daemon, edit.parse(source_text, shown))
+                effective = _dump_unless_known(probe, binary, host.real(source), daemon)
                 extra = [edit.RuntimeSpec(name=name, binary=path) for name, path in
                          wiring.mode_runtime_binaries(spec.binary)] if config.mode_runtimes else []
                 main, import_text = edit.configure_dropin(source_text, spec, shown, IMPORT_FILE,
-                                                          effective, extra)
+                                                          effective, extra, daemon)
                 return Plan(edit=main, import_text=import_text,
                             import_before=host.read_optional(IMPORT_FILE), **common)
             log.get().warning("containerd.dropin_refused", reason=refused, fallback="in-place")
         # Judged by what containerd makes of the file and its imports (resolved from where the
         # file will be), as the version that reads it, when it can be asked.
         daemon = probe.version(binary)
+        if locate.wants_dump(config, found) and daemon not in edit.schema.KNOWN_DEFAULTS:
+            probe.prefetch(binary, host.real(source), version=False)  # beside the views below
         doc = edit.parse(source_text, shown)
         imports = {d: discover.load_layers(host, target, doc, daemon=d)[1:]
                    for d in edit.readers(edit.schema.config_version(doc), daemon)}
@@ -194,7 +198,7 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
         result = edit.configure(source_text, spec, shown, daemon=daemon, imports=imports)
         effective = None
         if result.added_runtime or config.mode_runtimes:
-            effective = probe.dump(binary, host.real(source))
+            effective = _dump_unless_known(probe, binary, host.real(source), daemon)
             if effective is not None and result.added_runtime:
                 result = edit.configure(source_text, spec, shown, effective, daemon, imports)
         if config.mode_runtimes:
@@ -203,6 +207,14 @@ def plan(host: Host, config: ContainerdConfig, systemd: Systemd | None,
         return Plan(edit=result, **common)
     finally:
         probe.discard()  # a dump started and not needed after all
+
+
+def _dump_unless_known(probe: Probe, binary: str, path: str,
+                       daemon: edit.schema.Daemon | None) -> dict[str, Any] | None:
+    """containerd's `config dump` of `path`; None without asking for a version whose dump the
+    edit reads from its own views (schema.KNOWN_DEFAULTS: the same values, checked against
+    the real binaries)."""
+    return None if daemon in edit.schema.KNOWN_DEFAULTS else probe.dump(binary, path)
 
 
 def _import_refusal(probe: Probe, binary: str, copied_from: str | None) -> str | None:

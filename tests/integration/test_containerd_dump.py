@@ -6,7 +6,8 @@ option its shim reads), the default runtime still there and still the default, a
 else exactly as in the dump of the input.
 
 Each input is edited twice, as gpunode does: on a live host (containerd's own dump and version
-passed in) and under --root (neither known)."""
+passed in) and under --root (neither known); and for a version whose defaults gpunode knows,
+without the dump, which must make the same text."""
 
 from __future__ import annotations
 
@@ -155,6 +156,37 @@ def test_containerd_sees_the_runtime_and_nothing_else_changes(
     # Under --root: neither is known; a version 1 file is taken for 1.x (2.x ignores it
     # whatever gpunode writes), every other output must be right for every version.
     assert judge(binary, version, name, source, tmp_path, False, dumped) is not None
+
+
+@pytest.mark.parametrize(("name", "path", "version"), cases(),
+                         ids=[f"{n}-containerd{v}" for n, _, v in cases()])
+def test_a_known_version_s_edit_without_its_dump_is_the_edit_with_it(
+    binaries: dict[str, Path], tmp_path: Path, name: str, path: str, version: str
+) -> None:
+    """For a version in schema.KNOWN_DEFAULTS boot asks no `config dump`: the edit made from
+    gpunode's own reading of the version (schema.reading) is, byte for byte, the one made from
+    the real dump (or refused alike)."""
+    daemon = DAEMON[version]
+    assert daemon in schema.KNOWN_DEFAULTS
+    source = Path(path).read_text()
+    try:
+        dumped = dump(binaries[version], source, tmp_path, "before.toml")
+    except ContainerdError:
+        return  # this containerd does not accept the input at all
+    spec = spec_of(name)
+    made = []
+    for effective in (dumped, None):
+        try:
+            made.append(configure(source, spec, name, effective, daemon).text)
+        except EditError as exc:
+            made.append(f"refused: {exc}")
+    assert made[1] == made[0]
+    if daemon >= schema.MERGES_FROM and not made[0].startswith("refused"):
+        with_dump = configure_dropin(source, spec, name, "/etc/containerd/conf.d/x.toml",
+                                     dumped, daemon=daemon)
+        without = configure_dropin(source, spec, name, "/etc/containerd/conf.d/x.toml",
+                                   daemon=daemon)
+        assert (without[0].text, without[1]) == (with_dump[0].text, with_dump[1])
 
 
 def test_cdi_and_default_runtime_reach_containerd(binaries: dict[str, Path],

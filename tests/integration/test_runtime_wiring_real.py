@@ -5,9 +5,6 @@ of the node's own. The decisions themselves on fixture hosts: tests/unit/test_co
 
 from __future__ import annotations
 
-import io
-import json
-import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -15,9 +12,8 @@ from typing import Any
 import pytest
 
 from conftest import HostFactory, in_place_host
-from gpunode import log
 from gpunode.config import ContainerdConfig
-from gpunode.containerd import probe, step
+from gpunode.containerd import step
 from gpunode.containerd.edit import EditError
 from gpunode.containerd.probe import CommandProbe
 from gpunode.host import Host
@@ -122,54 +118,68 @@ def test_cdi_mode_on_containerd_1_6_is_refused_naming_the_version(
     assert target.read_text() == fixtures.FLATCAR_CONTAINERD_CONFIG
 
 
-def test_the_version_and_the_dump_are_asked_side_by_side(
-        make_host: HostFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A first run asks containerd both questions at once: here the binary answers --version
-    only after its `config dump` has started (a FIFO between them), which one after the other
-    would never do (the version's time limit would pass, logged as containerd.version_unknown).
-    The answers are the real 2.x's."""
-    monkeypatch.setattr(probe, "VERSION_TIMEOUT", 3.0)
-    stream = io.StringIO()
-    log.configure("json", stream=stream)
-    real = ensure_binary("2").path
-    fifo = tmp_path / "dump-started"
-    os.mkfifo(fifo)
-    binary = tmp_path / "containerd"
-    binary.write_text(f"""#!/bin/sh
-if [ "$1" = --version ]; then read started < {fifo}; exec {real} --version; fi
-echo yes > {fifo}
-exec {real} "$@"
-""")
-    binary.chmod(0o755)
+class RecordingProbe(CommandProbe):
+    """The real probe, recording each program it starts (which programs run is the point)."""
+
+    def __init__(self, binary: str) -> None:
+        super().__init__(binary_override=binary)
+        self.ran: list[tuple[str, ...]] = []
+
+    def prefetch(self, binary: str, path: str | None, version: bool = True) -> None:
+        before = set(self._started)
+        super().prefetch(binary, path, version)
+        self.ran += [argv[1:] for argv in self._started if argv not in before]
+
+    def _run(self, argv: tuple[str, ...], timeout: float) -> str:
+        if argv not in self._started:
+            self.ran.append(argv[1:])
+        return super()._run(argv, timeout)
+
+
+@pytest.mark.parametrize("version", ["1.6", "1.7", "2"])
+def test_boot_s_early_start_is_the_version_alone_and_a_known_version_needs_no_dump(
+        make_host: HostFactory, version: str) -> None:
+    """locate.early starts one Go program beside gpunode, `--version`; the plan takes its
+    answer and, for a version whose defaults gpunode knows, asks for no `config dump` at
+    all, writing what it writes from the real dump."""
+    from gpunode.containerd import edit, locate
+
+    real = str(ensure_binary(version).path)
     host, _ = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
-    plan = step.plan(host, ContainerdConfig(), NoSystemd(),
-                     probe=CommandProbe(binary_override=str(binary)))
-    written = tomllib.loads(plan.edit.text)
-    runtime = written["plugins"][CRI[2]]["containerd"]["runtimes"]["nvidia"]
-    assert runtime["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
-    assert runtime["runtime_type"] == "io.containerd.runc.v2"
-    events = [json.loads(line)["event"] for line in stream.getvalue().splitlines()]
-    assert "containerd.version_unknown" not in events and "containerd.dump_unavailable" \
-        not in events
+    config = ContainerdConfig()
+    asked = RecordingProbe(real)
+    located = locate.early(host, config, NoSystemd(), asked)
+    assert isinstance(located, locate.Located)
+    assert asked.ran == [("--version",)]
+    plan = step.plan(host, config, NoSystemd(), probe=asked, located=located)
+    assert asked.ran == [("--version",)]  # no dump
+    assert asked._started == {}  # answered, nothing left running
+    daemon = asked.version(real)
+    assert daemon in edit.schema.KNOWN_DEFAULTS
+    path = host.path(located.source)
+    dumped = edit.parse(dump_config(Path(real), path), "dump")
+    from_dump = edit.configure(located.source_text, step.spec_from(config, daemon),
+                               str(path), dumped, daemon)
+    assert plan.edit.text == from_dump.text
+    assert "nvidia" in plan.edit.text
 
 
-def test_boot_s_early_start_is_the_dump_alone_and_the_plan_takes_it(
-        make_host: HostFactory) -> None:
-    """locate.early starts one Go program beside gpunode, the longer `config dump` (where a
-    runtime is to be added); the plan then asks the version and takes the dump already
-    running. The answers are the real 2.x's."""
-    from gpunode.containerd import locate
+def test_an_unknown_version_s_dump_is_asked_after_it(make_host: HostFactory,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A version whose defaults gpunode does not know (here the real 2.1, taken as unknown):
+    the plan asks for its `config dump` once it has the version, and copies from it."""
+    from gpunode.containerd import edit, locate
 
+    monkeypatch.setattr(edit.schema, "KNOWN_DEFAULTS", frozenset())
     real = str(ensure_binary("2").path)
     host, _ = in_place_host(make_host, fixtures.FLATCAR_CONTAINERD_CONFIG)
     config = ContainerdConfig()
-    asked = CommandProbe(binary_override=real)
+    asked = RecordingProbe(real)
     located = locate.early(host, config, NoSystemd(), asked)
     assert isinstance(located, locate.Located)
-    # (the probe's own record of what it started: which programs run is the point here)
-    assert [argv[1:] for argv in asked._started] == [
-        ("--config", str(host.path(located.source)), "config", "dump")]
     plan = step.plan(host, config, NoSystemd(), probe=asked, located=located)
+    path = str(host.path(located.source))
+    assert asked.ran == [("--version",), ("--config", path, "config", "dump")]
+    assert asked._started == {}
     runtime = tomllib.loads(plan.edit.text)["plugins"][CRI[2]]["containerd"]["runtimes"]
-    assert runtime["nvidia"]["runtime_type"] == "io.containerd.runc.v2"
-    assert asked._started == {}  # both answered, nothing left running
+    assert runtime["nvidia"]["sandbox_mode"] == "podsandbox"  # 2.1's built-in runc, dumped
