@@ -46,14 +46,16 @@ class Started:
         self.returncode: int | None = None  # once reaped
         self._output: dict[int, bytearray] = {}  # stdout's and stderr's read ends: so far
         self._open: set[int] = set()  # the read ends not at their end yet
-        import signal  # here: a boot that runs no program does without it
+        # _signal, not signal: Python imported it at its start, where signal (its enums made
+        # at import, ~1.1 ms) would be on a first boot's critical path, at its first probe
+        import _signal
 
         out, err = os.pipe(), os.pipe()  # (read, write), close-on-exec both
         try:  # SIGPIPE and SIGXFSZ: ignored by Python, and an ignored signal survives exec
             environment = {**os.environ, **env} if env else os.environ
             self.pid = os.posix_spawnp(self.argv[0], self.argv, environment, file_actions=[
                 (os.POSIX_SPAWN_DUP2, out[1], 1), (os.POSIX_SPAWN_DUP2, err[1], 2)],
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+                setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
         except OSError as exc:
             self._error = CommandFailed(argv, None, exc.strerror or str(exc),
                                         "could not be started")
@@ -89,10 +91,10 @@ class Started:
         that keeps the pipes open is not waited for)."""
         if self.pid is None or self.returncode is not None:
             return
-        import signal
+        import _signal
 
         with contextlib.suppress(ProcessLookupError):  # it ended by itself: reaped below
-            os.kill(self.pid, signal.SIGKILL)
+            os.kill(self.pid, _signal.SIGKILL)
         for fd in self._open:
             os.close(fd)
         self._open.clear()

@@ -70,11 +70,16 @@ def sha256(data: bytes | None) -> str | None:
     return None if data is None else _sha256()(data).hexdigest()
 
 
+_found: list[Any] = []  # the constructor, once found: a failed import searches all of sys.path
+
+
 def _sha256() -> Any:
     # CPython's own SHA-256 (what hashlib falls back to), not hashlib's: hashlib loads
     # OpenSSL's libcrypto for it, ~3 ms of the first boot's critical path, where the
     # containerd step records what it writes; for a few KiB the two take the same time.
     # Imported here, not at the top: a boot that writes nothing needs neither.
+    if _found:
+        return _found[0]
     try:
         from _sha2 import sha256  # Python 3.12 and later
     except ImportError:
@@ -82,6 +87,7 @@ def _sha256() -> Any:
             from _sha256 import sha256  # 3.11
         except ImportError:  # an interpreter built without them
             from hashlib import sha256
+    _found.append(sha256)
     return sha256
 
 

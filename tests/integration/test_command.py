@@ -183,3 +183,19 @@ def test_containerd_s_version_is_read_from_each_build_s_line(
     # a line without a version is said, not taken silently as "unknown"
     assert [(e["event"], e.get("output")) for e in events] == (
         [] if version else [("containerd.version_unknown", line)])
+
+
+def test_running_and_stopping_a_program_imports_neither_signal_nor_subprocess() -> None:
+    """A first boot runs containerd's probe on its critical path: `signal` (its enums, ~1 ms)
+    and `subprocess` stay out of it; what is used is _signal, which Python has at its start."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from gpunode.command import Started\n"
+            "assert Started(['sh', '-c', 'kill -PIPE $$'], 5).result  # default SIGPIPE\n"
+            "Started(['sleep', '5'], 10).discard()\n"
+            "print(sorted({'signal', 'subprocess', 'selectors'} & set(sys.modules)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout == "[]\n"
