@@ -14,25 +14,47 @@ from pathlib import Path
 
 import pytest
 
-# Every dataclass of every gpunode module: its generated methods' code, field by field.
+# Every dataclass of every gpunode module, as a class: each entry of its __dict__ in order (a
+# function by its code, defaults, annotations, closure and names; a repr's wrapper and what it
+# wraps; the fields, each Field as it prints), the object addresses left out.
 SHAPES = """\
-import dataclasses, importlib, json, pkgutil, sys
+import dataclasses, importlib, json, marshal, pkgutil, re, sys, types
 from gpunode import dataclass_cache
 installed = None if sys.argv[1] == "none" else \\
     dataclass_cache.install(__import__("pathlib").Path(sys.argv[1]))
+replayed = []
+if dataclass_cache._process_class is not None:
+    from gpunode import dataclass_recipes
+    replay = dataclass_recipes.replay
+    def counting(cls, *args):
+        replayed.append(cls.__qualname__)
+        return replay(cls, *args)
+    dataclass_recipes.replay = counting
 import gpunode
 
-def shape(value, module):
-    methods = {m: [f.__code__.co_code.hex(), repr(f.__code__.co_consts),
-                   f.__code__.co_names, f.__code__.co_varnames, f.__code__.co_flags,
-                   repr(f.__annotations__),
-                   f.__globals__ is vars(module) or f.__globals__["__name__"]]
-               for m in ("__init__", "__repr__", "__eq__", "__hash__", "__setattr__",
-                         "__delattr__")
-               if (f := getattr(value.__dict__.get(m), "__wrapped__",
-                                value.__dict__.get(m))) is not None
-               and hasattr(f, "__code__")}
-    return {"doc": value.__doc__, **methods}
+def function(f, cls):
+    wrapped = getattr(f, "__wrapped__", None)
+    if wrapped is not None:
+        return {"wraps": function(wrapped, cls), "wrapper": f.__qualname__}
+    return {"name": [f.__name__, f.__qualname__], "code": marshal.dumps(f.__code__).hex(),
+            "defaults": repr(f.__defaults__), "kwdefaults": repr(f.__kwdefaults__),
+            "annotations": repr(f.__annotations__), "globals": f.__globals__["__name__"],
+            "closure": ["cls" if c.cell_contents is cls else repr(c.cell_contents)
+                        for c in f.__closure__ or ()]}
+
+def shape(cls):
+    entries = []
+    for key, value in cls.__dict__.items():
+        if isinstance(value, types.FunctionType):
+            value = function(value, cls)
+        elif key == "__dataclass_fields__":
+            value = [[name, repr(f), str(f._field_type)] for name, f in value.items()]
+        elif key in ("__dict__", "__weakref__"):
+            value = type(value).__name__
+        else:
+            value = repr(value)
+        entries.append([key, value])
+    return re.sub(r"0x[0-9a-f]+", "0x", json.dumps(entries))
 
 shapes = {}
 for info in pkgutil.walk_packages(gpunode.__path__, "gpunode."):
@@ -42,33 +64,41 @@ for info in pkgutil.walk_packages(gpunode.__path__, "gpunode."):
     for name, value in vars(module).items():
         if isinstance(value, type) and dataclasses.is_dataclass(value) and \\
                 value.__module__ == info.name:
-            shapes[f"{info.name}.{name}"] = shape(value, module)
+            shapes[f"{info.name}.{name}"] = shape(value)
 
 @dataclasses.dataclass(frozen=True)  # no file holds its code, nor a docstring of its own
 class Outside:
     count: int
     names: list[str] = dataclasses.field(default_factory=list)
 
-shapes["Outside"] = shape(Outside, sys.modules[__name__])
-print(json.dumps({"installed": installed, "shapes": shapes}))
+shapes["Outside"] = shape(Outside)
+print(json.dumps({"installed": installed, "shapes": shapes, "replayed": len(replayed),
+                  "doc": Outside.__doc__}))
 """
 
 HITS = """\
 import builtins, dataclasses, json
-from gpunode import dataclass_cache
+from gpunode import dataclass_cache, dataclass_recipes
 installed = dataclass_cache.install()
-kept_exec, texts, compiled = dataclasses.exec, [], []
+kept_exec, texts, compiled, replayed = dataclasses.exec, [], [], []
 def counting(source, globals=None, locals=None):
     texts.append(type(source) is str)
     return kept_exec(source, globals, locals)
 def compiling(*args, **kwargs):
     compiled.append(args[0])
     return builtins.compile(*args, **kwargs)
-dataclasses.exec, dataclass_cache.compile = counting, compiling
+replay = dataclass_recipes.replay
+def replaying(cls, params, steps, code):
+    replayed.append(cls.__qualname__)
+    texts.extend(step[0] == "fn" for step in steps)  # each a text of the kept code
+    return replay(cls, params, steps, code)
+dataclasses.exec = counting
+dataclass_cache.compile = dataclass_recipes.compile = compiling
+dataclass_recipes.replay = replaying
 import gpunode.clirun, gpunode.boot, gpunode.containerd.step, gpunode.driver.step
 print(json.dumps({"installed": installed, "hits": sum(texts) - len(compiled),
                   "misses": len(compiled), "loaded": sorted(dataclass_cache._code),
-                  "left": sorted(dataclass_cache._sections)}))
+                  "left": sorted(dataclass_cache._sections), "replayed": len(replayed)}))
 """
 
 
@@ -93,8 +123,10 @@ def test_the_kept_code_makes_the_same_classes(tmp_path: Path) -> None:
     assert len(with_cache["shapes"]) > 100  # type: ignore[arg-type]
     assert with_cache["shapes"] == without["shapes"]
     assert absent["shapes"] == without["shapes"]
-    outside = with_cache["shapes"]["Outside"]  # type: ignore[index]
-    assert outside["doc"] == "Outside(count: int, names: list[str] = <factory>)"
+    assert with_cache["doc"] == "Outside(count: int, names: list[str] = <factory>)"
+    if sys.version_info[:2] == (3, 11):  # every class but those of a module binding ClassVar
+        assert int(with_cache["replayed"]) > 100  # type: ignore[call-overload]
+    assert (absent["replayed"], without["replayed"]) == (0, 0)
 
 
 def test_the_boot_s_imports_take_every_method_from_the_kept_code() -> None:
@@ -103,6 +135,8 @@ def test_the_boot_s_imports_take_every_method_from_the_kept_code() -> None:
     seen = run(HITS)
     assert seen["installed"] is True
     assert seen["misses"] == 0 and int(seen["hits"]) > 300  # type: ignore[call-overload]
+    if sys.version_info[:2] == (3, 11):  # and the classes made from their recipes
+        assert int(seen["replayed"]) > 50  # type: ignore[call-overload]
     # Only the sections of the modules imported were unmarshalled, each at its first class.
     assert "gpunode.containerd.step" in seen["loaded"]  # type: ignore[operator]
     assert "gpunode.bake.manifest" in seen["left"]  # type: ignore[operator]
@@ -144,4 +178,37 @@ def test_a_section_that_cannot_be_read_is_compiled(tmp_path: Path) -> None:
     sections["gpunode.host"] = b"garbage"
     broken = tmp_path / "broken.marshal"
     broken.write_bytes(marshal.dumps(sections))
-    assert run(SHAPES, str(broken)) == run(SHAPES, "none") | {"installed": True}
+    seen = run(SHAPES, str(broken))
+    assert seen["installed"] is True
+    assert seen["shapes"] == run(SHAPES, "none")["shapes"]
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 11), reason="recipes are kept for 3.11 only")
+@pytest.mark.parametrize("damage", ["shape", "steps", "step", "name", "section"])
+def test_a_recipe_that_does_not_fit_leaves_the_class_to_dataclasses(
+        tmp_path: Path, damage: str) -> None:
+    """A recipe whose shape is not the class's (the class changed since the file was
+    written), or that is not a recipe at all: those classes are made by `dataclasses`, the
+    same as without the file, and nothing fails."""
+    whole = tmp_path / "whole.marshal"
+    subprocess.run([sys.executable, "-c", "import sys; from gpunode import dataclass_cache; "
+                    "dataclass_cache.write(sys.argv[1])", str(whole)], check=True)
+    sections = marshal.loads(whole.read_bytes())
+    texts, recipes = marshal.loads(sections["gpunode.config"])
+    assert len(recipes) > 5
+    for qualname, (shape, steps) in recipes.items():
+        if damage == "shape":  # one annotation fewer than the class has
+            recipes[qualname] = ((shape[0], shape[1][1:], *shape[2:]), steps)
+        elif damage == "steps":
+            recipes[qualname] = (shape, ["not", "steps"])
+        elif damage == "step":  # a text that is not a string
+            recipes[qualname] = (shape, (*steps, ("fn", "__init__", 3, (), "set")))
+        elif damage == "name":  # a creator's name dataclasses never gives a value
+            recipes[qualname] = (shape, (*steps, ("fn", "__init__", "x", ("os",), "set")))
+    kept = (texts, recipes) if damage != "section" else (texts, recipes, "more")
+    sections["gpunode.config"] = marshal.dumps(kept)
+    broken = tmp_path / "broken.marshal"
+    broken.write_bytes(marshal.dumps(sections))
+    seen, none = run(SHAPES, str(broken)), run(SHAPES, "none")
+    assert seen["shapes"] == none["shapes"]
+    assert 100 < int(seen["replayed"]) < int(run(SHAPES, str(whole))["replayed"])  # type: ignore[call-overload]
