@@ -185,10 +185,7 @@ class Recorder:
             value, how = self._wrapped[id(value)], "repr"
         if id(value) in self._made:
             text, names = self._made[id(value)]
-            if all(n.startswith(("_type_", "_dflt_")) or n == "cls" or n in _CONSTANTS
-                   for n in names):
-                return ("fn", name, text, names, how)
-            return None
+            return ("fn", name, text, names, how) if _resolvable(names) else None
         if kind == "set" and type(value) is tuple and all(type(v) is str for v in value):
             return ("value", name, value)  # __match_args__
         return None
@@ -211,10 +208,15 @@ def usable(steps: Any) -> bool:
                 and type(step[2]) is str and type(step[3]) is tuple
                 and step[4] in ("set", "repr", "hash")):
             return False
-        if not all(type(n) is str and (n.startswith(("_type_", "_dflt_")) or n == "cls"
-                                       or n in _CONSTANTS) for n in step[3]):
+        if not _resolvable(step[3]):
             return False
     return True
+
+
+def _resolvable(names: tuple[Any, ...]) -> bool:
+    """Whether `_function` can give each of a creator's names its value."""
+    return all(type(n) is str and (n.startswith(("_type_", "_dflt_")) or n == "cls"
+                                   or n in _CONSTANTS) for n in names)
 
 
 def replay(cls: type, params: tuple[Any, ...], steps: tuple[Any, ...],
