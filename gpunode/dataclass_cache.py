@@ -36,10 +36,12 @@ import sys
 import types
 from typing import Any
 
+from gpunode import regex_cache
+
 VERSIONS = ((3, 11), (3, 12))  # 3.13 builds a class's methods in one exec already
 CACHE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "__pycache__",
                      f"dataclasses.{sys.implementation.cache_tag}.marshal")  # no pathlib: boot
-LIMIT = 16 << 20  # the file is ~0.7 MB
+LIMIT = 16 << 20  # the file is ~0.8 MB
 _sections: dict[str, bytes] = {}  # module -> its texts' code, marshalled, not yet needed
 _code: dict[str, dict[str, Any]] = {}  # module -> {text: code}, from its first class on
 _recipes: dict[str, dict[str, Any]] = {}  # module -> {qualname: recipe} (dataclass_recipes)
@@ -51,16 +53,18 @@ def install(path: str | os.PathLike[str] = CACHE) -> bool:
     cannot be read, or this Python is not one it applies to."""
     if sys.version_info[:2] not in VERSIONS or _sections or _code:
         return bool(_sections or _code)
-    _import_dataclasses()
     from gpunode import safeio
 
     try:  # a regular file only (a FIFO would hang the boot), within a bound
         kept = marshal.loads(safeio.read(os.fspath(path), LIMIT))
     except (OSError, safeio.Refused, ValueError, EOFError, TypeError):
-        return False
+        kept = None
     if not isinstance(kept, dict) or not kept or \
             not all(type(section) is bytes for section in kept.values()):
+        _import_dataclasses()
         return False  # not this format (a file an older gpunode wrote: its own whole)
+    _patterns(kept.pop(regex_cache.SECTION, None))  # before the imports that compile them
+    _import_dataclasses()
     import dataclasses
 
     _sections.update(kept)
@@ -70,6 +74,16 @@ def install(path: str | os.PathLike[str] = CACHE) -> bool:
         _process_class = dataclasses._process_class  # type: ignore[attr-defined]
         dataclasses._process_class = _process  # type: ignore[attr-defined]
     return True
+
+
+def _patterns(section: bytes | None) -> None:
+    """The kept regular expressions in use (gpunode.regex_cache), where the file has them."""
+    if section is not None:
+        try:
+            kept = marshal.loads(section)
+        except (ValueError, EOFError, TypeError):
+            return  # compiled by re, as without the file
+        regex_cache.install(kept)
 
 
 def _process(cls: type, *params: Any) -> type:
@@ -141,6 +155,10 @@ def write(path: str | os.PathLike[str] = CACHE) -> int:
     """Import every gpunode module, keeping the code of each text `dataclasses` runs, and
     write it to `path`, a section per module (a temporary file renamed over it); the number
     of texts kept."""
+    # First, so that the standard modules imported from here on (dataclasses, tomllib, json,
+    # string, shlex) compile their patterns under it: write runs in a process of its own.
+    patterns = regex_cache.Recorder()
+    patterns.install()
     import importlib
     import pkgutil
     from pathlib import Path
@@ -170,13 +188,15 @@ def write(path: str | os.PathLike[str] = CACHE) -> int:
                 importlib.import_module(module.name)
     finally:
         recorder.uninstall(originals)
+        patterns.uninstall()
     recipes = recorder.recipes if sys.version_info[:2] == (3, 11) else {}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_bytes(marshal.dumps({
-        module: marshal.dumps((texts, recipes.get(module, {})))
-        for module, texts in kept.items()}))
+        **{module: marshal.dumps((texts, recipes.get(module, {})))
+           for module, texts in kept.items()},
+        regex_cache.SECTION: marshal.dumps(patterns.kept())}))
     partial.replace(path)
     return sum(len(texts) for texts in kept.values())
 
