@@ -80,25 +80,30 @@ class Recorder:
         return (stamp(), dict(self._kept))
 
     def _compile(self, pattern: Any, flags: int = 0) -> Any:
-        from re import _compiler, _parser
+        from re import _compiler
 
         made = self._original(pattern, flags)
         if type(pattern) in (str, bytes) and type(flags) is int \
                 and not flags & _compiler.SRE_FLAG_DEBUG:
-            # what re._compiler.compile hands to _sre.compile (3.11, 3.12)
-            parsed = _parser.parse(pattern, flags)
-            code = _compiler._code(parsed, flags)
-            groupindex = dict(parsed.state.groupdict)
-            indexgroup: list[Any] = [None] * parsed.state.groups
-            for name, index in groupindex.items():
-                indexgroup[index] = name
-            # plain ints: the code holds re's named opcodes (an int subclass marshal refuses)
-            rest = (int(flags | parsed.state.flags), [int(c) for c in code],
-                    int(parsed.state.groups - 1), {str(k): int(v) for k, v in groupindex.items()},
-                    tuple(indexgroup))
-            try:
+            import contextlib
+
+            with contextlib.suppress(Exception):  # another re than 3.11's: compiled each use
+                rest = _arguments(pattern, flags)
                 if _sre.compile(pattern, *rest) == made:
                     self._kept[(pattern, flags)] = rest
-            except (TypeError, ValueError, RuntimeError):
-                pass  # another re than this one: the pattern is compiled at each use
         return made
+
+
+def _arguments(pattern: Any, flags: int) -> tuple[Any, ...]:
+    """What re._compiler.compile hands to _sre.compile after the pattern (3.11, 3.12), in
+    plain ints: the code holds re's named opcodes, an int subclass marshal refuses."""
+    from re import _compiler, _parser
+
+    parsed = _parser.parse(pattern, flags)
+    code = _compiler._code(parsed, flags)
+    groupindex = {str(name): int(index) for name, index in parsed.state.groupdict.items()}
+    indexgroup: list[Any] = [None] * parsed.state.groups
+    for name, index in groupindex.items():
+        indexgroup[index] = name
+    return (int(flags | parsed.state.flags), [int(c) for c in code],
+            int(parsed.state.groups - 1), groupindex, tuple(indexgroup))
