@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpunode import safeio
+from gpunode.confighints import expected_type, hints_of, item_type, tri_state
 from gpunode.driver.flavour import FLAVOURS
 from gpunode.driver.strategy import STRATEGIES
 from gpunode.errors import ConfigError, HostError, UsageError
 from gpunode.host import Host
 from gpunode.nodepaths import DEFAULT_CONFIG_PATH
 from gpunode.tomlread import key_line, loads_toml
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DETECT_SOURCES = ("auto", "udev", "sysfs")
@@ -331,7 +334,7 @@ def parse_text(text: str, shown: str) -> AgentConfig:
 
 def parse_config(doc: dict[str, Any], text: str, shown: str) -> AgentConfig:
     sections: dict[str, Any] = {}
-    section_types = typing.get_type_hints(AgentConfig)
+    section_types = hints_of(AgentConfig)
     known_sections = [f.name for f in dataclasses.fields(AgentConfig) if f.name != "source"]
     for name, value in doc.items():
         if name not in known_sections:
@@ -354,7 +357,7 @@ def parse_config(doc: dict[str, Any], text: str, shown: str) -> AgentConfig:
 
 
 def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, shown: str) -> Any:
-    hints = typing.get_type_hints(cls)
+    hints = hints_of(cls)
     known = [f.name for f in dataclasses.fields(cls)]
     values = dict(values)
     for key, value in list(values.items()):
@@ -363,7 +366,7 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
         if key not in known:
             raise ConfigError(shown, dotted, f"unknown key; valid keys in [{section}] are "
                               f"{', '.join(known)}", line)
-        expected = _expected_type(hints[key])
+        expected = expected_type(hints[key])
         if dataclasses.is_dataclass(expected):  # a sub-table: [section.key]
             if not isinstance(value, dict):
                 raise ConfigError(shown, dotted, f"must be a table ([{dotted}]), not "
@@ -378,7 +381,7 @@ def _parse_section(cls: type, section: str, values: dict[str, Any], text: str, s
             raise ConfigError(shown, dotted, f"must be {wanted}, not "
                               f"{_a(_type_name(value))} ({value!r})", line)
         if expected is list:
-            item = _item_type(hints[key])
+            item = item_type(hints[key])
             if not all(isinstance(v, item) and not isinstance(v, bool) for v in value):
                 raise ConfigError(shown, dotted, f"must be an array of {_TYPE_NAMES[item]}s, "
                                   f"not {value!r}", line)
@@ -411,30 +414,6 @@ def _cross_check(c: ContainerdConfig, given: dict[str, Any], text: str, shown: s
             raise ConfigError(shown, f"containerd.{key}", f"asks for {what}, but "
                               'containerd.gpu_access = "cdi" writes no NVIDIA runtime and '
                               "needs CDI", key_line(text, "containerd", key))
-
-
-def _item_type(hint: Any) -> type:
-    """`tuple[int, ...]` → int: what an array's items must be (strings unless said)."""
-    args = typing.get_args(hint)
-    return args[0] if args and isinstance(args[0], type) else str
-
-
-def tri_state(hint: Any) -> bool:
-    """`bool | str`: true, false or a word ("auto")."""
-    return set(typing.get_args(hint)) == {bool, str}
-
-
-def _expected_type(hint: Any) -> type:
-    """`str | None` → str (None is only ever the absence of the key); `tuple[str, ...]` → list,
-    the TOML array it is read from."""
-    if typing.get_origin(hint) is tuple:
-        return list
-    if typing.get_origin(hint) is dict:
-        return dict
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if tri_state(hint):
-        return str  # true/false are accepted beside it (_parse_section)
-    return args[0] if args else hint
 
 
 _TYPE_NAMES = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array",

@@ -34,9 +34,12 @@ import marshal
 import os
 import sys
 import types
-from typing import Any
 
 from gpunode import regex_cache
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 VERSIONS = ((3, 11), (3, 12))  # 3.13 builds a class's methods in one exec already
 CACHE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "__pycache__",
@@ -161,6 +164,7 @@ def write(path: str | os.PathLike[str] = CACHE) -> int:
     patterns.install()
     import importlib
     import pkgutil
+    import tomllib  # noqa: F401  # for a document outside gpunode.tomlsubset: its patterns too
     from pathlib import Path
 
     import gpunode

@@ -27,14 +27,15 @@ import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, BinaryIO
 
 from gpunode import safeio
 from gpunode.errors import HostError, LockTimeout
 from gpunode.nodepaths import TEMP_SUFFIX
 
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
 if TYPE_CHECKING:
     from pathlib import Path
+    from typing import BinaryIO
 
 _MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
 # Files the kernel writes: their text is read with replacement, never refused for its bytes.

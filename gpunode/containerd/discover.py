@@ -7,7 +7,6 @@ such as Flatcar's CONTAINERD_CONFIG expanded; containerd's own default otherwise
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gpunode.containerd import schema
 from gpunode.errors import ContainerdConfigError, HostError
@@ -15,6 +14,10 @@ from gpunode.host import Host
 from gpunode.systemd import Systemd
 from gpunode.systemd_unit import environment_files, expand_words, read_unit, strip_exec_prefix
 from gpunode.tomlread import loads_toml
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 CONTAINERD_UNIT = "containerd.service"
 CONTAINERD_DEFAULT_CONFIG = "/etc/containerd/config.toml"

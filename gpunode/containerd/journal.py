@@ -40,11 +40,14 @@ import os
 import stat
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from gpunode import records
 from gpunode.errors import ContainerdStepError, GpunodeError, JournalError
 from gpunode.host import Host
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 JOURNAL = "/var/lib/gpunode.containerd-journal"
 SCHEMA = 1

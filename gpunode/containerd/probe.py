@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
 from gpunode import command, log
 from gpunode.containerd import edit
 from gpunode.errors import GpunodeError
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+else:
+    Protocol = object  # the protocols below are plain base classes at run time
 
 
 class Probe(Protocol):

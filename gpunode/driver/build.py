@@ -26,15 +26,19 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from gpunode import envfile, log
 from gpunode.driver import cache
 from gpunode.errors import DriverBuildError, GpunodeError
 from gpunode.host import Host
 
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from gpunode.config import DriverConfig
+else:
+    Protocol = object  # the protocols below are plain base classes at run time
 
 WORK_DIR = ".work"  # inside the staging dir: downloads, build.sh, build.log; gone on success
 INSTALLER_NAME = "nvidia-installer.run"

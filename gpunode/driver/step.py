@@ -11,7 +11,6 @@ import dataclasses
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from gpunode import command, driverinfo, flatcar, kernelinfo, log
 from gpunode.config import BuildConfig, DriverConfig
@@ -29,7 +28,10 @@ from gpunode.driver import (
 from gpunode.errors import CommandFailed, DriverError, GpunodeError
 from gpunode.host import Host
 
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpunode.driver.build import BuildInputs, BuildResult
 
 NVIDIA_SMI = ("/opt/bin/nvidia-smi", "/usr/bin/nvidia-smi")

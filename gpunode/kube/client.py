@@ -16,11 +16,14 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
 
 from gpunode import log, records
 from gpunode.errors import ApiError, KubeconfigError, ReplyError
 from gpunode.kube.kubeconfig import Kubeconfig, kind_of, read_kubeconfig
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Kubeconfig", "NodeApi", "parse_node", "parse_node_list", "read_kubeconfig",
            "with_retries"]

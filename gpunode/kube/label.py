@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from gpunode import status, timestamps
 from gpunode.config import AgentConfig
@@ -14,6 +13,10 @@ from gpunode.errors import ApiError, UndecidedError
 from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.kube.client import NodeApi, read_kubeconfig, with_retries
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 NOTHING_TO_LABEL = "no NVIDIA GPU: nothing to label"
 

@@ -7,7 +7,6 @@ kubelet's alike)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from gpunode import systemd
 from gpunode.config import AgentConfig
@@ -25,6 +24,10 @@ from gpunode.status.facts import (
     Failure,
     StatusFacts,
 )
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def config_facts(host: Host, config: AgentConfig,

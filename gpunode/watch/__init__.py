@@ -9,8 +9,7 @@ through notify.py.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
 if TYPE_CHECKING:
     import argparse
 

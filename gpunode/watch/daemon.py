@@ -35,7 +35,6 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from gpunode import log
 from gpunode.config import AgentConfig
@@ -43,6 +42,10 @@ from gpunode.errors import GpunodeError, UsageError
 from gpunode.host import Host
 from gpunode.watch import kmsg, notify, once
 from gpunode.watch import state as watchstate
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 TICK_SECONDS = 30.0  # the periodic check (see above)
 BACKOFF_FIRST = 2.0  # seconds before the API server is tried again after a failure

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from gpunode import records, timestamps
 from gpunode.errors import HostError
 from gpunode.host import Host
+
+TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+if TYPE_CHECKING:
+    from typing import Any
 
 WATCH_STATE = "/run/gpunode/watch.json"
 WATCH_LOCK = "/run/gpunode/watch.lock"  # held from reading the state to writing it

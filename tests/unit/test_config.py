@@ -93,3 +93,43 @@ def test_unreadable_config_is_refused(tmp_path: Path) -> None:
     (tmp_path / "etc/gpunode/config.toml").mkdir(parents=True)
     with pytest.raises(ConfigError, match="cannot be read: is a directory, not a regular file"):
         load_config(Host(tmp_path))
+
+
+def config_dataclasses() -> list[type]:
+    """AgentConfig and every section and sub-table dataclass inside it."""
+    import dataclasses
+    import typing
+
+    found, pending = [], [AgentConfig]
+    while pending:
+        cls = pending.pop()
+        found.append(cls)
+        pending += [h for h in typing.get_type_hints(cls).values() if dataclasses.is_dataclass(h)]
+    return found
+
+
+def test_the_key_types_are_typing_s_own_reading_of_the_annotations() -> None:
+    """gpunode.confighints reads the annotations without typing (its import is ~0.3x Python's
+    start on every boot): the same objects typing.get_type_hints gives, the same arguments
+    typing.get_args gives, and the types the config checks as typing's origins make them."""
+    import typing
+
+    from gpunode import confighints
+
+    def expected_by_typing(hint: object) -> object:
+        if typing.get_origin(hint) in (tuple, dict):
+            return list if typing.get_origin(hint) is tuple else dict
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return str if set(typing.get_args(hint)) == {bool, str} else args[0] if args else hint
+
+    classes = config_dataclasses()
+    assert len(classes) >= 9
+    seen = set()
+    for cls in classes:
+        hints = confighints.hints_of(cls)
+        assert hints == typing.get_type_hints(cls), cls
+        for hint in hints.values():
+            assert confighints.args_of(hint) == typing.get_args(hint), hint
+            assert confighints.expected_type(hint) == expected_by_typing(hint), hint
+            seen.add(confighints.expected_type(hint))
+    assert {bool, int, str, list, dict} <= seen
