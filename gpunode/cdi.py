@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 
 from gpunode import nodepaths
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:  # cheap to import: nodelock names SPEC_PATH
     from typing import Any
 

@@ -42,7 +42,7 @@ from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig, parse_text
 from gpunode.errors import UsageError
 from gpunode.kube import registration
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

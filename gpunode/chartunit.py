@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from gpunode.errors import InputRefused
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -18,7 +18,7 @@ from gpunode.config import AgentConfig
 from gpunode.errors import ArgumentsError, GpunodeError
 from gpunode.host import Host
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import NoReturn
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from gpunode.config import AgentConfig
 from gpunode.host import Host
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     import argparse  # a plain boot runs without it (clirun.boot_plain)
 

@@ -28,7 +28,7 @@ from gpunode.integers import parse_int, parse_uint
 from gpunode.nodepaths import SYSFS_PCI_DEVICES
 from gpunode.pciids import NVIDIA_VENDOR_ID, nvidia_names
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

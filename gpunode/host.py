@@ -32,7 +32,7 @@ from gpunode import safeio
 from gpunode.errors import HostError, LockTimeout
 from gpunode.nodepaths import TEMP_SUFFIX
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from pathlib import Path
     from typing import BinaryIO

@@ -13,7 +13,7 @@ import json
 import math
 from collections.abc import Callable
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any, NoReturn
 

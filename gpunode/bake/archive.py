@@ -27,7 +27,7 @@ from gpunode.driver.cache import MAX_FILE_BYTES
 from gpunode.errors import BakeArchiveError
 from gpunode.host import CHUNK, Host
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import IO, Any
 

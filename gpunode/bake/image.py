@@ -47,7 +47,7 @@ from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, UsageErro
 from gpunode.host import TEMP_SUFFIX, Host
 from gpunode.ignition import EXTENSION_LINK, EXTENSIONS_DIR, UNIT_NAMES
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

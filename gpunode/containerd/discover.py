@@ -15,7 +15,7 @@ from gpunode.systemd import Systemd
 from gpunode.systemd_unit import environment_files, expand_words, read_unit, strip_exec_prefix
 from gpunode.tomlread import loads_toml
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -11,7 +11,7 @@ from gpunode import command, log
 from gpunode.containerd import edit
 from gpunode.errors import GpunodeError
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any, Protocol
 else:

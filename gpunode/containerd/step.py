@@ -49,7 +49,7 @@ from gpunode.errors import ContainerdStepError, GpunodeError
 from gpunode.host import Host
 from gpunode.systemd import Systemd
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -28,7 +28,7 @@ from gpunode.containerd import edit, schema, tomltext
 from gpunode.containerd.tomltext import Change
 from gpunode.errors import EditError
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

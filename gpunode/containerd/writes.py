@@ -13,7 +13,7 @@ from gpunode.containerd.ledger import BACKUP_SUFFIX, IMPORT_FILE, LEDGER, Ledger
 from gpunode.errors import ContainerdStepError
 from gpunode.host import Host
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any, Protocol
 else:

@@ -32,7 +32,7 @@ from gpunode.driver import cache
 from gpunode.errors import DriverBuildError, GpunodeError
 from gpunode.host import Host
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Protocol
 

@@ -38,7 +38,7 @@ from gpunode import kernelinfo, log, records, timestamps
 from gpunode.errors import DriverBuildError, HostError
 from gpunode.host import Host
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from datetime import datetime  # (~2.5% of a boot's instructions: a build passes one)
     from typing import Any

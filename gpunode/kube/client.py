@@ -21,7 +21,7 @@ from gpunode import log, records
 from gpunode.errors import ApiError, KubeconfigError, ReplyError
 from gpunode.kube.kubeconfig import Kubeconfig, kind_of, read_kubeconfig
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -14,7 +14,7 @@ from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.kube.client import NodeApi, read_kubeconfig, with_retries
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

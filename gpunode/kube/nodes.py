@@ -24,7 +24,7 @@ from gpunode.kube import labels
 from gpunode.kube.client import NodeApi
 from gpunode.kube.kubeconfig import read_kubeconfig
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

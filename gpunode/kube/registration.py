@@ -16,7 +16,7 @@ from gpunode.host import Host
 from gpunode.nodepaths import KUBELET_DROPIN
 from gpunode.systemd_unit import read_unit
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -13,7 +13,7 @@ from gpunode.kube import labels, nodename
 from gpunode.processes import ProcessFacts
 from gpunode.state import BootRecord
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -9,7 +9,7 @@ through notify.py.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     import argparse
 

@@ -43,7 +43,7 @@ from gpunode.host import Host
 from gpunode.watch import kmsg, notify, once
 from gpunode.watch import state as watchstate
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

@@ -28,7 +28,7 @@ from gpunode.watch import checks, vmsize, xid
 from gpunode.watch import state as watchstate
 from gpunode.watch.state import Finding, WatchState
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 

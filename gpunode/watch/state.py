@@ -19,7 +19,7 @@ from gpunode import records, timestamps
 from gpunode.errors import HostError
 from gpunode.host import Host
 
-TYPE_CHECKING = False  # typing's import is ~0.3x Python's start: annotations only
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 
