@@ -25,11 +25,17 @@ def main() -> int:
     parsed = fastpath.plain_args(sys.argv[1:])
     if parsed is not None and parsed[0] == ("boot",) and parsed[2] is None:
         _, root, _, log_format = parsed
-        if fastpath.unchanged(os.path.realpath(root), __version__, None):
+        real = os.path.realpath(root)
+        if fastpath.unchanged(real, __version__, None):
             fastpath.report_unchanged(log_format)
             return 0
-        if fastpath.no_gpu_boot(os.path.realpath(root), log_format):
+        vendors = fastpath.pci_vendors(real)
+        if fastpath.no_gpu_boot(real, log_format, vendors):
             return 0
+        if fastpath.nvidia_listed(vendors):
+            from gpunode.containerd import early
+
+            early.start(real)  # runs beside the imports below (early.py says why)
     if fastpath.command_word(sys.argv[1:]) != "watch":
         # Before the modules whose dataclass methods it has compiled; not for the daemon,
         # whose start is not waited for and which would keep the file's ~1 MB all its life.
@@ -91,6 +97,9 @@ def run() -> None:
         except OSError:
             pass  # the reader went away (main() answers a closed stdout): nothing to add
     atexit._run_exitfuncs()
+    early = sys.modules.get("gpunode.containerd.early")
+    if early is not None:  # a boot that ended before its containerd step asked (early.py)
+        early.discard()
     os._exit(code)
 
 

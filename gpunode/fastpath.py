@@ -218,26 +218,42 @@ def report_unchanged(log_format: str | None) -> None:
                          f'"timestamp":"{stamp}"}}\n')
 
 
-def no_gpu_boot(root: str, log_format: str | None) -> bool:
-    """The CPU node's boot, when it can be decided from sysfs alone: True once its record is
-    written and its events logged. False — the whole pipeline decides and reports — as soon as
-    anything is not plain: an NVIDIA function (of any class), a function whose vendor cannot
-    be read, no PCI listing, an agent config (it may ask for anything; the pipeline checks
-    it), a CDI spec (gpunode's is removed on a node without GPU), or a record that cannot be
-    replaced safely."""
-    started = timestamps.utc_timestamp()
-    start = _clock()
+def pci_vendors(root: str) -> list[str] | None:
+    """The vendor ID of every PCI function sysfs lists (lower case, without 0x); None where the
+    listing or a function's vendor cannot be read, or is not an ID."""
     try:
         devices = safeio.resolve(root, nodepaths.SYSFS_PCI_DEVICES)
-        functions = os.listdir(devices)
-        for name in functions:
+        vendors = []
+        for name in os.listdir(devices):
             vendor = safeio.read(f"{devices}/{name}/vendor", 64).decode("ascii").strip()
-            if not vendor.startswith("0x") or vendor[2:].lower() == nodepaths.NVIDIA_VENDOR_ID:
-                return False
+            if not vendor.startswith("0x"):
+                return None
+            vendors.append(vendor[2:].lower())
+    except (OSError, UnicodeDecodeError, safeio.Refused):
+        return None
+    return vendors
+
+
+def nvidia_listed(vendors: list[str] | None) -> bool:
+    return vendors is not None and nodepaths.NVIDIA_VENDOR_ID in vendors
+
+
+def no_gpu_boot(root: str, log_format: str | None, vendors: list[str] | None) -> bool:
+    """The CPU node's boot, when it can be decided from sysfs alone (`vendors`, pci_vendors'
+    reading of it): True once its record is written and its events logged. False — the whole
+    pipeline decides and reports — as soon as anything is not plain: an NVIDIA function (of
+    any class), a function whose vendor cannot be read, no PCI listing, an agent config (it may
+    ask for anything; the pipeline checks it), a CDI spec (gpunode's is removed on a node
+    without GPU), or a record that cannot be replaced safely."""
+    started = timestamps.utc_timestamp()
+    start = _clock()
+    if vendors is None or nvidia_listed(vendors):
+        return False
+    try:
         for path in (nodepaths.DEFAULT_CONFIG_PATH, nodepaths.CDI_SPEC_PATH):
             if os.path.lexists(safeio.resolve(root, path, follow=False)):
                 return False
-    except (OSError, UnicodeDecodeError, safeio.Refused):
+    except (OSError, safeio.Refused):
         return False
     duration = round(_clock() - start, 2)
     record = bootrecord.no_gpu(started, timestamps.utc_timestamp(), duration)

@@ -8,7 +8,8 @@ import re
 from dataclasses import dataclass, field
 
 from gpunode import command, log
-from gpunode.containerd import edit
+from gpunode.containerd import early, edit
+from gpunode.containerd.early import PROBE_ENV, VERSION_TIMEOUT
 from gpunode.errors import GpunodeError
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
@@ -30,13 +31,7 @@ class Probe(Protocol):
     def discard(self) -> None: ...
 
 
-VERSION_TIMEOUT, DUMP_TIMEOUT = 10.0, 20.0
-# The probes run without Go's garbage collector (GOGC=off; GOMEMLIMIT, Go 1.19+, still
-# collects near the bound, far above what either allocates): each program only starts,
-# answers and exits, and the collections during containerd's start were a fifth of
-# `--version` (29.7 → 23.8 ms here) and more than a fourth of `config dump`
-# (54.3 → 39.3 ms), which run on a GPU node's first boot, mostly on its critical path.
-PROBE_ENV = {"GOGC": "off", "GOMEMLIMIT": "512MiB"}
+DUMP_TIMEOUT = 20.0  # --version's timeout, both probes' environment: early.py
 
 
 @dataclass
@@ -56,20 +51,23 @@ class CommandProbe:
                      self._dump_argv(binary, path) if path else ()):
             if argv and argv not in self._started:
                 timeout = VERSION_TIMEOUT if len(argv) == 2 else DUMP_TIMEOUT
-                self._started[argv] = command.Started(argv, timeout, PROBE_ENV)
+                self._started[argv] = early.take(argv) or command.Started(argv, timeout,
+                                                                           PROBE_ENV)
 
     def discard(self) -> None:
         """Stop and reap what was started and never asked for (a dump nobody needed)."""
         for started in self._started.values():
             started.discard()
         self._started.clear()
+        early.discard()  # a guess that was not the located binary
 
     def _run(self, argv: tuple[str, ...], timeout: float) -> str:
-        started = self._started.pop(argv, None) or command.Started(argv, timeout, PROBE_ENV)
+        started = self._started.pop(argv, None) or early.take(argv) or \
+            command.Started(argv, timeout, PROBE_ENV)
         return started.result()
 
     def _version_argv(self, binary: str) -> tuple[str, ...]:
-        return (self.binary_override or binary, "--version")
+        return early.version_argv(self.binary_override or binary)
 
     def _dump_argv(self, binary: str, path: str) -> tuple[str, ...]:
         return (self.binary_override or binary, "--config", path, "config", "dump")
