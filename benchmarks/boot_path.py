@@ -159,8 +159,10 @@ def one_boot_cpu(agent_config: bool = False, python_first: bool = False) -> tupl
         gpunode = (UNITS / "gpunode.service").read_text()
         order = ("\nBefore=", "\nBefore=gpunode.service ") if python_first else \
             ("\nBefore=", "\nAfter=gpunode.service\nBefore=")
+        # (a oneshot: `python -c pass` cannot say READY=1 as gpunode's Type=notify does)
         python = gpunode.replace("ExecStart=/usr/bin/gpunode boot",
-                                 "ExecStart=/usr/bin/python-pass").replace(*order, 1)
+                                 "ExecStart=/usr/bin/python-pass").replace(
+            "Type=notify\nNotifyAccess=main\n", "Type=oneshot\n").replace(*order, 1)
         units = {"containerd.service": CONTAINERD_UNIT, "gpunode.service": gpunode,
                  PYTHON_PASS_UNIT: python}
         prepare = [*node_prepare(fixture, shipped_dropin=True, agent_config=agent_config),

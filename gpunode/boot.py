@@ -413,7 +413,10 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
     return Plan(ctx.detection, actions, problems)
 
 
-def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
+def boot(host: Host, config: AgentConfig, adapters: Adapters,
+         recorded: Callable[[BootRun], None] | None = None) -> BootRun:
+    """Every step that applies, then the record; `recorded` is called as soon as that is written
+    (clirun.boot: gpunode.service's READY=1), before the no-op stamp."""
     run = BootRun(started_at=_now())
     ctx = Context(host, config, adapters)
     for step in STEPS:
@@ -438,6 +441,8 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters) -> BootRun:
     if adapters.probe is not None:  # a program started early and never asked (locate.early)
         adapters.probe.discard()
     write_record(host, run)
+    if recorded is not None:
+        recorded(run)
     if run.outcome != "failed":
         _write_stamp(host, run, config)
     return run

@@ -62,9 +62,21 @@ def plain(words: tuple[str, ...], root: str, config: str | None,
 def boot(host: Host, config: AgentConfig, args: Any) -> int:
     from gpunode import boot as pipeline
 
-    run = pipeline.boot(host, config, pipeline.adapters_for(host, config))
+    run = pipeline.boot(host, config, pipeline.adapters_for(host, config), recorded=_ready)
     log.get().info("boot.done", outcome=run.outcome, steps=[s["name"] for s in run.steps])
     return EXIT_FAILED if run.outcome == "failed" else EXIT_OK
+
+
+def _ready(run: Any) -> None:
+    """gpunode.service (Type=notify) is done once the record is written: containerd and the
+    kubelet start now, a failed boot's too (ordering only, as the unit says)."""
+    from gpunode import sdnotify
+
+    problem = sdnotify.ready(f"boot {run.outcome}")
+    if problem is not None:
+        log.get().warning("boot.notify_failed", problem=problem,
+                          note="systemd does not hear that the boot is done: gpunode.service "
+                          "fails when gpunode exits, and containerd starts then")
 
 
 def status(host: Host, config: AgentConfig, args: Any) -> int:

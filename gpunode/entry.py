@@ -74,6 +74,12 @@ def _standard_streams() -> None:
             setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115  # for good
 
 
+def _command_word() -> str | None:
+    from gpunode import fastpath  # imported by main() already
+
+    return fastpath.command_word(sys.argv[1:])
+
+
 def run() -> None:
     """The installed command's entry point (console script, bundle, `python -m gpunode`):
     main(), then the interpreter's exit without its teardown. Freeing every module and object
@@ -90,6 +96,14 @@ def run() -> None:
     if "watch" not in sys.argv[1:]:
         gc.disable()
     code = main()
+    if code == 0 and "NOTIFY_SOCKET" in os.environ and _command_word() == "boot":
+        # gpunode.service (Type=notify): READY=1, unless the pipeline has said it
+        from gpunode import sdnotify
+
+        problem = sdnotify.ready("boot ok")
+        if problem is not None:  # (clirun's `boot.notify_failed`, without its imports)
+            sys.stderr.write(f"gpunode: READY=1 not sent ({problem}): systemd fails "
+                             "gpunode.service as gpunode exits\n")
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:  # None: started with that descriptor closed

@@ -47,7 +47,7 @@ multi-user.target starts them. On Flatcar, systemd-sysext.service merges the ima
 the boot and ensure-sysext.service then runs `systemctl daemon-reload` and `systemctl restart
 --no-block multi-user.target`, which queues them (newer Flatcar merges in the initrd, before the
 manager first loads its units). Flatcar's sysext documentation recommends `Upholds=` instead:
-that starts a unit again whenever it is not active, so a failed gpunode.service (a oneshot)
+that starts a unit again whenever it is not active, so a failed gpunode.service (one job a boot)
 would be re-run in a loop until its start limit trips, and gpunode-label.service (a oneshot
 without RemainAfterExit, inactive after every success) would be re-run after each success;
 gpunode-label.service retries failures itself (Restart=on-failure), and gpunode-watch.service, a

@@ -9,7 +9,8 @@ not come within that time; "it is recommended that a daemon sends a keep-alive n
 message to the service manager every half of the time returned here" (sd_watchdog_enabled(3)).
 
 No libsystemd binding (pystemd's is C, and gpunode needs four messages): one socket, made when
-the first message is sent. Outside systemd (no $NOTIFY_SOCKET) every message is a no-op. A
+the first message is sent; the address and the datagram's text as gpunode/sdnotify.py (boot's
+READY=1) makes them. Outside systemd (no $NOTIFY_SOCKET) every message is a no-op. A
 send that fails is logged once and the daemon goes on: the manager, not gpunode, decides what a
 missing watchdog ping means.
 """
@@ -20,7 +21,7 @@ import os
 import socket
 from collections.abc import Mapping
 
-from gpunode import log
+from gpunode import log, sdnotify
 
 
 class Notifier:
@@ -58,14 +59,13 @@ class Notifier:
         """One datagram of `fields`; False when there is no socket or it cannot be sent."""
         if self.address is None:
             return False
-        # A value is one line: the protocol separates assignments by newlines.
-        message = "\n".join(f"{k}={' '.join(v.splitlines())}" for k, v in fields.items())
         try:
             if self._socket is None:
                 self._socket = socket.socket(socket.AF_UNIX,
                                              socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
             # Never wait on the manager: a full queue (nobody reading) drops the message.
-            self._socket.sendto(message.encode(), socket.MSG_DONTWAIT, self.address)
+            self._socket.sendto(sdnotify.message(**fields), socket.MSG_DONTWAIT,
+                                self.address)
         except OSError as exc:
             if not self._failed:
                 self._failed = True
@@ -90,17 +90,13 @@ def forget_environment(environ: dict[str, str] | os._Environ[str] | None = None)
 
 
 def _address(value: str) -> str | None:
-    """The socket address: an absolute path, or '@name' for the abstract name "\\0name"; None
-    for nothing or anything else (sd_notify refuses it too)."""
-    if value.startswith("/"):
-        return value
-    if value.startswith("@") and len(value) > 1:
-        return "\0" + value[1:]
-    if value:
+    """sdnotify.address, with a warning for a value that is not an address."""
+    found = sdnotify.address(value)
+    if found is None and value:
         log.get().warning("watch.notify_socket_invalid", value=value,
                           note="NOTIFY_SOCKET is neither an absolute path nor an @name: "
                           "nothing is sent")
-    return None
+    return found
 
 
 def _shown(address: str) -> str:

@@ -69,11 +69,17 @@ def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runt
     with boot_node(workdir, "nc4as-t4-v3", "driver") as ns:
         ns.wait_active("kubelet.service")
         ns.wait_active("containerd.service")
-        gpunode = props(ns, "gpunode.service", "Result", "ExecMainStatus",
-                        "InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic")
+        gpunode = props(ns, "gpunode.service", "Result", "ExecMainStatus", "Type", "SubState",
+                        "InactiveExitTimestampMonotonic", "ActiveEnterTimestampMonotonic",
+                        "ExecMainExitTimestampMonotonic")
         containerd = props(ns, "containerd.service", "NRestarts", "InvocationID", "MainPID",
                            "ExecMainStartTimestampMonotonic")
         assert (gpunode["Result"], gpunode["ExecMainStatus"]) == ("success", "0")
+        # Type=notify: active at the pipeline's READY=1 (the record written), before its
+        # process exited; active (exited) after.
+        assert (gpunode["Type"], gpunode["SubState"]) == ("notify", "exited")
+        assert int(gpunode["ActiveEnterTimestampMonotonic"]) < \
+            int(gpunode["ExecMainExitTimestampMonotonic"])
         assert int(gpunode["ActiveEnterTimestampMonotonic"]) <= \
             int(containerd["ExecMainStartTimestampMonotonic"])
         started = [e for e in ns.journal("containerd.service")
@@ -119,6 +125,9 @@ def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runt
         last = [json.loads(e["MESSAGE"]) for e in ns.journal("gpunode.service")
                 if str(e.get("MESSAGE", "")).startswith("{")][-1]
         assert last["event"] == "boot.unchanged"
+        # the no-op boot says READY=1 as it exits (without it the unit would fail: protocol)
+        assert props(ns, "gpunode.service", "Result", "SubState") == {
+            "Result": "success", "SubState": "exited"}
 
         # Every unit of units/ passes systemd-analyze verify, with /usr/bin/gpunode in place.
         for unit in sorted(UNITS.glob("*.service")):

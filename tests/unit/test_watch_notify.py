@@ -11,20 +11,18 @@ import pytest
 
 from gpunode import log
 from gpunode.watch import notify
+from helpers.notify_socket import manager_socket, parsed
 
 
 @pytest.fixture
 def manager(tmp_path: Path) -> Iterator[socket.socket]:
     """The service manager's end: a datagram socket bound in tmp_path."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(str(tmp_path / "notify"))
-    sock.settimeout(2)
-    yield sock
-    sock.close()
+    with manager_socket(tmp_path / "notify") as sock:
+        yield sock
 
 
 def received(sock: socket.socket) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in sock.recv(4096).decode().split("\n"))
+    return parsed(sock.recv(4096))
 
 
 def test_ready_watchdog_status_and_stopping_arrive_as_systemd_reads_them(

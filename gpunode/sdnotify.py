@@ -1,0 +1,64 @@
+"""systemd's notification protocol (sd_notify(3)): datagrams of newline-separated KEY=VALUE
+lines to the AF_UNIX socket $NOTIFY_SOCKET names, a path or an abstract name written with a
+leading '@' (systemd's src/libsystemd/sd-daemon/sd-daemon.c). Outside a Type=notify unit there
+is no $NOTIFY_SOCKET and nothing is sent.
+
+gpunode.service is Type=notify so that containerd starts as soon as gpunode's boot record is
+written (`ready`, from clirun.boot): the no-op stamp, the last log line and the process's
+exit come after, beside containerd's start instead of before it (docs/design.md, "Units").
+A boot that ends before its pipeline (the no-op and CPU-node boots of entry.py) says READY=1
+as it exits with 0: a notify unit whose process exits without it fails ("protocol").
+
+Only the standard library's _socket (socket.py's enums are ~1 ms of a boot) and no logging:
+entry.py sends before it has imported anything else; callers log what `ready` returns.
+The watch's Notifier (gpunode/watch/notify.py) keeps its socket and logs its own failures.
+"""
+
+from __future__ import annotations
+
+import _socket
+import os
+
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+_ready: list[bool] = []  # [True] once this process said READY=1
+
+
+def address(value: str) -> str | None:
+    """The socket address: an absolute path, or '@name' for the abstract name "\\0name"; None
+    for nothing or anything else (sd_notify refuses it too)."""
+    if value.startswith("/"):
+        return value
+    if value.startswith("@") and len(value) > 1:
+        return "\0" + value[1:]
+    return None
+
+
+def message(**fields: str) -> bytes:
+    """One datagram's text: a value is one line (the protocol separates assignments by
+    newlines)."""
+    return "\n".join(f"{k}={' '.join(v.splitlines())}" for k, v in fields.items()).encode()
+
+
+def ready(status: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """READY=1 (with STATUS=`status`), once per process. None when it was sent, had been, or
+    there is no socket to send it to; else why it could not be sent."""
+    if _ready:
+        return None
+    value = (os.environ if environ is None else environ).get("NOTIFY_SOCKET", "")
+    target = address(value)
+    if target is None:
+        return f"NOTIFY_SOCKET={value!r} is neither an absolute path nor an @name" \
+            if value else None
+    _ready.append(True)
+    try:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
+        try:  # never waits on the manager: a full queue (nobody reading) refuses it
+            sock.sendto(message(READY="1", STATUS=status), _socket.MSG_DONTWAIT, target)
+        finally:
+            sock.close()
+    except OSError as exc:
+        return f"{value}: {exc.strerror or exc}"
+    return None
