@@ -1,4 +1,4 @@
-"""containerd's `--version`, started at the very start of a GPU node's first boot.
+"""containerd's `--version`, started at the very start of a GPU node's boot.
 
 The containerd step cannot plan without containerd's version (the schema it reads the config
 with), and the Go program takes ~17 ms to answer on an idle 2-CPU machine, ~20 to 50 ms while
