@@ -69,6 +69,11 @@ class Started:
             os.close(out[1])
             os.close(err[1])
 
+    def extend(self, timeout: float) -> None:
+        """At least `timeout` seconds from now to answer: a program started early and asked
+        late (after a wait for the node lock) still has its own bound."""
+        self._deadline = max(self._deadline, time.monotonic() + timeout)
+
     def result(self) -> str:
         """stdout of the command (waiting for it, within what is left of its timeout)."""
         if self._error is not None:

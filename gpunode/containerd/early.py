@@ -49,8 +49,12 @@ def start(root: str) -> None:
 
 
 def take(argv: tuple[str, ...]) -> command.Started | None:
-    """The program started early with exactly `argv`, now the caller's; None if none was."""
-    return _started.pop(argv, None)
+    """The program started early with exactly `argv`, now the caller's, with VERSION_TIMEOUT
+    from now (the boot may have waited for the node lock since); None if none was."""
+    started = _started.pop(argv, None)
+    if started is not None:
+        started.extend(VERSION_TIMEOUT)
+    return started
 
 
 def discard() -> None:

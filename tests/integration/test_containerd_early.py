@@ -46,3 +46,14 @@ def test_a_guess_that_is_not_the_located_binary_is_stopped_and_reaped(containerd
 def test_nothing_is_started_under_another_root(containerd: str, tmp_path: Path) -> None:
     early.start(str(tmp_path))
     assert early._started == {}
+
+
+def test_a_guess_asked_after_its_own_timeout_still_answers(containerd: str) -> None:
+    """A boot that waited for the node lock longer than the probe's timeout: the program,
+    long done, is read, not reported as timed out."""
+    early.start("/")
+    started = early._started[early.version_argv(containerd)]
+    started._deadline = 0.0  # as if started VERSION_TIMEOUT ago and more
+    probe = CommandProbe()
+    assert probe.version(containerd) is not None
+    probe.discard()
