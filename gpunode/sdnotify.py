@@ -5,7 +5,7 @@ is no $NOTIFY_SOCKET and nothing is sent.
 
 gpunode.service is Type=notify so that containerd starts as soon as gpunode's boot record is
 written (`ready`, from clirun.boot): the no-op stamp, the last log line and the process's
-exit come after, beside containerd's start instead of before it (docs/design.md, "Units").
+exit come after, beside containerd's start instead of before it (docs/design.md, "The units").
 A boot that ends before its pipeline (the no-op and CPU-node boots of entry.py) says READY=1
 as it exits with 0: a notify unit whose process exits without it fails ("protocol").
 
