@@ -39,8 +39,9 @@ def main() -> int:
     if fastpath.command_word(sys.argv[1:]) != "watch":
         # Before the modules whose dataclass methods it has compiled; not for the daemon,
         # whose start is not waited for and which would keep the file's ~1 MB all its life.
-        from gpunode import dataclass_cache
+        from gpunode import dataclass_cache, module_cache
 
+        module_cache.install()
         dataclass_cache.install()
     try:
         code = None

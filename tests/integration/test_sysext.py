@@ -44,6 +44,8 @@ EXPECTED_PATHS = {
     "usr/lib/gpunode/lib/python3.11/gpunode/entry.py",
     # the compiled code of gpunode's dataclass methods (gpunode/dataclass_cache.py)
     "usr/lib/gpunode/lib/python3.11/gpunode/__pycache__/dataclasses.cpython-311.marshal",
+    # gpunode's modules' code in one file (gpunode/module_cache.py)
+    "usr/lib/gpunode/lib/python3.11/gpunode/__pycache__/modules.cpython-311.marshal",
     "usr/lib/systemd/system/gpunode.service",
     "usr/lib/systemd/system/gpunode-label.service",
     "usr/lib/systemd/system/gpunode-watch.service",
@@ -230,6 +232,19 @@ def test_the_bundled_python_uses_the_kept_dataclass_code(built: Built) -> None:
                            "print(dataclass_cache.install())"], env=NO_VENV,
                           capture_output=True, text=True, timeout=60, check=False)
     assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
+
+
+def test_the_bundled_python_imports_gpunode_from_the_kept_module_code(built: Built) -> None:
+    """Unchecked, as the bundle's .pyc: the code says it lies where the node has the file."""
+    python = built.tree / "usr/lib/gpunode/bin/python3.11"
+    done = subprocess.run([str(python), "-IS", "-c", "from gpunode import module_cache; "
+                           "ok = module_cache.install(); import gpunode.boot as b; "
+                           "print(ok, type(b.__spec__.loader).__name__, "
+                           "b.boot.__code__.co_filename)"], env=NO_VENV,
+                          capture_output=True, text=True, timeout=60, check=False)
+    stdlib = built.tree / "usr/lib/gpunode/lib/python3.11"
+    assert (done.returncode, done.stdout) == (0, f"True _Loader {stdlib}/gpunode/boot.py\n"), \
+        done.stderr
 
 
 def test_bundled_gpunode_status_says_ready_on_a_ready_fixture_node(

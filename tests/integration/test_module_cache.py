@@ -1,0 +1,172 @@
+"""gpunode.module_cache: gpunode's modules' code kept in one file is what a boot imports,
+each module as its source makes it (the same file, __cached__, package path and loader API),
+a module whose source changed or vanished is imported as without the file, and a broken
+file changes nothing. Each case runs in a fresh interpreter on a copy of the package: install()
+changes the process's sys.meta_path, and the copy's sources are edited."""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpunode
+
+PACKAGE = Path(gpunode.__file__).parent
+# What a module looks like once imported: where its code says it lies, its file attributes,
+# its loader's kind and answers, and a package's search path.
+SEEN = """\
+import json, sys
+from gpunode import module_cache
+ok = module_cache.install(*sys.argv[1:])
+import gpunode.boot, gpunode.containerd, gpunode.containerd.step
+def seen(module):
+    return {"file": module.__file__, "cached": module.__cached__,
+            "code": module.__spec__.loader.get_code(module.__name__).co_filename,
+            "function": next((v.__code__.co_filename for v in vars(module).values()
+                             if getattr(v, "__module__", None) == module.__name__
+                             and hasattr(v, "__code__")), None),
+            "source": module.__spec__.loader.get_source(module.__name__)[:60],
+            "path": getattr(module, "__path__", None), "parent": module.__spec__.parent,
+            "kept": type(module.__spec__.loader).__module__ == "gpunode.module_cache"}
+print(json.dumps({"installed": ok, "edited": getattr(gpunode.boot, "EDITED", None),
+                  "modules": {m.__name__: seen(m) for m in (gpunode.boot, gpunode.containerd,
+                                                            gpunode.containerd.step)}}))
+"""
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> Path:
+    """A copy of the gpunode package (sources only): its directory, the one above on the path."""
+    shutil.copytree(PACKAGE, tmp_path / "gpunode", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path / "gpunode"
+
+
+def python(package: Path, *args: str, flags: tuple[str, ...] = ()) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(package.parent), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, *flags, *args], env=env, cwd=package.parent,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def write(package: Path, *args: str) -> Path:
+    env = {**os.environ, "PYTHONPATH": str(package.parent), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-m", "gpunode.module_cache", *args], env=env,
+                          cwd=package.parent, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    cache = package / "__pycache__" / f"modules.{sys.implementation.cache_tag}.marshal"
+    assert done.stdout.startswith(f"{cache}: ")
+    return cache
+
+
+def test_the_kept_modules_are_the_ones_their_sources_make(package: Path) -> None:
+    write(package)
+    kept = python(package, "-c", SEEN)
+    plain = python(package, "-c", SEEN.replace("ok = module_cache.install(*sys.argv[1:])",
+                                               "ok = None"))
+    assert kept["installed"] is True
+    assert all(module["kept"] for module in kept["modules"].values())
+    assert not any(module["kept"] for module in plain["modules"].values())
+    for name, module in kept["modules"].items():
+        assert {**module, "kept": None} == {**plain["modules"][name], "kept": None}, name
+        assert module["code"] == module["file"]
+        assert module["function"] in (None, module["file"])
+    assert kept["modules"]["gpunode.containerd"]["path"] == [str(package / "containerd")]
+
+
+def test_a_module_whose_source_changed_or_vanished_is_imported_as_without_the_file(
+        package: Path) -> None:
+    write(package)
+    boot = package / "boot.py"
+    boot.write_text(boot.read_text() + "\nEDITED = True\n")
+    seen = python(package, "-c", SEEN)
+    assert seen["edited"] is True
+    assert seen["modules"]["gpunode.boot"]["kept"] is False
+    assert seen["modules"]["gpunode.containerd.step"]["kept"] is True
+    (package / "containerd" / "step.py").unlink()
+    done = subprocess.run([sys.executable, "-c", SEEN], env={
+        **os.environ, "PYTHONPATH": str(package.parent), "PYTHONDONTWRITEBYTECODE": "1"},
+        cwd=package.parent, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == \
+        "ModuleNotFoundError: No module named 'gpunode.containerd.step'"
+
+
+def test_an_unchecked_file_is_used_without_looking_at_the_sources(package: Path) -> None:
+    """As the sysext's unchecked .pyc: the image is read-only, its sources never change."""
+    write(package, "--unchecked")
+    boot = package / "boot.py"
+    boot.write_text(boot.read_text() + "\nEDITED = True\n")
+    seen = python(package, "-c", SEEN)
+    assert seen["installed"] is True
+    assert seen["edited"] is None
+    assert seen["modules"]["gpunode.boot"]["kept"] is True
+
+
+def test_optimized_python_does_not_use_code_compiled_without_it(package: Path) -> None:
+    write(package)
+    seen = python(package, "-c", SEEN, flags=("-O",))
+    assert seen["installed"] is False
+    assert not any(module["kept"] for module in seen["modules"].values())
+
+
+ESCAPING = (1, 0, True, {"gpunode.boot": ("../../etc/passwd", False, 0, 0, b"")})
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage", marshal.dumps({"a": 1}),
+                                     marshal.dumps((2, 0, True, {})), "escaping",
+                                     "fifo", "directory", "huge"])
+def test_a_broken_file_changes_nothing(package: Path, content: bytes | str) -> None:
+    cache = package.parent / "broken.marshal"
+    if content == "fifo":
+        os.mkfifo(cache)  # nobody writes: reading it would hang
+    elif content == "directory":
+        cache.mkdir()
+    elif content == "huge":
+        with cache.open("wb") as out:
+            out.truncate(17 << 20)
+    elif content == "escaping":  # an entry naming a file outside the package: refused
+        cache.write_bytes(marshal.dumps(ESCAPING))
+    else:
+        assert isinstance(content, bytes)
+        cache.write_bytes(content)
+    seen = python(package, "-c", SEEN, str(cache))
+    assert not any(module["kept"] for module in seen["modules"].values())
+    assert seen["installed"] is (content == "escaping")  # read; its one entry refused
+
+
+def test_a_boot_imports_gpunode_from_the_file(tmp_path: Path) -> None:
+    """The installed command's own file (make setup writes it), on a fixture node's boot:
+    every gpunode module the boot imports after the entry point comes from it."""
+    from gpunode_testing import fixtures
+
+    root = tmp_path / "node"
+    fixtures.build(fixtures.MACHINES["nc4as-t4-v3"], root, fixtures.Options(state="ready"))
+    code = ("import json, sys; sys.argv[1:] = ['--root', sys.argv[1], 'boot']\n"
+            "from gpunode import entry, module_cache\n"
+            "install, before = module_cache.install, []\n"
+            "def installing(*args):\n"
+            "    before.extend(sys.modules)\n"
+            "    return install(*args)\n"
+            "module_cache.install = installing\n"
+            "entry.gc.disable(); code = entry.main()\n"
+            "mods = {n: type(m.__spec__.loader).__name__ for n, m in sys.modules.items()"
+            " if n.startswith('gpunode.') and n not in before}\n"
+            "print(json.dumps({'code': code, 'loaders': mods}))")
+    done = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["code"] == 0
+    loaders = seen["loaders"]  # the modules imported after install()
+    assert len(loaders) > 40
+    assert set(loaders.values()) == {"_Loader"}, loaders
