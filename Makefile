@@ -30,7 +30,7 @@ $(VENV)/.installed: $(VENV)/.apt-done pyproject.toml testing/pyproject.toml
 	$(BIN)/python -m compileall -q $(VENV)/lib gpunode testing >/dev/null
 	@# the compiled code of gpunode's dataclass methods, as the sysext has it (gpunode/dataclass_cache.py)
 	$(BIN)/python -m gpunode.dataclass_cache >/dev/null
-	@# gpunode's modules' code in one file, found without the import path's walk (gpunode/module_cache.py)
+	@# the code of the modules gpunode imports in one file, found without the import path's walk (gpunode/module_cache.py)
 	$(BIN)/python -m gpunode.module_cache >/dev/null
 	@touch $@
 

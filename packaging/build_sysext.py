@@ -244,7 +244,8 @@ def bundle(work: Path) -> Path:
     # the compiled code of gpunode's dataclass methods (gpunode/dataclass_cache.py)
     run([str(out / "bin" / STDLIB), "-IS", "-m", "gpunode.dataclass_cache"],
         env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
-    # gpunode's modules' code in one file, unchecked as the .pyc are (gpunode/module_cache.py)
+    # the code of the modules gpunode imports in one file, unchecked as the .pyc are
+    # (gpunode/module_cache.py)
     run([str(out / "bin" / STDLIB), "-IS", "-m", "gpunode.module_cache", "--unchecked"],
         env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
     for relative, python in (("gpunode", STDLIB), ("bin/gpunode", STDLIB)):

@@ -1,5 +1,6 @@
-"""gpunode.module_cache: gpunode's modules' code kept in one file is what a boot imports,
-each module as its source makes it (the same file, __cached__, package path and loader API),
+"""gpunode.module_cache: the code of gpunode's modules and of the standard ones it imports,
+kept in one file, is what a boot imports, each module as its source makes it (the same file,
+__cached__, package path and loader API),
 a module whose source changed or vanished is imported as without the file, and a broken
 file changes nothing. Each case runs in a fresh interpreter on a copy of the package: install()
 changes the process's sys.meta_path, and the copy's sources are edited."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import marshal
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import gpunode
+from gpunode import module_cache
 
 PACKAGE = Path(gpunode.__file__).parent
 # What a module looks like once imported: where its code says it lies, its file attributes,
@@ -25,7 +28,8 @@ SEEN = """\
 import json, sys
 from gpunode import module_cache
 ok = module_cache.install(*sys.argv[1:])
-import gpunode.boot, gpunode.containerd, gpunode.containerd.step
+import gpunode.boot, gpunode.containerd, gpunode.containerd.step, shlex
+assert shlex.split("a 'b c'") == ["a", "b c"]
 def seen(module):
     return {"file": module.__file__, "cached": module.__cached__,
             "code": module.__spec__.loader.get_code(module.__name__).co_filename,
@@ -37,7 +41,7 @@ def seen(module):
             "kept": type(module.__spec__.loader).__module__ == "gpunode.module_cache"}
 print(json.dumps({"installed": ok, "edited": getattr(gpunode.boot, "EDITED", None),
                   "modules": {m.__name__: seen(m) for m in (gpunode.boot, gpunode.containerd,
-                                                            gpunode.containerd.step)}}))
+                                                            gpunode.containerd.step, shlex)}}))
 """
 
 
@@ -81,6 +85,7 @@ def test_the_kept_modules_are_the_ones_their_sources_make(package: Path) -> None
         assert module["code"] == module["file"]
         assert module["function"] in (None, module["file"])
     assert kept["modules"]["gpunode.containerd"]["path"] == [str(package / "containerd")]
+    assert kept["modules"]["shlex"]["file"] == shlex.__file__  # the standard library's own
 
 
 def test_a_module_whose_source_changed_or_vanished_is_imported_as_without_the_file(
@@ -119,39 +124,54 @@ def test_optimized_python_does_not_use_code_compiled_without_it(package: Path) -
     assert not any(module["kept"] for module in seen["modules"].values())
 
 
-ESCAPING = (1, 0, True, {"gpunode.boot": ("../../etc/passwd", False, 0, 0, b"")})
+def cache_file(entries: dict[str, tuple], code: bytes = b"") -> bytes:
+    """A file in module_cache's format (gpunode/module_cache.py) with these index entries."""
+    header = marshal.dumps((module_cache.FORMAT, module_cache.MAGIC_NUMBER, 0, True, entries))
+    return module_cache.MAGIC + len(header).to_bytes(8, "little") + header + code
+
+
+BROKEN = {  # each a file install() reads, whose one entry it cannot use
+    "escaping": {"gpunode.boot": (0, "../../etc/passwd", False, 0, 0, 0, 0)},
+    "absolute": {"gpunode.boot": (0, "/etc/passwd.py", False, 0, 0, 0, 0)},
+    "base": {"gpunode.boot": (2, "boot.py", False, 0, 0, 0, 0)},
+    "past-end": {"gpunode.boot": (0, "boot.py", False, 0, 0, 0, 1 << 20)},
+}
 
 
 @pytest.mark.parametrize("content", [b"", b"garbage", marshal.dumps({"a": 1}),
-                                     marshal.dumps((2, 0, True, {})), "escaping",
-                                     "fifo", "directory", "huge"])
+                                     b"gpunode-modules\n" + (1 << 40).to_bytes(8, "little"),
+                                     *BROKEN, "magic", "fifo", "directory", "huge"])
 def test_a_broken_file_changes_nothing(package: Path, content: bytes | str) -> None:
     cache = package.parent / "broken.marshal"
     if content == "fifo":
         os.mkfifo(cache)  # nobody writes: reading it would hang
     elif content == "directory":
         cache.mkdir()
-    elif content == "huge":
+    elif content == "huge":  # an index claimed past any bound
         with cache.open("wb") as out:
             out.truncate(17 << 20)
-    elif content == "escaping":  # an entry naming a file outside the package: refused
-        cache.write_bytes(marshal.dumps(ESCAPING))
+    elif content in BROKEN:
+        cache.write_bytes(cache_file(BROKEN[content]))
+    elif content == "magic":  # another bytecode's (another 3.x wrote it)
+        whole = write(package).read_bytes()
+        cache.write_bytes(whole.replace(module_cache.MAGIC_NUMBER, b"\0\0\r\n", 1))
     else:
         assert isinstance(content, bytes)
         cache.write_bytes(content)
     seen = python(package, "-c", SEEN, str(cache))
     assert not any(module["kept"] for module in seen["modules"].values())
-    assert seen["installed"] is (content == "escaping")  # read; its one entry refused
+    assert seen["installed"] is (content in BROKEN)  # read; its one entry refused
 
 
 def test_a_boot_imports_gpunode_from_the_file(tmp_path: Path) -> None:
     """The installed command's own file (make setup writes it), on a fixture node's boot:
-    every gpunode module the boot imports after the entry point comes from it."""
+    every module the boot imports after the entry point installs it, gpunode's and the
+    standard library's, comes from it (C extensions aside)."""
     from gpunode_testing import fixtures
 
     root = tmp_path / "node"
     fixtures.build(fixtures.MACHINES["nc4as-t4-v3"], root, fixtures.Options(state="ready"))
-    code = ("import json, sys; sys.argv[1:] = ['--root', sys.argv[1], 'boot']\n"
+    code = ("import sys; sys.argv[1:] = ['--root', sys.argv[1], 'boot']\n"
             "from gpunode import entry, module_cache\n"
             "install, before = module_cache.install, []\n"
             "def installing(*args):\n"
@@ -160,13 +180,15 @@ def test_a_boot_imports_gpunode_from_the_file(tmp_path: Path) -> None:
             "module_cache.install = installing\n"
             "entry.gc.disable(); code = entry.main()\n"
             "mods = {n: type(m.__spec__.loader).__name__ for n, m in sys.modules.items()"
-            " if n.startswith('gpunode.') and n not in before}\n"
-            "print(json.dumps({'code': code, 'loaders': mods}))")
+            " if n not in before and type(m.__spec__.loader).__name__ != "
+            "'ExtensionFileLoader'}\n"
+            "import json; print(json.dumps({'code': code, 'loaders': mods}))")
     done = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["code"] == 0
-    loaders = seen["loaders"]  # the modules imported after install()
-    assert len(loaders) > 40
+    loaders = seen["loaders"]  # the modules imported after install(), but C extensions
+    assert len([name for name in loaders if name.startswith("gpunode.")]) > 40
+    assert {"dataclasses", "enum", "re"} <= set(loaders)  # the standard library's
     assert set(loaders.values()) == {"_Loader"}, loaders

@@ -44,7 +44,7 @@ EXPECTED_PATHS = {
     "usr/lib/gpunode/lib/python3.11/gpunode/entry.py",
     # the compiled code of gpunode's dataclass methods (gpunode/dataclass_cache.py)
     "usr/lib/gpunode/lib/python3.11/gpunode/__pycache__/dataclasses.cpython-311.marshal",
-    # gpunode's modules' code in one file (gpunode/module_cache.py)
+    # the code of the modules gpunode imports, in one file (gpunode/module_cache.py)
     "usr/lib/gpunode/lib/python3.11/gpunode/__pycache__/modules.cpython-311.marshal",
     "usr/lib/systemd/system/gpunode.service",
     "usr/lib/systemd/system/gpunode-label.service",
