@@ -18,7 +18,8 @@ an older gpunode's format) nothing changes.
 On 3.11 a section also keeps each class's recipe (gpunode.dataclass_recipes): what
 `dataclasses` did to it, done again without finding its fields or writing its texts, for a
 class whose shape is the recorded one; `install` puts `_process` in the place of
-`dataclasses._process_class` for that (~6% of the instructions of a boot or a status).
+`dataclasses._process_class` for that (~6% of the instructions of a boot or a status). A
+recipe holds its methods' code itself, and the section keeps as texts only the rest.
 
 On 3.11 `install` also imports `dataclasses` without `inspect` (with ast, dis and tokenize,
 ~8 ms of every command that imports dataclasses): `dataclasses` uses it only to write the
@@ -92,14 +93,14 @@ def _patterns(section: bytes | None) -> None:
 def _process(cls: type, *params: Any) -> type:
     """`dataclasses._process_class`, or its recorded steps again for a class whose shape is
     the one recorded (dataclass_recipes)."""
-    texts = _kept(cls.__module__)
+    _kept(cls.__module__)  # its module's section read: the recipes with it
     recipe = _recipes.get(cls.__module__, {}).get(cls.__qualname__)
     if recipe is not None:
         from gpunode import dataclass_recipes
 
         if type(recipe) is tuple and len(recipe) == 2 and dataclass_recipes.usable(recipe[1]) \
                 and dataclass_recipes.shape(cls, params) == recipe[0]:
-            return dataclass_recipes.replay(cls, params, recipe[1], texts)
+            return dataclass_recipes.replay(cls, params, recipe[1])
     return _process_class(cls, *params)  # type: ignore[no-any-return]
 
 
@@ -194,15 +195,30 @@ def write(path: str | os.PathLike[str] = CACHE) -> int:
         recorder.uninstall(originals)
         patterns.uninstall()
     recipes = recorder.recipes if sys.version_info[:2] == (3, 11) else {}
+    sections = {}
+    for module, texts in kept.items():
+        # A recipe's steps hold their texts' code, and the section keeps as texts only those
+        # no recipe holds: a boot would unmarshal each text (~40% of a section) for nothing.
+        used: set[str] = set()
+        compiled = {qualname: (shape, tuple(_compiled(step, texts, used) for step in steps))
+                    for qualname, (shape, steps) in recipes.get(module, {}).items()}
+        sections[module] = marshal.dumps(
+            ({text: code for text, code in texts.items() if text not in used}, compiled))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}")
     partial.write_bytes(marshal.dumps({
-        **{module: marshal.dumps((texts, recipes.get(module, {})))
-           for module, texts in kept.items()},
-        regex_cache.SECTION: marshal.dumps(patterns.kept())}))
+        **sections, regex_cache.SECTION: marshal.dumps(patterns.kept())}))
     partial.replace(path)
     return sum(len(texts) for texts in kept.values())
+
+
+def _compiled(step: tuple[Any, ...], texts: dict[str, Any], used: set[str]) -> tuple[Any, ...]:
+    """A recipe's step as the file keeps it: a method's text as its code."""
+    if step[0] != "fn":
+        return step
+    used.add(step[2])
+    return (*step[:2], texts[step[2]], *step[3:])
 
 
 if __name__ == "__main__":

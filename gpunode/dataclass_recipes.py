@@ -10,7 +10,8 @@ recipe: the class's `shape` (everything `_process_class` reads of it: the decora
 arguments, each annotation and what its default is, the dataclass bases' fields, which of the
 methods it would write the class defines itself, whether the module binds ClassVar, InitVar or
 KW_ONLY at all) and the steps it took (each method's text and the names its creator takes, in
-order; a `__match_args__` value; `__hash__` set to None). `replay` does those steps again for
+order; a `__match_args__` value; `__hash__` set to None); the file keeps each text compiled
+(dataclass_cache.write). `replay` does those steps again for
 a class whose shape is the recorded one: the same Field objects, the same functions from the
 same code with the same defaults and closures, set in the same order; any other class, or one
 that changed, goes through `dataclasses` itself. tests/integration/test_dataclass_cache.py
@@ -208,7 +209,7 @@ def usable(steps: Any) -> bool:
                 and type(step[2]) is tuple and all(type(v) is str for v in step[2]):
             continue
         if not (step[0] == "fn" and len(step) == 5 and type(step[1]) is str
-                and type(step[2]) is str and type(step[3]) is tuple
+                and type(step[2]) is types.CodeType and type(step[3]) is tuple
                 and step[4] in ("set", "repr", "hash")):
             return False
         if not _resolvable(step[3]):
@@ -222,10 +223,9 @@ def _resolvable(names: tuple[Any, ...]) -> bool:
                                    or n in _CONSTANTS) for n in names)
 
 
-def replay(cls: type, params: tuple[Any, ...], steps: tuple[Any, ...],
-           code: dict[str, Any]) -> type:
+def replay(cls: type, params: tuple[Any, ...], steps: tuple[Any, ...]) -> type:
     """Do to `cls` what `dataclasses._process_class(cls, *params)` did to the class recorded
-    with the same shape; `code` the kept code of its module's texts."""
+    with the same shape (`steps` as `usable` accepts them: each text compiled)."""
     globals = vars(sys.modules[cls.__module__])
     init, repr_, eq, order, unsafe_hash, frozen = params[:6]
     cls.__dataclass_params__ = dataclasses._DataclassParams(  # type: ignore[attr-defined]
@@ -265,8 +265,8 @@ def replay(cls: type, params: tuple[Any, ...], steps: tuple[Any, ...],
         elif step[0] == "value":
             set_new(cls, step[1], step[2])
         else:
-            _, name, text, names, how = step
-            fn = _function(cls, text, names, fields, code, globals)
+            _, name, compiled, names, how = step
+            fn = _function(cls, compiled, names, fields, globals)
             if how == "repr":
                 fn = dataclasses._recursive_repr(fn)  # type: ignore[attr-defined]
             if how == "hash":
@@ -277,13 +277,11 @@ def replay(cls: type, params: tuple[Any, ...], steps: tuple[Any, ...],
     return cls
 
 
-def _function(cls: type, text: str, names: tuple[str, ...], fields: dict[str, Any],
-              code: dict[str, Any], globals: dict[str, Any]) -> Any:
-    """One method, as `dataclasses._create_fn` makes it from `text`: its creator run in the
-    module's globals and called with the values `dataclasses` gives each name."""
-    compiled = code.get(text)
-    if compiled is None:
-        compiled = compile(text, "<string>", "exec", dont_inherit=True)
+def _function(cls: type, compiled: types.CodeType, names: tuple[str, ...],
+              fields: dict[str, Any], globals: dict[str, Any]) -> Any:
+    """One method, as `dataclasses._create_fn` makes it from its text (`compiled`): its
+    creator run in the module's globals and called with the values `dataclasses` gives each
+    name."""
     namespace: dict[str, Any] = {}
     builtins.exec(compiled, globals, namespace)
     values: dict[str, Any] = {}

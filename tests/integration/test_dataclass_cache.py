@@ -88,10 +88,10 @@ def compiling(*args, **kwargs):
     compiled.append(args[0])
     return builtins.compile(*args, **kwargs)
 replay = dataclass_recipes.replay
-def replaying(cls, params, steps, code):
+def replaying(cls, params, steps):
     replayed.append(cls.__qualname__)
-    texts.extend(step[0] == "fn" for step in steps)  # each a text of the kept code
-    return replay(cls, params, steps, code)
+    texts.extend(step[0] == "fn" for step in steps)  # each a text's kept code
+    return replay(cls, params, steps)
 dataclasses.exec = counting
 dataclass_cache.compile = dataclass_recipes.compile = compiling
 dataclass_recipes.replay = replaying
@@ -201,10 +201,11 @@ def test_a_recipe_that_does_not_fit_leaves_the_class_to_dataclasses(
             recipes[qualname] = ((shape[0], shape[1][1:], *shape[2:]), steps)
         elif damage == "steps":
             recipes[qualname] = (shape, ["not", "steps"])
-        elif damage == "step":  # a text that is not a string
-            recipes[qualname] = (shape, (*steps, ("fn", "__init__", 3, (), "set")))
+        elif damage == "step":  # a text's code that is not code
+            recipes[qualname] = (shape, (*steps, ("fn", "__init__", "x = 1", (), "set")))
         elif damage == "name":  # a creator's name dataclasses never gives a value
-            recipes[qualname] = (shape, (*steps, ("fn", "__init__", "x", ("os",), "set")))
+            recipes[qualname] = (shape, (*steps, ("fn", "__init__", compile(
+                "pass", "<string>", "exec"), ("os",), "set")))
     kept = (texts, recipes) if damage != "section" else (texts, recipes, "more")
     sections["gpunode.config"] = marshal.dumps(kept)
     broken = tmp_path / "broken.marshal"
