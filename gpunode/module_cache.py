@@ -15,11 +15,13 @@ module: its loader is importlib's SourceFileLoader for the same file (get_source
 __file__ and __cached__ as without the file), whose get_code returns the kept code.
 
 The kept code is used only while its source is unchanged: one stat per module, as a .pyc's
-timestamp check does, and a module whose source changed, vanished or was never kept is found
-as without the file. The sysext's bundle writes the file "unchecked", as its .pyc are
-(packaging/build_sysext.py: no source stat at import, the image is read-only). The file is
-opened only where it is a regular file (a FIFO would hang the boot), its index within a bound;
-one that cannot be read or is not in this format changes nothing. `make setup` and the sysext
+timestamp check does, and a module whose source changed, vanished or was never kept, or whose
+kept code is damaged, is found as without the file; so are the standard modules while
+PYTHONPATH is set (its directories come first). The sysext's bundle writes the file
+"unchecked", as its .pyc are (packaging/build_sysext.py: no source stat at import, the image
+is read-only). The file is opened only where it is a regular file (a FIFO would hang the
+boot), its index and each module's code within a bound; one that cannot be read or is not in
+this format changes nothing. `make setup` and the sysext
 build write it; without it gpunode imports as any package does.
 """
 
@@ -34,6 +36,7 @@ import sys
 # importlib.util are these same objects, behind imports a boot need not pay for)
 from _frozen_importlib import ModuleSpec
 from _frozen_importlib_external import MAGIC_NUMBER, SourceFileLoader
+from types import CodeType
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
@@ -44,6 +47,7 @@ FORMAT = 2
 PACKAGE = os.path.dirname(os.path.realpath(__file__))  # no pathlib: the boot path
 CACHE = os.path.join(PACKAGE, "__pycache__", f"modules.{sys.implementation.cache_tag}.marshal")
 INDEX_LIMIT = 1 << 20  # an index is ~20 KB
+CODE_LIMIT = 16 << 20  # a module's code is at most ~100 KB
 _TAG = sys.implementation.cache_tag
 
 
@@ -63,9 +67,12 @@ class _Loader(SourceFileLoader):
 
     def get_code(self, fullname: str) -> Any:
         kept, self._kept = self._kept, None  # once: a reload compiles the source again
-        if kept is None or fullname != self.name:
+        try:
+            code = marshal.loads(kept) if kept is not None and fullname == self.name else None
+        except (ValueError, EOFError, TypeError):
+            code = None  # a damaged file: the module as without it
+        if type(code) is not CodeType:
             return super().get_code(fullname)
-        code = marshal.loads(kept)
         _imp._fix_co_filename(code, self.path)  # as for a .pyc: the file where it now lies
         return code
 
@@ -146,8 +153,12 @@ def install(path: str = CACHE) -> bool:
         os.close(fd)
         return False
     bases = _bases()
+    # PYTHONPATH's directories come before the standard library's: a module there named as a
+    # standard one is the one Python imports, so none of those is taken from the file then
+    shadowed = bool(os.environ.get("PYTHONPATH")) and not sys.flags.ignore_environment
     modules = {name: entry for name, entry in kept[4].items()
-               if _valid(name, entry) and bases[entry[0]] is not None}
+               if _valid(name, entry) and bases[entry[0]] is not None
+               and not (entry[0] == 1 and shadowed)}
     start = len(MAGIC) + 8 + length
     sys.meta_path.insert(0, _Finder(fd, start, st.st_size, modules, kept[3] is not False))
     return True
@@ -157,7 +168,8 @@ def _valid(name: Any, entry: Any) -> bool:
     return type(name) is str and type(entry) is tuple and len(entry) == 7 \
         and entry[0] in (0, 1) and type(entry[1]) is str and entry[1].endswith(".py") \
         and not entry[1].startswith("/") and ".." not in entry[1].split("/") \
-        and type(entry[2]) is bool and all(type(n) is int and n >= 0 for n in entry[3:])
+        and type(entry[2]) is bool and all(type(n) is int and n >= 0 for n in entry[3:]) \
+        and entry[6] <= CODE_LIMIT
 
 
 def write(path: str = CACHE, checked: bool = True) -> int:

@@ -22,6 +22,9 @@ import gpunode
 from gpunode import module_cache
 
 PACKAGE = Path(gpunode.__file__).parent
+# No PYTHONPATH (it would leave the standard modules to Python), no .pyc written in the copy.
+CLEAN_ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+             "PYTHONDONTWRITEBYTECODE": "1"}
 # What a module looks like once imported: where its code says it lies, its file attributes,
 # its loader's kind and answers, and a package's search path.
 SEEN = """\
@@ -52,9 +55,11 @@ def package(tmp_path: Path) -> Path:
     return tmp_path / "gpunode"
 
 
-def python(package: Path, *args: str, flags: tuple[str, ...] = ()) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(package.parent), "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run([sys.executable, *flags, *args], env=env, cwd=package.parent,
+def python(package: Path, *args: str, flags: tuple[str, ...] = (),
+           extra: dict[str, str] | None = None) -> dict:
+    # the copy is first on the path: the working directory
+    done = subprocess.run([sys.executable, *flags, *args], env={**CLEAN_ENV, **(extra or {})},
+                          cwd=package.parent,
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
@@ -62,8 +67,7 @@ def python(package: Path, *args: str, flags: tuple[str, ...] = ()) -> dict:
 
 
 def write(package: Path, *args: str) -> Path:
-    env = {**os.environ, "PYTHONPATH": str(package.parent), "PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run([sys.executable, "-m", "gpunode.module_cache", *args], env=env,
+    done = subprocess.run([sys.executable, "-m", "gpunode.module_cache", *args], env=CLEAN_ENV,
                           cwd=package.parent, capture_output=True, text=True, timeout=60,
                           check=False)
     assert done.returncode == 0, done.stderr
@@ -98,8 +102,7 @@ def test_a_module_whose_source_changed_or_vanished_is_imported_as_without_the_fi
     assert seen["modules"]["gpunode.boot"]["kept"] is False
     assert seen["modules"]["gpunode.containerd.step"]["kept"] is True
     (package / "containerd" / "step.py").unlink()
-    done = subprocess.run([sys.executable, "-c", SEEN], env={
-        **os.environ, "PYTHONPATH": str(package.parent), "PYTHONDONTWRITEBYTECODE": "1"},
+    done = subprocess.run([sys.executable, "-c", SEEN], env=CLEAN_ENV,
         cwd=package.parent, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == \
@@ -135,6 +138,7 @@ BROKEN = {  # each a file install() reads, whose one entry it cannot use
     "absolute": {"gpunode.boot": (0, "/etc/passwd.py", False, 0, 0, 0, 0)},
     "base": {"gpunode.boot": (2, "boot.py", False, 0, 0, 0, 0)},
     "past-end": {"gpunode.boot": (0, "boot.py", False, 0, 0, 0, 1 << 20)},
+    "too-long": {"gpunode.boot": (0, "boot.py", False, 0, 0, 0, 17 << 20)},
 }
 
 
@@ -163,6 +167,41 @@ def test_a_broken_file_changes_nothing(package: Path, content: bytes | str) -> N
     assert seen["installed"] is (content in BROKEN)  # read; its one entry refused
 
 
+def test_pythonpath_keeps_its_own_modules_named_as_standard_ones(package: Path,
+                                                                  tmp_path: Path) -> None:
+    """PYTHONPATH comes before the standard library: its shlex.py is the one imported, the
+    file's standard modules are left to Python, gpunode's are still taken from it."""
+    write(package)
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    (shadow / "shlex.py").write_text("def split(text):\n    return ['a', 'b c']\n")
+    seen = python(package, "-c", SEEN, extra={"PYTHONPATH": str(shadow)})
+    assert seen["installed"] is True
+    assert seen["modules"]["shlex"]["file"] == str(shadow / "shlex.py")
+    assert seen["modules"]["gpunode.boot"]["kept"] is True
+
+
+@pytest.mark.parametrize("damage", ["garbage", "not-code"])
+def test_a_module_whose_kept_code_is_damaged_is_imported_from_its_source(
+        package: Path, damage: str) -> None:
+    """The index whole, one module's code not: that module as without the file, no error."""
+    whole = write(package, "--unchecked").read_bytes()
+    length = int.from_bytes(whole[len(module_cache.MAGIC):len(module_cache.MAGIC) + 8], "little")
+    start = len(module_cache.MAGIC) + 8 + length
+    index = marshal.loads(whole[len(module_cache.MAGIC) + 8:start])[4]
+    _, _, _, _, _, offset, size = index["gpunode.boot"]
+    code = marshal.dumps("a string") if damage == "not-code" else b"\xff" * size
+    code = code.ljust(size, b"\0")[:size]
+    damaged = bytearray(whole)
+    damaged[start + offset:start + offset + size] = code
+    cache = package.parent / "damaged.marshal"
+    cache.write_bytes(bytes(damaged))
+    seen = python(package, "-c", SEEN, str(cache))
+    assert seen["installed"] is True
+    assert seen["modules"]["gpunode.boot"]["code"] == str(package / "boot.py")
+    assert seen["modules"]["gpunode.containerd.step"]["kept"] is True
+
+
 def test_a_boot_imports_gpunode_from_the_file(tmp_path: Path) -> None:
     """The installed command's own file (make setup writes it), on a fixture node's boot:
     every module the boot imports after the entry point installs it, gpunode's and the
@@ -183,8 +222,8 @@ def test_a_boot_imports_gpunode_from_the_file(tmp_path: Path) -> None:
             " if n not in before and type(m.__spec__.loader).__name__ != "
             "'ExtensionFileLoader'}\n"
             "import json; print(json.dumps({'code': code, 'loaders': mods}))")
-    done = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True,
-                          text=True, timeout=60, check=False)
+    done = subprocess.run([sys.executable, "-c", code, str(root)], env=CLEAN_ENV,
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen["code"] == 0
