@@ -21,8 +21,8 @@ PYTHONPATH is set (its directories come first). The sysext's bundle writes the f
 "unchecked", as its .pyc are (packaging/build_sysext.py: no source stat at import, the image
 is read-only). The file is opened only where it is a regular file (a FIFO would hang the
 boot), its index and each module's code within a bound; one that cannot be read or is not in
-this format changes nothing. `make setup` and the sysext
-build write it; without it gpunode imports as any package does.
+this format changes nothing. `make setup` and the sysext build write it; without it gpunode
+imports as any package does.
 """
 
 from __future__ import annotations
