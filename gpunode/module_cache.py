@@ -44,11 +44,11 @@ if TYPE_CHECKING:
 
 MAGIC = b"gpunode-modules\n"
 FORMAT = 2
+_TAG = sys.implementation.cache_tag  # the file's, and each .pyc's (a module's __cached__)
 PACKAGE = os.path.dirname(os.path.realpath(__file__))  # no pathlib: the boot path
-CACHE = os.path.join(PACKAGE, "__pycache__", f"modules.{sys.implementation.cache_tag}.marshal")
+CACHE = os.path.join(PACKAGE, "__pycache__", f"modules.{_TAG}.marshal")
 INDEX_LIMIT = 1 << 20  # an index is ~20 KB
 CODE_LIMIT = 16 << 20  # a module's code is at most ~100 KB
-_TAG = sys.implementation.cache_tag
 
 
 def _bases() -> tuple[str, str | None]:
