@@ -167,10 +167,7 @@ def one_boot_cpu(agent_config: bool = False, python_first: bool = False) -> tupl
                  PYTHON_PASS_UNIT: python}
         prepare = [*node_prepare(fixture, shipped_dropin=True, agent_config=agent_config),
                    f"printf '#!/bin/sh\\nexec {sys.executable} -c pass\\n' > /usr/bin/python-pass",
-                   "chmod 755 /usr/bin/python-pass",
-                   f"mkdir -p /run/systemd/system/{PYTHON_PASS_UNIT}.d",
-                   f"cp /run/systemd/system/gpunode.service.d/50-test-venv.conf "
-                   f"/run/systemd/system/{PYTHON_PASS_UNIT}.d/"]
+                   "chmod 755 /usr/bin/python-pass"]
         with SystemdNamespace(units, work, overlays=("usr", "var/lib"), enable=tuple(units),
                               prepare=prepare) as ns:
             ns.wait_active("containerd.service")

@@ -70,11 +70,5 @@ def node_prepare(fixture: Path, gpunode_on_usr: bool = True,
         *(["mkdir -p /etc/gpunode",
            "printf '[detect]\\nsource = \"sysfs\"\\n' > /etc/gpunode/config.toml"]
           if agent_config else []),
-        # This test's gpunode is a venv whose interpreter lives under /root (pyenv) and whose
-        # checkout may live under /var/tmp (CI's clone), which the unit's ProtectHome=yes and
-        # PrivateTmp=yes hide; on a node gpunode lives in /usr (the sysext).
-        "mkdir -p /run/systemd/system/gpunode.service.d",
-        "printf '[Service]\\nProtectHome=no\\nPrivateTmp=no\\n' > "
-        "/run/systemd/system/gpunode.service.d/50-test-venv.conf",
     ]
     return lines

@@ -425,6 +425,48 @@ def test_a_baked_driver_sysext_merges_from_run_extensions_while_gpunode_runs_fro
         assert ns.run(["/usr/bin/gpunode", "--version"]).stdout.startswith("gpunode ")
 
 
+# What gpunode.service's [Service] says about how gpunode runs, not what it runs.
+NOT_SANDBOXING = {"Type", "NotifyAccess", "RemainAfterExit", "ExecStart", "TimeoutStartSec"}
+
+
+def unit_sandboxing(unit: str) -> list[str]:
+    """gpunode.service's other [Service] settings, as `systemd-run -p` arguments."""
+    lines = (UNITS / unit).read_text().split("[Service]\n", 1)[1].split("\n[", 1)[0]
+    settings = [line for line in lines.splitlines() if line and not line.startswith("#")]
+    return [arg for line in settings if line.split("=", 1)[0] not in NOT_SANDBOXING
+            for arg in ("-p", line)]
+
+
+def test_the_driver_merge_from_inside_gpunode_service_reaches_the_node(
+    built: Built, workdir: Path
+) -> None:
+    """The same merge run as gpunode.service runs it (its own settings, the bundled Python of
+    the merged /usr): what it merges is the node's /usr, for containerd, the kubelet and every
+    later unit, not a mount namespace of gpunode's own that ends with it (PrivateTmp= and
+    ProtectHome= would make one: src/core/execute.c exec_needs_mount_namespace)."""
+    name = "nvidia-drivers-580"
+    version = fixtures.FLATCAR_OS_RELEASE.split("VERSION=")[1].split("\n")[0]
+    baked = f"/etc/flatcar/sysext/flatcar-{name}-{version}.raw"
+    image = driver_sysext(workdir, name)
+    merge = ("from gpunode.host import Host\n"
+             "from gpunode.driver import step\n"
+             "from gpunode.driver.modules import KmodTools\n"
+             "import pathlib\n"
+             f"step.merge_baked(Host(pathlib.Path('/')), {name!r}, {baked!r}, KmodTools())\n")
+    with flatcar_boot(built, workdir) as ns:
+        ns.wait_active("gpunode.service")
+        ns.run(["mkdir", "-p", "/etc/flatcar/sysext"])
+        ns.run(["cp", str(image), baked])
+        done = ns.run(["systemd-run", "--wait", "--pipe", "--quiet",
+                       *unit_sandboxing("gpunode.service"),
+                       "/usr/lib/gpunode/bin/python3.11", "-IS", "-c", merge],
+                      check=False, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert ns.run(["cat", f"/usr/share/{name}/README"], check=False).stdout == \
+            f"{name} stand-in\n"
+        assert f"flatcar-{name}" in ns.run(["systemd-sysext", "status"]).stdout
+
+
 def test_a_second_build_elsewhere_gives_the_same_bytes(built: Built) -> None:
     """Reproducible: another work and output directory, the same image (timestamps, byte
     code, modes and owners fixed)."""
