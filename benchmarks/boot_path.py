@@ -9,10 +9,14 @@ Two flows on the same fixture GPU node (a T4 with its driver loaded), several bo
   containerd.service" to containerd active again after the restart.
 
 Both end when containerd is active with the nvidia runtime; gpunode's share is its flow without
-containerd's own start (leaving inactive to active). Also, on a CPU-only node (the no-op every
-non-GPU pool runs): gpunode.service's activation against a unit with the same settings that
-runs `python -c pass`. Timestamps are systemd's own (monotonic, from unit
-properties and the journal). Run as root: `.venv/bin/python benchmarks/boot_path.py`.
+containerd's own start (leaving inactive to active). Both flows run the gpunode a node runs:
+the bundle of gpunode's sysext (packaging/build_sysext.py, built once per run and unpacked
+onto the node's /usr) under gpunode.service as shipped; the venv's interpreter would pay a
+site import and .pth files no node has (~4 ms of the flow here). Also, on a CPU-only node (the
+no-op every non-GPU pool runs): gpunode.service's activation (the venv's gpunode) against a
+unit with the same settings that runs `python -c pass` (the venv's Python). Timestamps are
+systemd's own (monotonic, from unit properties and the journal). Run as root:
+`.venv/bin/python benchmarks/boot_path.py`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from __future__ import annotations
 import secrets
 import shutil
 import statistics
+import subprocess
 import sys
+from pathlib import Path
 
 from gpunode_testing import fixtures
 from gpunode_testing.boot_harness import (
@@ -55,10 +61,29 @@ def journal_start(ns: SystemdNamespace, unit: str) -> int:
     raise SystemExit(f"no 'Starting' message for {unit}")
 
 
-def one_boot(machine: str, flow: str) -> tuple[float, float, bool]:
+def build_bundle(parent: Path) -> Path:
+    """gpunode's sysext, built by packaging/build_sysext.py and unpacked: the tree (its /usr)."""
+    out, tree = parent / "sysext-out", parent / "sysext-tree"
+    done = subprocess.run([sys.executable, str(UNITS.parent / "packaging" / "build_sysext.py"),
+                           "--out", str(out), "--work", str(parent / "sysext-work")],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"building the sysext failed:\n{done.stdout}{done.stderr}")
+    subprocess.run(["unsquashfs", "-no-progress", "-d", str(tree),
+                    str(next(out.glob("gpunode-*.raw")))], capture_output=True, check=True)
+    return tree
+
+
+def bundle_lines(tree: Path) -> list[str]:
+    """Shell lines (after node_prepare's) that put the sysext's gpunode on the node's /usr."""
+    return [f"cp -a {tree}/usr/lib/gpunode /usr/lib/",
+            f"cp {tree}/usr/bin/gpunode /usr/bin/gpunode"]
+
+
+def one_boot(machine: str, flow: str, bundle: Path) -> tuple[float, float, bool]:
     """(milliseconds of the flow, of it without containerd's own start, whether containerd
     ended with the nvidia runtime). gpunode's flow is a node with gpunode's sysext: its
-    shipped containerd drop-in in /usr (units/containerd-env.conf)."""
+    bundle, and its shipped containerd drop-in in /usr (units/containerd-env.conf)."""
     work = WORK_PARENT / f"bench-{secrets.token_hex(4)}"
     work.mkdir(parents=True)
     try:
@@ -71,8 +96,9 @@ def one_boot(machine: str, flow: str) -> tuple[float, float, bool]:
             if flow == "gpunode" else {"peer-configure.service": PEER_UNIT}
         with SystemdNamespace({**units, **extra}, work, overlays=("usr", "var/lib"),
                               enable=tuple({**units, **extra}),
-                              prepare=node_prepare(fixture,
-                                                   shipped_dropin=flow == "gpunode")) as ns:
+                              prepare=[*node_prepare(fixture, gpunode_on_usr=False,
+                                                     shipped_dropin=flow == "gpunode"),
+                                       *bundle_lines(bundle)]) as ns:
             if flow == "peers":
                 ns.wait_for(lambda: int(ns.unit_property(
                     "peer-configure.service", "ExecMainExitTimestampMonotonic") or 0) > 0,
@@ -94,10 +120,19 @@ def one_boot(machine: str, flow: str) -> tuple[float, float, bool]:
 
 def measure(boots: int = BOOTS) -> dict[str, float]:
     """Medians (ms) of each flow, gpunode's share and the CPU node's activations, and ratios."""
+    parent = WORK_PARENT / f"bench-bundle-{secrets.token_hex(4)}"
+    parent.mkdir(parents=True)
+    try:
+        return _measure(boots, build_bundle(parent))
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _measure(boots: int, bundle: Path) -> dict[str, float]:
     samples: dict[str, list[float]] = {"gpunode": [], "peers": [], "share": []}
     for _ in range(boots):  # interleaved, so drift on the machine hits every flow alike
         for flow in ("gpunode", "peers"):
-            ms, share, runtime = one_boot("nc4as-t4-v3", flow)
+            ms, share, runtime = one_boot("nc4as-t4-v3", flow, bundle)
             if not runtime:
                 raise SystemExit(f"{flow}: containerd did not end with the nvidia runtime")
             samples[flow].append(ms)

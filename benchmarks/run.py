@@ -230,16 +230,9 @@ def bench_label(parent: Path, env: dict[str, str]) -> tuple[dict[str, list[float
 def bench_bundle(parent: Path, warm: Path, env: dict[str, str]) -> dict[str, list[float]]:
     """Seconds per run of the bundled and the venv's gpunode, `--version` and the no-op boot of
     the warm node, alternating; the bundle built by packaging/build_sysext.py, unpacked."""
-    out, work, tree = parent / "sysext-out", parent / "sysext-work", parent / "sysext-tree"
-    done = subprocess.run([sys.executable, str(REPO / "packaging" / "build_sysext.py"),
-                           "--out", str(out), "--work", str(work)], capture_output=True,
-                          text=True, check=False)
-    if done.returncode != 0:
-        raise SystemExit(f"building the sysext failed:\n{done.stdout}{done.stderr}")
-    image = next(out.glob("gpunode-*.raw"))
-    subprocess.run(["unsquashfs", "-no-progress", "-d", str(tree), str(image)],
-                   capture_output=True, check=True)
-    bundle = [str(tree / "usr/lib/gpunode/gpunode")]
+    from boot_path import build_bundle
+
+    bundle = [str(build_bundle(parent) / "usr/lib/gpunode/gpunode")]
     venv = gpunode_command()
     plain = {"PATH": "/usr/bin:/bin"}  # as systemd runs it: no virtualenv, no PYTHON*
     return bench_processes({
