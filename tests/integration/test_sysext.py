@@ -390,6 +390,20 @@ def driver_sysext(workdir: Path, name: str) -> Path:
     return image
 
 
+def baked_driver(workdir: Path) -> tuple[str, str, Path, str]:
+    """(driver sysext name, where a bake keeps it on the node, the image to copy there, Python
+    that runs the driver step's merge of it: gpunode.driver.step.merge_baked)."""
+    name = "nvidia-drivers-580"
+    version = fixtures.FLATCAR_OS_RELEASE.split("VERSION=")[1].split("\n")[0]
+    baked = f"/etc/flatcar/sysext/flatcar-{name}-{version}.raw"
+    merge = ("from pathlib import Path\n"
+             "from gpunode.host import Host\n"
+             "from gpunode.driver import step\n"
+             "from gpunode.driver.modules import KmodTools\n"
+             f"step.merge_baked(Host(Path('/')), {name!r}, {baked!r}, KmodTools())\n")
+    return name, baked, driver_sysext(workdir, name), merge
+
+
 def test_a_baked_driver_sysext_merges_from_run_extensions_while_gpunode_runs_from_its_own(
     built: Built, workdir: Path
 ) -> None:
@@ -397,15 +411,7 @@ def test_a_baked_driver_sysext_merges_from_run_extensions_while_gpunode_runs_fro
     inside the namespace) with the real systemd-sysext: the chosen baked file linked from
     /run/extensions merges next to gpunode's own sysext, though a process holds a file of the
     merged /usr open the whole time (gpunode itself runs from there at boot)."""
-    name = "nvidia-drivers-580"
-    version = fixtures.FLATCAR_OS_RELEASE.split("VERSION=")[1].split("\n")[0]
-    baked = f"/etc/flatcar/sysext/flatcar-{name}-{version}.raw"
-    image = driver_sysext(workdir, name)
-    merge = ("from pathlib import Path\n"
-             "from gpunode.host import Host\n"
-             "from gpunode.driver import step\n"
-             "from gpunode.driver.modules import KmodTools\n"
-             f"step.merge_baked(Host(Path('/')), {name!r}, {baked!r}, KmodTools())\n")
+    name, baked, image, merge = baked_driver(workdir)
     with flatcar_boot(built, workdir) as ns:
         ns.wait_active("gpunode.service")
         ns.run(["mkdir", "-p", "/etc/flatcar/sysext"])
@@ -444,15 +450,7 @@ def test_the_driver_merge_from_inside_gpunode_service_reaches_the_node(
     the merged /usr): what it merges is the node's /usr, for containerd, the kubelet and every
     later unit, not a mount namespace of gpunode's own that ends with it (PrivateTmp= and
     ProtectHome= would make one: src/core/execute.c exec_needs_mount_namespace)."""
-    name = "nvidia-drivers-580"
-    version = fixtures.FLATCAR_OS_RELEASE.split("VERSION=")[1].split("\n")[0]
-    baked = f"/etc/flatcar/sysext/flatcar-{name}-{version}.raw"
-    image = driver_sysext(workdir, name)
-    merge = ("from gpunode.host import Host\n"
-             "from gpunode.driver import step\n"
-             "from gpunode.driver.modules import KmodTools\n"
-             "import pathlib\n"
-             f"step.merge_baked(Host(pathlib.Path('/')), {name!r}, {baked!r}, KmodTools())\n")
+    name, baked, image, merge = baked_driver(workdir)
     with flatcar_boot(built, workdir) as ns:
         ns.wait_active("gpunode.service")
         ns.run(["mkdir", "-p", "/etc/flatcar/sysext"])
