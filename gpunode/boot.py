@@ -441,10 +441,6 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters,
     if adapters.probe is not None:  # a program started early and never asked (locate.early)
         adapters.probe.discard()
     write_record(host, run)
-    # Before READY=1 (`recorded`): an open connection to systemd's private socket makes PID 1
-    # write containerd's start, as it schedules it, to a gpunode that no longer listens
-    # (~2 ms of that hand-over in the real-systemd harness, benchmarks/boot_path.py).
-    adapters.systemd.close()
     if recorded is not None:
         recorded(run)
     if run.outcome != "failed":

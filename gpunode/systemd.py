@@ -75,8 +75,6 @@ class Systemd(Protocol):
 
     def restart(self, unit: str, timeout: float) -> None: ...
 
-    def close(self) -> None: ...
-
 
 class NoSystemd:
     """No service manager owns this tree (a fixture or a mounted image): nothing runs."""
@@ -101,9 +99,6 @@ class NoSystemd:
 
     def restart(self, unit: str, timeout: float) -> None:
         raise SystemdError(unit, "restart", "no systemd manages this root")
-
-    def close(self) -> None:
-        return None
 
 
 class DbusSystemd:
@@ -260,14 +255,6 @@ class DbusSystemd:
                 raise SystemdError(unit, "restart", f"it is {state} ({sub}) after the restart")
             time.sleep(0.05)
         raise SystemdError(unit, "restart", f"the restart job did not finish within {timeout:g} s")
-
-    def close(self) -> None:
-        """The connection closed, if one is open; a later call opens another. While it is
-        open, systemd writes every unit's changes to it (src/core/dbus.c bus_foreach_bus:
-        "Send to all direct buses, unconditionally"), whether or not gpunode reads them."""
-        if self._bus is not None:
-            self._bus.close()
-            self._bus = None
 
 
 def _unit_path(unit: str) -> str:

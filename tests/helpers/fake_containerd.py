@@ -23,7 +23,6 @@ class RecordingSystemd:
     broken: set[str] = field(default_factory=set)
     host: Host | None = None
     calls: list[str] = field(default_factory=list)
-    closed: int = 0  # close() calls: boot closes before READY=1
 
     def active_state(self, unit: str) -> str:
         return self.state
@@ -33,9 +32,6 @@ class RecordingSystemd:
 
     def daemon_reload(self) -> None:
         self.calls.append("daemon-reload")
-
-    def close(self) -> None:
-        self.closed += 1
 
     def restart(self, unit: str, timeout: float) -> None:
         self.calls.append(f"restart {unit}")

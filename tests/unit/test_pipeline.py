@@ -381,27 +381,3 @@ def test_a_failure_to_locate_early_is_the_containerd_step_s_own(
     step = next(s for s in run.steps if s["name"] == "containerd")
     assert "exists but is not the config containerd uses" in step["error"]
     assert step["code"] == "containerd-step-failed" and len(tries) == 1
-
-
-class ClosingSystemd(NoSystemd):
-    """Records when the boot closes its connection to systemd."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def close(self) -> None:
-        self.events.append("close")
-
-
-def test_boot_closes_its_systemd_connection_before_it_says_ready(
-    make_host: HostFactory,
-) -> None:
-    """systemd writes every unit change to every open private connection: one gpunode keeps
-    open while it says READY=1 makes PID 1 write containerd's start to nobody reading."""
-    host = make_host(T4, "ready")
-    systemd = ClosingSystemd()
-    adapters = boot.Adapters(systemd=systemd, kmod=None)  # type: ignore[arg-type]
-    run = boot.boot(host, AgentConfig(), adapters,
-                    recorded=lambda run: systemd.events.append(f"ready {run.outcome}"))
-    assert run.outcome == "ok", run.steps
-    assert systemd.events == ["close", "ready ok"]
