@@ -11,11 +11,11 @@ Two flows on the same fixture GPU node (a T4 with its driver loaded), several bo
 Both end when containerd is active with the nvidia runtime; gpunode's share is its flow without
 containerd's own start (leaving inactive to active). Both flows run the gpunode a node runs:
 the bundle of gpunode's sysext (packaging/build_sysext.py, built once per run and unpacked
-onto the node's /usr) under gpunode.service as shipped; the venv's interpreter would pay a
-site import and .pth files no node has (~4 ms of the flow here). Also, on a CPU-only node (the
-no-op every non-GPU pool runs): gpunode.service's activation (the venv's gpunode) against a
-unit with the same settings that runs `python -c pass` (the venv's Python). Timestamps are
-systemd's own (monotonic, from unit properties and the journal). Run as root:
+onto the node's /usr) under gpunode.service as shipped, not the venv's interpreter with the
+site import and .pth files no node has. Also, on a CPU-only node (the no-op every non-GPU
+pool runs): gpunode.service's activation (the venv's gpunode) against a unit with the same
+settings that runs `python -c pass` (the venv's Python). Timestamps are systemd's own
+(monotonic, from unit properties and the journal). Run as root:
 `.venv/bin/python benchmarks/boot_path.py`.
 """
 
