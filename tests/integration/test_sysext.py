@@ -436,11 +436,12 @@ NOT_SANDBOXING = {"Type", "NotifyAccess", "RemainAfterExit", "ExecStart", "Timeo
 
 
 def unit_sandboxing(unit: str) -> list[str]:
-    """gpunode.service's other [Service] settings, as `systemd-run -p` arguments."""
-    lines = (UNITS / unit).read_text().split("[Service]\n", 1)[1].split("\n[", 1)[0]
-    settings = [line for line in lines.splitlines() if line and not line.startswith("#")]
-    return [arg for line in settings if line.split("=", 1)[0] not in NOT_SANDBOXING
-            for arg in ("-p", line)]
+    """gpunode.service's other [Service] settings, as `systemd-run -p` arguments (read as
+    gpunode reads units: gpunode.systemd_unit)."""
+    from gpunode.systemd_unit import _service_assignments
+
+    return [arg for key, value in _service_assignments((UNITS / unit).read_text())
+            if key not in NOT_SANDBOXING for arg in ("-p", f"{key}={value}")]
 
 
 def test_the_driver_merge_from_inside_gpunode_service_reaches_the_node(
