@@ -17,7 +17,10 @@ What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4
    configured (a fresh copy per run, so every boot writes the spec and the runtime): the step's
    own `duration_ms` from its `step.done` event against the boot process's wall time.
 5. The bundle nodes run: packaging/build_sysext.py's relocated Python, built and unpacked
-   here, against the venv's console script, for `--version` and the no-op boot.
+   here, against the venv's console script, for `--version` and the no-op boot; and the
+   bundled CPython's own `-IS -c pass` (another build than the venv's where the build machine
+   has the distribution's python3.11, which the build takes; the ratios stay against the
+   venv's `python -c pass`).
 6. The boot path in a real systemd (benchmarks/boot_path.py; as root, where the systemd
    namespace harness runs; otherwise its keys are null and the reason is printed).
 7. `gpunode watch`, the daemon (watch_daemon.py): an Xid line to its GPUReady PATCH (median,
@@ -232,10 +235,12 @@ def bench_bundle(parent: Path, warm: Path, env: dict[str, str]) -> dict[str, lis
     the warm node, alternating; the bundle built by packaging/build_sysext.py, unpacked."""
     from boot_path import build_bundle
 
-    bundle = [str(build_bundle(parent) / "usr/lib/gpunode/gpunode")]
+    bundled = build_bundle(parent) / "usr/lib/gpunode"
+    bundle = [str(bundled / "gpunode")]
     venv = gpunode_command()
     plain = {"PATH": "/usr/bin:/bin"}  # as systemd runs it: no virtualenv, no PYTHON*
     return bench_processes({
+        "bundle_python_pass": [str(bundled / "bin/python3.11"), "-IS", "-c", "pass"],
         "bundle_version": [*bundle, "--version"], "venv_version": [*venv, "--version"],
         "bundle_noop": [*bundle, "--root", str(warm), "boot"],
         "venv_noop": [*venv, "--root", str(warm), "boot"],
@@ -364,6 +369,9 @@ def main() -> int:
             ours / venv
         print(f"  bundled gpunode ({'--version' if what == 'version' else 'no-op boot'}): "
               f"median {ours:.1f} ms, {ours / venv:.2f}x the venv's {venv:.1f} ms")
+    summary["bundle_python_pass_ms"] = median_ms(bundle["bundle_python_pass"])
+    print(f"  bundled CPython, -IS -c pass: median {summary['bundle_python_pass_ms']:.1f} ms "
+          f"(the venv's python -c pass, which the ratios are against: {base:.1f} ms)")
     summary.update(watch_daemon.report(watched))
     figures = boot_path_figures()
     pass_ms = summary["python_pass_ms"]

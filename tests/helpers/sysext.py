@@ -49,14 +49,22 @@ WantedBy=sysinit.target
 
 
 def load_build_script() -> ModuleType:
+    """packaging/build_sysext.py as a module (once: later calls return the same one)."""
+    if "build_sysext" in sys.modules:
+        return sys.modules["build_sysext"]
     spec = importlib.util.spec_from_file_location("build_sysext", BUILD_SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    # registered first, as an import does: its dataclass looks its module up there
+    sys.modules["build_sysext"] = module
     # Not packaging/__pycache__: a test writes only where it says (the boundary guard), and
     # where PYTHONDONTWRITEBYTECODE is unset the import would write the script's bytecode.
     writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["build_sysext"]
+        raise
     finally:
         sys.dont_write_bytecode = writes
     return module

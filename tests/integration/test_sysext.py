@@ -144,6 +144,44 @@ def test_extension_release_matches_flatcar_at_sysext_level_1_0_on_x86_64(built: 
     assert os.getxattr(release, "user.extension-release.strict") == b"0"
 
 
+def test_the_bundle_carries_the_distributions_cpython_where_the_build_machine_has_one(
+        built: Built) -> None:
+    """Debian's /usr/bin/python3.11 (profile-guided, link-time optimised, libpython and the
+    common extension modules linked in), not the interpreter that ran the build, where the
+    machine has one; the build says which."""
+    packaged = Path("/usr/bin/python3.11")
+    expected = packaged if packaged.is_file() else \
+        Path(os.path.realpath(getattr(sys, "_base_executable", sys.executable)))
+    ask = ["-IS", "-c", "import sys; print(sys.version, sorted(sys.builtin_module_names))"]
+    bundled = subprocess.run([str(built.tree / "usr/lib/gpunode/bin/python3.11"), *ask],
+                             env=NO_VENV, capture_output=True, text=True, timeout=60,
+                             check=True).stdout
+    assert bundled == subprocess.run([str(expected), *ask], env=NO_VENV, capture_output=True,
+                                     text=True, timeout=60, check=True).stdout
+    version = bundled.split()[0]
+    assert f"python   {expected.resolve()} (CPython {version})\n" in built.stdout
+
+
+def test_a_python_the_bundle_cannot_carry_is_refused_before_anything_is_built(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = load_build_script()
+    other = tmp_path / "python3.12"  # answers as another 3.X would
+    answer = {"implementation": "cpython", "version": "3.12.1", "minor": [3, 12],
+              "soabi": "cpython-312-x86_64-linux-gnu"}
+    other.write_text(f"#!/bin/sh\necho '{json.dumps(answer)}'\n")
+    other.chmod(0o755)
+    cases = {str(tmp_path / "missing"): "cannot run it",
+             "/bin/false": "not a Python that runs `-IS -c` (exit 1)",
+             str(other): "cpython 3.12.1 (cpython-312-x86_64-linux-gnu); the bundle needs "
+                         "cpython 3.11"}
+    for python, message in cases.items():
+        out = tmp_path / "out"
+        assert script.main(["--python", python, "--out", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"build_sysext: error: --python {python}: ") and message in err, err
+        assert err.count("\n") == 1 and not out.exists()
+
+
 def test_release_text_for_any_os_names_id_any() -> None:
     text = load_build_script().release_text("_any")
     assert text.splitlines()[:3] == ["ID=_any", "SYSEXT_LEVEL=1.0", "ARCHITECTURE=x86-64"]
