@@ -371,7 +371,8 @@ def main() -> int:
               f"median {ours:.1f} ms, {ours / venv:.2f}x the venv's {venv:.1f} ms")
     summary["bundle_python_pass_ms"] = median_ms(bundle["bundle_python_pass"])
     print(f"  bundled CPython, -IS -c pass: median {summary['bundle_python_pass_ms']:.1f} ms "
-          f"(the venv's python -c pass, which the ratios are against: {base:.1f} ms)")
+          f"(the venv's python -c pass, which the ratios are against: "
+          f"{summary['python_pass_ms']:.1f} ms)")
     summary.update(watch_daemon.report(watched))
     figures = boot_path_figures()
     pass_ms = summary["python_pass_ms"]
