@@ -219,8 +219,11 @@ def interpreter(python: str) -> Interpreter:
                          f"{'.'.join(map(str, wanted[1]))} ({wanted[2]}), as this script's "
                          "environment, whose packages it carries (run the script with that "
                          "Python's virtualenv to bundle another 3.X)")
-    return Interpreter(Path(described["executable"]), described["version"],
-                       Path(described["stdlib"]), Path(described["dynload"]))
+    paths = [described.get(key) for key in ("executable", "version", "stdlib", "dynload")]
+    if not all(isinstance(value, str) and value for value in paths):
+        raise BuildError(f"--python {python}: it does not say where its executable, standard "
+                         "library and extension modules lie (sysconfig)")
+    return Interpreter(Path(paths[0]), paths[1], Path(paths[2]), Path(paths[3]))
 
 
 def version() -> str:

@@ -15,6 +15,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,10 +171,19 @@ def test_a_python_the_bundle_cannot_carry_is_refused_before_anything_is_built(
               "soabi": "cpython-312-x86_64-linux-gnu"}
     other.write_text(f"#!/bin/sh\necho '{json.dumps(answer)}'\n")
     other.chmod(0o755)
+    vague = tmp_path / "python3.11"  # this 3.X and ABI, but no paths
+    vague.write_text("#!/bin/sh\necho '" + json.dumps({
+        "implementation": sys.implementation.name, "minor": list(sys.version_info[:2]),
+        "soabi": sysconfig.get_config_var("SOABI"), "stdlib": 3}) + "'\n")
+    vague.chmod(0o755)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
     cases = {str(tmp_path / "missing"): "cannot run it",
              "/bin/false": "not a Python that runs `-IS -c` (exit 1)",
              str(other): "cpython 3.12.1 (cpython-312-x86_64-linux-gnu); the bundle needs "
-                         "cpython 3.11"}
+                         "cpython 3.11",
+             str(vague): "it does not say where its executable, standard library",
+             str(fifo): "cannot run it"}
     for python, message in cases.items():
         out = tmp_path / "out"
         assert script.main(["--python", python, "--out", str(out)]) == 1
