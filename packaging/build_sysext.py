@@ -278,7 +278,7 @@ def check_tools() -> None:
                          "patchelf binutils libc-bin")
 
 
-# -- the bundle: this Python, relocated -------------------------------------------------------
+# -- the bundle: a CPython, relocated ---------------------------------------------------------
 
 
 def bundle(work: Path, python: Interpreter) -> Path:
