@@ -36,8 +36,12 @@ class Started:
     other). `run` is one started and waited for at once."""
 
     def __init__(self, argv: Sequence[str], timeout: float = 30.0,
-                 env: Mapping[str, str] | None = None) -> None:
-        """`env`: variables set for the program over gpunode's own environment."""
+                 env: Mapping[str, str] | None = None, own_session: bool = False) -> None:
+        """`env`: variables set for the program over gpunode's own environment; `own_session`:
+        the program leads a session of its own (setsid), where a kernel that groups tasks by
+        session for scheduling (CONFIG_SCHED_AUTOGROUP, Flatcar's included) gives it a CPU share
+        of its own: a program run beside gpunode's own work then takes its time from the
+        whole machine, not half of gpunode's."""
         self.argv = list(argv)
         self._deadline = time.monotonic() + timeout
         self._timeout = timeout
@@ -55,7 +59,7 @@ class Started:
             environment = {**os.environ, **env} if env else os.environ
             self.pid = os.posix_spawnp(self.argv[0], self.argv, environment, file_actions=[
                 (os.POSIX_SPAWN_DUP2, out[1], 1), (os.POSIX_SPAWN_DUP2, err[1], 2)],
-                setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ))
+                setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ), setsid=own_session)
         except OSError as exc:
             self._error = CommandFailed(argv, None, exc.strerror or str(exc),
                                         "could not be started")

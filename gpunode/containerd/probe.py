@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from gpunode import command, log
 from gpunode.containerd import early, edit
-from gpunode.containerd.early import PROBE_ENV, VERSION_TIMEOUT
+from gpunode.containerd.early import VERSION_TIMEOUT
 from gpunode.errors import GpunodeError
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
@@ -51,8 +51,7 @@ class CommandProbe:
                      self._dump_argv(binary, path) if path else ()):
             if argv and argv not in self._started:
                 timeout = VERSION_TIMEOUT if len(argv) == 2 else DUMP_TIMEOUT
-                self._started[argv] = early.take(argv) or command.Started(argv, timeout,
-                                                                           PROBE_ENV)
+                self._started[argv] = early.take(argv) or early.started(argv, timeout)
 
     def discard(self) -> None:
         """Stop and reap what was started and never asked for (a dump nobody needed)."""
@@ -63,7 +62,7 @@ class CommandProbe:
 
     def _run(self, argv: tuple[str, ...], timeout: float) -> str:
         started = self._started.pop(argv, None) or early.take(argv) or \
-            command.Started(argv, timeout, PROBE_ENV)
+            early.started(argv, timeout)
         return started.result()
 
     def _version_argv(self, binary: str) -> tuple[str, ...]:

@@ -125,6 +125,32 @@ def test_containerd_is_probed_without_go_s_garbage_collector(tmp_path: Path) -> 
                     "off 512MiB --version"]
 
 
+def test_containerd_probes_run_in_a_session_of_their_own(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The early `--version` and the probe's `config dump` lead their own sessions (the
+    kernel's autogroup then schedules them apart from gpunode, early.started); any other
+    program stays in gpunode's."""
+    from gpunode.containerd import early
+    from gpunode.containerd.probe import CommandProbe
+
+    fake = tmp_path / "containerd"
+    fake.write_text('#!/bin/sh\nread -r pid comm state ppid pgrp session rest < /proc/$$/stat\n'
+                    'echo "$*: $([ "$session" = "$$" ] && echo own || echo $session)" '
+                    '>> "${0%/*}/seen"\n'
+                    'echo "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6"\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(early, "BINARY", str(fake))
+    early.start("/")
+    probe = CommandProbe()
+    probe.prefetch(str(fake), "/etc/containerd/config.toml", version=True)
+    assert probe.version(str(fake)) == (1, 7)
+    probe.discard()
+    run([str(fake), "plain"])
+    seen = sorted((tmp_path / "seen").read_text().splitlines())
+    assert seen == ["--config /etc/containerd/config.toml config dump: own", "--version: own",
+                    f"plain: {os.getsid(0)}"]
+
+
 def test_output_is_text_as_popen_gave_it_and_bad_bytes_are_one_error() -> None:
     assert run(["printf", "a\\r\\nb\\rc\\n"]) == "a\nb\nc\n"  # universal newlines
     assert run(["printf", "\\303\\251\\n"]) == "\u00e9\n"
