@@ -8,15 +8,27 @@ Two flows on the same fixture GPU node (a T4 with its driver loaded), several bo
   GPU Operator's toolkit container and Flatcar's own flow). Measured from "Starting
   containerd.service" to containerd active again after the restart.
 
-Both end when containerd is active with the nvidia runtime; gpunode's share is its flow without
-containerd's own start (leaving inactive to active). Both flows run the gpunode a node runs:
-the bundle of gpunode's sysext (packaging/build_sysext.py, built once per run and unpacked
-onto the node's /usr) under gpunode.service as shipped, not the venv's interpreter with the
-site import and .pth files no node has. Also, on a CPU-only node (the no-op every non-GPU
-pool runs): gpunode.service's activation (the venv's gpunode) against a unit with the same
-settings that runs `python -c pass` (the venv's Python). Timestamps are systemd's own
-(monotonic, from unit properties and the journal). Run as root:
-`.venv/bin/python benchmarks/boot_path.py`.
+Both end when containerd is active with the nvidia runtime. gpunode's share is its flow
+without containerd's own start: from "Starting gpunode.service" to gpunode.service active
+(its READY=1), the moment systemd may start containerd. What follows is containerd's start,
+systemd's part of it included: the manager spawns containerd and, before the unit leaves
+"inactive", writes its PID into the new cgroup, and on this 2-CPU machine's kernel (HZ=250)
+that one write waits for an RCU grace period, ~9-15 ms (strace of PID 1: `write(…/
+containerd.service/cgroup.procs) <0.009238>`; systemd 252 attaches from the manager, later
+ones spawn into the cgroup). So the run also boots a control: a unit in gpunode.service's
+place that only sleeps and says READY=1 (CONTROL_SLEEP, about when gpunode says it), and
+reports the gap from READY=1 to containerd leaving "inactive" after each: the same gap after
+both is systemd's, more after gpunode would be gpunode's exit slowing containerd's start.
+The share as earlier runs measured it, to containerd leaving "inactive", is reported beside
+(boot_path_gpunode_share_with_spawn_ms).
+
+Both flows run the gpunode a node runs: the bundle of gpunode's sysext
+(packaging/build_sysext.py, built once per run and unpacked onto the node's /usr) under
+gpunode.service as shipped, not the venv's interpreter with the site import and .pth files no
+node has. Also, on a CPU-only node (the no-op every non-GPU pool runs): gpunode.service's
+activation (the venv's gpunode) against a unit with the same settings that runs `python -c
+pass` (the venv's Python). Timestamps are systemd's own (monotonic, from unit properties and
+the journal). Run as root: `.venv/bin/python benchmarks/boot_path.py`.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpunode_testing import fixtures
@@ -38,7 +51,8 @@ from gpunode_testing.boot_harness import (
 )
 from gpunode_testing.systemd_ns import SystemdNamespace
 
-BOOTS = 5
+BOOTS = 7
+CONTROL_SLEEP = 0.06  # seconds the control unit sleeps before READY=1 (gpunode: ~50-80 ms)
 PEER_UNIT = """[Unit]
 Description=the peers' flow: configure the runtime after containerd started, then restart it
 After=containerd.service
@@ -80,10 +94,38 @@ def bundle_lines(tree: Path) -> list[str]:
             f"cp {tree}/usr/bin/gpunode /usr/bin/gpunode"]
 
 
-def one_boot(machine: str, flow: str, bundle: Path) -> tuple[float, float, bool]:
-    """(milliseconds of the flow, of it without containerd's own start, whether containerd
-    ended with the nvidia runtime). gpunode's flow is a node with gpunode's sysext: its
-    bundle, and its shipped containerd drop-in in /usr (units/containerd-env.conf)."""
+def control_unit(bundle: Path) -> str:
+    """gpunode.service with its ExecStart replaced: the bundle's Python (`bundle`, the tree),
+    which sleeps CONTROL_SLEEP and says READY=1 (systemd 252's notify socket is a path)."""
+    python = min((bundle / "usr/lib/gpunode/bin").glob("python3*")).name
+    script = (f"import os, socket, time; time.sleep({CONTROL_SLEEP}); "
+              "socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b'READY=1', "
+              "os.environ['NOTIFY_SOCKET'])")
+    unit = (UNITS / "gpunode.service").read_text()
+    return unit.replace("ExecStart=/usr/bin/gpunode boot",
+                        f'ExecStart=/usr/lib/gpunode/bin/{python} -IS -c "{script}"')
+
+
+@dataclass(frozen=True)
+class Boot:
+    """One boot's figures (ms): `flow` from the first unit's "Starting" to containerd active;
+    for gpunode's flow and the control also `share` (to gpunode.service active), `spawn`
+    (from then to containerd leaving "inactive") and `with_spawn` (share + spawn)."""
+
+    flow: float
+    share: float | None
+    spawn: float | None
+    runtime: bool  # containerd ended with the nvidia runtime
+
+    @property
+    def with_spawn(self) -> float | None:
+        return None if self.share is None or self.spawn is None else self.share + self.spawn
+
+
+def one_boot(machine: str, flow: str, bundle: Path) -> Boot:
+    """One boot of `flow`: "gpunode" (a node with gpunode's sysext: its bundle, and its
+    shipped containerd drop-in in /usr, units/containerd-env.conf), "peers", or "control"
+    (gpunode's node with control_unit() as gpunode.service)."""
     work = WORK_PARENT / f"bench-{secrets.token_hex(4)}"
     work.mkdir(parents=True)
     try:
@@ -91,13 +133,14 @@ def one_boot(machine: str, flow: str, bundle: Path) -> tuple[float, float, bool]
         fixtures.build(fixtures.MACHINES[machine], fixture,
                        fixtures.Options(state="driver", flat_sysfs=True, dev_nodes="plain"))
         units = {"containerd.service": CONTAINERD_UNIT, "kubelet.service": KUBELET_UNIT}
-        first = "gpunode.service" if flow == "gpunode" else "containerd.service"
-        extra = {"gpunode.service": (UNITS / "gpunode.service").read_text()} \
-            if flow == "gpunode" else {"peer-configure.service": PEER_UNIT}
+        first = "containerd.service" if flow == "peers" else "gpunode.service"
+        extra = {"peer-configure.service": PEER_UNIT} if flow == "peers" else \
+            {"gpunode.service": control_unit(bundle) if flow == "control"
+             else (UNITS / "gpunode.service").read_text()}
         with SystemdNamespace({**units, **extra}, work, overlays=("usr", "var/lib"),
                               enable=tuple({**units, **extra}),
                               prepare=[*node_prepare(fixture, gpunode_on_usr=False,
-                                                     shipped_dropin=flow == "gpunode"),
+                                                     shipped_dropin=flow != "peers"),
                                        *bundle_lines(bundle)]) as ns:
             if flow == "peers":
                 ns.wait_for(lambda: int(ns.unit_property(
@@ -108,12 +151,16 @@ def one_boot(machine: str, flow: str, bundle: Path) -> tuple[float, float, bool]
             times = ns.unit_properties("containerd.service", "ActiveEnterTimestampMonotonic",
                                        "InactiveExitTimestampMonotonic")
             end = int(times["ActiveEnterTimestampMonotonic"])
-            own_start = end - int(times["InactiveExitTimestampMonotonic"])
+            share = spawn = None
+            if flow != "peers":
+                ready = int(ns.unit_property("gpunode.service",
+                                             "ActiveEnterTimestampMonotonic"))
+                share = (ready - start) / 1000
+                spawn = (int(times["InactiveExitTimestampMonotonic"]) - ready) / 1000
             argv = ns.main_argv("containerd.service")
             config = argv[2] if len(argv) > 2 else ""
             dump = ns.run(["containerd", "--config", config, "config", "dump"]).stdout
-            return ((end - start) / 1000, (end - start - own_start) / 1000,
-                    "nvidia-container-runtime" in dump)
+            return Boot((end - start) / 1000, share, spawn, "nvidia-container-runtime" in dump)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -129,25 +176,30 @@ def measure(boots: int = BOOTS) -> dict[str, float]:
 
 
 def _measure(boots: int, bundle: Path) -> dict[str, float]:
-    samples: dict[str, list[float]] = {"gpunode": [], "peers": [], "share": []}
+    runs: dict[str, list[Boot]] = {"gpunode": [], "peers": [], "control": []}
     for _ in range(boots):  # interleaved, so drift on the machine hits every flow alike
-        for flow in ("gpunode", "peers"):
-            ms, share, runtime = one_boot("nc4as-t4-v3", flow, bundle)
-            if not runtime:
+        for flow in runs:
+            boot = one_boot("nc4as-t4-v3", flow, bundle)
+            if flow != "control" and not boot.runtime:
                 raise SystemExit(f"{flow}: containerd did not end with the nvidia runtime")
-            samples[flow].append(ms)
-            if flow == "gpunode":
-                samples["share"].append(share)
+            runs[flow].append(boot)
     cpu = [one_boot_cpu(python_first=i % 2 == 1) for i in range(boots + 1)]
     configured = [one_boot_cpu(agent_config=True, python_first=i % 2 == 1)
                   for i in range(boots + 1)]
     gpunode_cpu = statistics.median(c[0] for c in cpu)
     python_unit = statistics.median(c[1] for c in cpu + configured)
     gpunode_configured = statistics.median(c[0] for c in configured)
-    ours, peers = statistics.median(samples["gpunode"]), statistics.median(samples["peers"])
+
+    def median(flow: str, figure: str) -> float:
+        return statistics.median(getattr(boot, figure) for boot in runs[flow])
+
+    ours, peers = median("gpunode", "flow"), median("peers", "flow")
     return {"boot_path_gpunode_ms": ours, "boot_path_peers_ms": peers,
             "boot_path_peers_ratio": peers / ours,
-            "boot_path_gpunode_share_ms": statistics.median(samples["share"]),
+            "boot_path_gpunode_share_ms": median("gpunode", "share"),
+            "boot_path_containerd_spawn_ms": median("gpunode", "spawn"),
+            "boot_path_control_spawn_ms": median("control", "spawn"),
+            "boot_path_gpunode_share_with_spawn_ms": median("gpunode", "with_spawn"),
             "cpu_node_gpunode_unit_ms": gpunode_cpu, "cpu_node_python_unit_ms": python_unit,
             "cpu_node_noop_ratio": gpunode_cpu / python_unit,
             "cpu_node_configured_unit_ms": gpunode_configured,
@@ -158,7 +210,13 @@ def report(result: dict[str, float], boots: int = BOOTS) -> None:
     print(f"boot path in a real systemd ({boots} boots each, medians):")
     print(f"  gpunode: gpunode.service start → containerd active with the runtime: "
           f"{result['boot_path_gpunode_ms']:.0f} ms (containerd started once); gpunode's own "
-          f"share (without containerd's start): {result['boot_path_gpunode_share_ms']:.0f} ms")
+          f"share (to gpunode.service active, when containerd may start): "
+          f"{result['boot_path_gpunode_share_ms']:.0f} ms")
+    print(f"  systemd's spawn of containerd (from READY=1 to containerd leaving inactive): "
+          f"{result['boot_path_containerd_spawn_ms']:.0f} ms after gpunode, "
+          f"{result['boot_path_control_spawn_ms']:.0f} ms after a unit that only sleeps "
+          f"{CONTROL_SLEEP * 1000:.0f} ms and says READY=1; the share with it, as earlier runs "
+          f"measured it: {result['boot_path_gpunode_share_with_spawn_ms']:.0f} ms")
     print(f"  peers: containerd start → configured → restarted → active: "
           f"{result['boot_path_peers_ms']:.0f} ms (containerd started twice)")
     print(f"  ratio peers / gpunode: {result['boot_path_peers_ratio']:.2f}")

@@ -35,7 +35,8 @@ among them the keys one run is compared with another by: python_pass_ms, noop_bo
 pipeline_boot_ratio, status_ratio, bundle_version_ratio_vs_venv,
 bundle_noop_boot_ratio_vs_venv, boot_path_gpunode_ms, boot_path_peers_ms,
 boot_path_gpunode_share_ms, boot_path_gpunode_share_ratio (the share over python_pass_ms) and
-cpu_node_noop_ratio.
+cpu_node_noop_ratio; boot_path_gpunode_share_with_spawn_ms and its ratio are the share as runs
+before 2026-12-04 measured it, with systemd's spawn of containerd (boot_path.py says why).
 """
 
 from __future__ import annotations
@@ -250,7 +251,9 @@ def bench_bundle(parent: Path, warm: Path, env: dict[str, str]) -> dict[str, lis
 def boot_path_figures() -> dict[str, float | None]:
     """benchmarks/boot_path.py's figures; None for each where the harness cannot run."""
     keys = ("boot_path_gpunode_ms", "boot_path_peers_ms", "boot_path_peers_ratio",
-            "boot_path_gpunode_share_ms", "cpu_node_gpunode_unit_ms",
+            "boot_path_gpunode_share_ms", "boot_path_containerd_spawn_ms",
+            "boot_path_control_spawn_ms", "boot_path_gpunode_share_with_spawn_ms",
+            "cpu_node_gpunode_unit_ms",
             "cpu_node_python_unit_ms", "cpu_node_noop_ratio", "cpu_node_configured_unit_ms",
             "cpu_node_configured_ratio")
     if os.geteuid() != 0:
@@ -377,12 +380,15 @@ def main() -> int:
     figures = boot_path_figures()
     pass_ms = summary["python_pass_ms"]
     share = figures["boot_path_gpunode_share_ms"]
+    with_spawn = figures["boot_path_gpunode_share_with_spawn_ms"]
     summary.update({
         "noop_boot_ratio": summary["boot_warm_ratio"],
         "pipeline_boot_ratio": summary["boot_pipeline_ratio"],
         "status_ratio": summary["status_process_ratio"],
         **figures,
-        "boot_path_gpunode_share_ratio": share / pass_ms if share is not None else None})
+        "boot_path_gpunode_share_ratio": share / pass_ms if share is not None else None,
+        "boot_path_gpunode_share_with_spawn_ratio":
+            with_spawn / pass_ms if with_spawn is not None else None})
     print(json.dumps({name: None if value is None else round(value, 4)
                       for name, value in summary.items()}, sort_keys=True))
     return 0
