@@ -23,13 +23,14 @@ boot: its bootloader, its archive importer and its run-time hooks. This interpre
 none: the launcher is `exec <dir>/bin/python3.11 -IS -c 'from gpunode.entry import run; run()'`
 (-I: no PYTHON* variables, no user site, no script directory on the path; -S: no site, since
 everything lies in the standard library's directory), the byte code is unchecked hash-based
-(no source stat at import, the same bytes from every build), and it starts as fast as the
-virtualenv or faster (no site). Python finds its standard library from where its executable
-lies (lib/python3.11/os.py), and each ELF file its libraries through an RPATH set with patchelf
-($ORIGIN/../lib), so the programs gpunode runs get the caller's environment: no
-LD_LIBRARY_PATH is set for them to inherit, and they load the node's own libcrypto, not the
-bundle's. The launcher finds the interpreter relative to its own path, so the unpacked tree
-runs anywhere (tests, the benchmark, an image bake) and the merged one from /usr.
+(no source stat at import, the same bytes from every build) and without column positions
+(NO_COLUMNS), and it starts as fast as the virtualenv or faster (no site). Python finds its
+standard library from where its executable lies (lib/python3.11/os.py), and each ELF file its
+libraries through an RPATH set with patchelf ($ORIGIN/../lib), so the programs gpunode runs
+get the caller's environment: no LD_LIBRARY_PATH is set for them to inherit, and they load the
+node's own libcrypto, not the bundle's. The launcher finds the interpreter relative to its
+own path, so the unpacked tree runs anywhere (tests, the benchmark, an image bake) and the
+merged one from /usr.
 
 **Which CPython.** `--python` names the interpreter to bundle; by default the distribution's
 own /usr/bin/python3.X (of the 3.X running this script) where the build machine has one, else
@@ -120,6 +121,11 @@ CONTAINERD_DROP_IN = Path("usr/lib/systemd/system/containerd.service.d/10-gpunod
 RELEASE = Path(f"usr/lib/extension-release.d/extension-release.{NAME}")
 STRICT_XATTR = "user.extension-release.strict"
 STDLIB = f"python{sys.version_info.major}.{sys.version_info.minor}"  # the interpreter, its lib/
+# The bundle's code is compiled without column positions (PEP 657's ranges, which only put
+# carets under a traceback's failing expression; line numbers stay): the code objects a boot
+# unmarshals are ~7 % smaller and load ~16 % faster, and a fixture GPU node's first boot
+# (--config, nothing to change) took a median 42.4 instead of 43.6 ms, 80 runs each alternating.
+NO_COLUMNS = ("-X", "no_debug_ranges")
 
 DROP_IN_TEXT = f"""\
 # Installed by the gpunode system extension ({NAME}-<version>-{ARCHITECTURE}.raw).
@@ -310,11 +316,12 @@ def bundle(work: Path, python: Interpreter) -> Path:
     link_libraries(out)
     compile_all(out / "bin" / STDLIB, stdlib)
     # the compiled code of gpunode's dataclass methods (gpunode/dataclass_cache.py)
-    run([str(out / "bin" / STDLIB), "-IS", "-m", "gpunode.dataclass_cache"],
+    run([str(out / "bin" / STDLIB), *NO_COLUMNS, "-IS", "-m", "gpunode.dataclass_cache"],
         env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
     # the code of the modules gpunode imports in one file, unchecked as the .pyc are
     # (gpunode/module_cache.py)
-    run([str(out / "bin" / STDLIB), "-IS", "-m", "gpunode.module_cache", "--unchecked"],
+    run([str(out / "bin" / STDLIB), *NO_COLUMNS, "-IS", "-m", "gpunode.module_cache",
+         "--unchecked"],
         env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
     for relative, python in (("gpunode", STDLIB), ("bin/gpunode", STDLIB)):
         launcher = out / relative
@@ -413,7 +420,7 @@ def compile_all(python: Path, stdlib: Path) -> None:
     # -B: the compiler's own imports (from this same standard library) write no timestamp
     # .pyc that compile_dir would then find current and keep; -S -B, not -I, which would
     # ignore PYTHONHASHSEED (the environment is that and PATH: no other PYTHON* applies)
-    run([str(python), "-B", "-S", "-c", code],
+    run([str(python), *NO_COLUMNS, "-B", "-S", "-c", code],
         env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}, cwd=str(stdlib))
 
 
