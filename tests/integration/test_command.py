@@ -137,13 +137,15 @@ def test_containerd_probes_run_in_a_session_of_their_own(tmp_path: Path,
     fake.write_text('#!/bin/sh\nread -r pid comm state ppid pgrp session rest < /proc/$$/stat\n'
                     'echo "$*: $([ "$session" = "$$" ] && echo own || echo $session)" '
                     '>> "${0%/*}/seen"\n'
-                    'echo "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6"\n')
+                    '[ "$1" = --version ] && echo "containerd github.com/containerd/containerd '
+                    '1.7.24~ds1 1.7.24~ds1-6" || echo "version = 2"\n')
     fake.chmod(0o755)
     monkeypatch.setattr(early, "BINARY", str(fake))
     early.start("/")
     probe = CommandProbe()
     probe.prefetch(str(fake), "/etc/containerd/config.toml", version=True)
     assert probe.version(str(fake)) == (1, 7)
+    assert probe.dump(str(fake), "/etc/containerd/config.toml") == {"version": 2}
     probe.discard()
     run([str(fake), "plain"])
     seen = sorted((tmp_path / "seen").read_text().splitlines())
