@@ -96,7 +96,11 @@ def run() -> None:
     line keeps it: a false match only costs that time)."""
     if "watch" not in sys.argv[1:]:
         gc.disable()
-    code = main()
+    try:
+        code = main()
+    except BaseException:
+        _discard_early()  # a probe leads its own session: a terminal's Ctrl-C does not reach it
+        raise
     if code == 0 and "NOTIFY_SOCKET" in os.environ and _command_word() == "boot":
         # gpunode.service (Type=notify): READY=1, unless the pipeline has said it
         from gpunode import sdnotify
@@ -112,10 +116,15 @@ def run() -> None:
         except OSError:
             pass  # the reader went away (main() answers a closed stdout): nothing to add
     atexit._run_exitfuncs()
-    early = sys.modules.get("gpunode.containerd.early")
-    if early is not None:  # a boot that ended before its containerd step asked (early.py)
-        early.discard()
+    _discard_early()  # a boot that ended before its containerd step asked (early.py)
     os._exit(code)
+
+
+def _discard_early() -> None:
+    """Stop and reap the containerd probe started early and never asked for, if one was."""
+    early = sys.modules.get("gpunode.containerd.early")
+    if early is not None:
+        early.discard()
 
 
 if __name__ == "__main__":

@@ -57,3 +57,21 @@ def test_a_guess_asked_after_its_own_timeout_still_answers(containerd: str) -> N
     probe = CommandProbe()
     assert probe.version(containerd) is not None
     probe.discard()
+
+
+def test_a_boot_cut_short_stops_the_early_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe leads its own session (early.started), so a Ctrl-C on gpunode's terminal does
+    not reach it: gpunode stops and reaps it on that way out too."""
+    from gpunode import command, entry
+
+    hung = command.Started(["sleep", "30"], 60, own_session=True)  # a containerd that hangs
+    monkeypatch.setitem(early._started, ("sleep", "30"), hung)
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(entry, "main", interrupted)
+    monkeypatch.setattr(entry.gc, "disable", lambda: None)  # (this test process keeps its GC)
+    with pytest.raises(KeyboardInterrupt):
+        entry.run()
+    assert early._started == {} and hung.returncode is not None
