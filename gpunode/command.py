@@ -38,10 +38,12 @@ class Started:
     def __init__(self, argv: Sequence[str], timeout: float = 30.0,
                  env: Mapping[str, str] | None = None, own_session: bool = False) -> None:
         """`env`: variables set for the program over gpunode's own environment; `own_session`:
-        the program leads a session of its own (setsid), where a kernel that groups tasks by
-        session for scheduling (CONFIG_SCHED_AUTOGROUP, Flatcar's included) gives it a CPU share
-        of its own: a program run beside gpunode's own work then takes its time from the
-        whole machine, not half of gpunode's."""
+        the program leads a session of its own (setsid). A kernel that shares the CPUs between
+        sessions (CONFIG_SCHED_AUTOGROUP, on in Flatcar's; it applies to tasks outside any
+        cpu cgroup, as in the real-systemd harness) gives it a share of its own: a program run
+        beside gpunode's own work then takes its time from the whole machine, not half of
+        gpunode's. Where the cpu controller weighs the service's cgroup instead, the session
+        changes nothing."""
         self.argv = list(argv)
         self._deadline = time.monotonic() + timeout
         self._timeout = timeout
