@@ -70,9 +70,10 @@ def boot(host: Host, config: AgentConfig, args: Any) -> int:
 def _ready(run: Any) -> None:
     """gpunode.service (Type=notify) is done once the record is written: containerd and the
     kubelet start now, a failed boot's too (ordering only, as the unit says)."""
-    from gpunode import sdnotify
+    from gpunode import cpushare, sdnotify
 
     problem = sdnotify.ready(f"boot {run.outcome}")
+    cpushare.give_back()  # containerd's start now weighs as much as gpunode's exit
     if problem is not None:
         log.get().warning("boot.notify_failed", problem=problem,
                           note="systemd does not hear that the boot is done: gpunode.service "

@@ -33,8 +33,10 @@ def main() -> int:
         if fastpath.no_gpu_boot(real, log_format, vendors):
             return 0
         if fastpath.nvidia_listed(vendors):
+            from gpunode import cpushare
             from gpunode.containerd import early
 
+            cpushare.raise_for_boot(real)  # until READY=1 (cpushare.py says why)
             early.start(real)  # runs beside the imports below (early.py says why)
     if fastpath.command_word(sys.argv[1:]) != "watch":
         # Before the modules whose dataclass methods it has compiled; not for the daemon,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpunode import envfile, log
+from gpunode import cpushare, envfile, log
 from gpunode.driver import cache
 from gpunode.errors import DriverBuildError, GpunodeError
 from gpunode.host import Host
@@ -257,6 +257,7 @@ def _build_entry(host: Host, plan: BuildPlan, fetcher: Fetcher, builder: Builder
     work = f"{staging}/{WORK_DIR}"
     log.get().info("driver.build.start", kernel=plan.kernel, driver=plan.driver,
                    flavour=plan.flavour, staging=host.display(staging))
+    cpushare.give_back()  # minutes of compiling weigh as any service does (cpushare.py)
     host.make_dirs(work)
     try:
         # The installer first: a wrong driver checksum fails before gigabytes are fetched.

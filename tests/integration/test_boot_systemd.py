@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gpunode import cpushare
 from gpunode_testing import fixtures
 from gpunode_testing.boot_harness import (
     CONTAINERD_UNIT,
@@ -34,8 +35,8 @@ def workdir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def boot_node(workdir: Path, machine: str, state: str,
-              shipped_dropin: bool = False) -> SystemdNamespace:
+def boot_node(workdir: Path, machine: str, state: str, shipped_dropin: bool = False,
+              prepare: tuple[str, ...] = ()) -> SystemdNamespace:
     fixture = workdir / "fixture"
     fixtures.build(fixtures.MACHINES[machine], fixture,
                    fixtures.Options(state=state, flat_sysfs=True, dev_nodes="plain"))
@@ -43,7 +44,8 @@ def boot_node(workdir: Path, machine: str, state: str,
              "containerd.service": CONTAINERD_UNIT, "kubelet.service": KUBELET_UNIT}
     return SystemdNamespace(units, workdir, overlays=("usr", "var/lib"),
                             enable=("gpunode.service", "containerd.service", "kubelet.service"),
-                            prepare=node_prepare(fixture, shipped_dropin=shipped_dropin))
+                            prepare=[*node_prepare(fixture, shipped_dropin=shipped_dropin),
+                                     *prepare])
 
 
 def _may_raise_rlimits() -> bool:
@@ -63,10 +65,18 @@ def gpunode_json(ns: SystemdNamespace, *args: str) -> dict[str, object]:
     return dict(json.loads(done.stdout))
 
 
+# The driver step's `nvidia-smi -L` runs in gpunode's session: it says what weight that had.
+SMI_SEES_ITS_SESSION = (
+    "mv /usr/bin/nvidia-smi /usr/bin/nvidia-smi.fixture",
+    "printf '#!/bin/sh\\ncat /proc/self/autogroup > /run/smi-autogroup\\n"
+    "exec /usr/bin/nvidia-smi.fixture \"$@\"\\n' > /usr/bin/nvidia-smi",
+    "chmod 755 /usr/bin/nvidia-smi")
+
+
 def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runtime(
     workdir: Path,
 ) -> None:
-    with boot_node(workdir, "nc4as-t4-v3", "driver") as ns:
+    with boot_node(workdir, "nc4as-t4-v3", "driver", prepare=SMI_SEES_ITS_SESSION) as ns:
         ns.wait_active("kubelet.service")
         ns.wait_active("containerd.service")
         gpunode = props(ns, "gpunode.service", "Result", "ExecMainStatus", "Type", "SubState",
@@ -117,6 +127,12 @@ def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runt
         steps = {e["step"]: e for e in events if e["event"] == "step.done"}
         assert set(steps) == {"detect", "driver", "cdi", "containerd"}
         assert all(isinstance(e["duration_ms"], float) for e in steps.values())
+        # Until READY=1 gpunode's session weighs more on the CPUs (gpunode/cpushare.py).
+        seen = ns.run(["cat", "/run/smi-autogroup"]).stdout
+        if Path("/proc/self/autogroup").exists():
+            assert seen.split()[-2:] == ["nice", str(cpushare.BOOST)], seen
+        else:
+            print("this kernel has no autogroup (CONFIG_SCHED_AUTOGROUP): nothing to weigh")
 
         # A second boot of gpunode changes nothing and restarts nothing.
         ns.systemctl("restart", "gpunode.service")
