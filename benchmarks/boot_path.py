@@ -52,6 +52,10 @@ from gpunode_testing.boot_harness import (
 from gpunode_testing.systemd_ns import SystemdNamespace
 
 BOOTS = 7
+# The harness asks systemd nothing in a boot's first half second (SystemdNamespace's
+# quiet_boot): its checks, an nsenter and a systemctl each ~0.1 s, took a few ms of these 2 CPUs,
+# and PID 1's, in the middle of some boots' gpunode window and not of others (perf sched).
+QUIET_BOOT = 0.5
 CONTROL_SLEEP = 0.06  # seconds the control unit sleeps before READY=1 (gpunode: ~50-80 ms)
 PEER_UNIT = """[Unit]
 Description=the peers' flow: configure the runtime after containerd started, then restart it
@@ -141,7 +145,7 @@ def one_boot(machine: str, flow: str, bundle: Path) -> Boot:
                               enable=tuple({**units, **extra}),
                               prepare=[*node_prepare(fixture, gpunode_on_usr=False,
                                                      shipped_dropin=flow != "peers"),
-                                       *bundle_lines(bundle)]) as ns:
+                                       *bundle_lines(bundle)], quiet_boot=QUIET_BOOT) as ns:
             if flow == "peers":
                 ns.wait_for(lambda: int(ns.unit_property(
                     "peer-configure.service", "ExecMainExitTimestampMonotonic") or 0) > 0,
@@ -264,7 +268,7 @@ def one_boot_cpu(agent_config: bool = False, python_first: bool = False) -> tupl
                    f"printf '#!/bin/sh\\nexec {sys.executable} -c pass\\n' > /usr/bin/python-pass",
                    "chmod 755 /usr/bin/python-pass"]
         with SystemdNamespace(units, work, overlays=("usr", "var/lib"), enable=tuple(units),
-                              prepare=prepare) as ns:
+                              prepare=prepare, quiet_boot=QUIET_BOOT) as ns:
             ns.wait_active("containerd.service")
             ns.wait_active(PYTHON_PASS_UNIT)
             return activation(ns, "gpunode.service"), activation(ns, PYTHON_PASS_UNIT)
