@@ -14,13 +14,17 @@ Every descriptor gpunode opens is close-on-exec (PEP 446), so the program inheri
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import time
-from collections.abc import Mapping, Sequence
 
 from gpunode.errors import CommandFailed
+
+# typing for type checkers only (docs/design.md, the boot path): collections.abc's names, and
+# contextlib, would import collections and functools before entry.py starts containerd's probe
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 _CHUNK = 1 << 16
 
@@ -103,6 +107,7 @@ class Started:
         if self.pid is None or self.returncode is not None:
             return
         import _signal
+        import contextlib  # here, not at the top: the header comment says why
 
         with contextlib.suppress(ProcessLookupError):  # it ended by itself: reaped below
             os.kill(self.pid, _signal.SIGKILL)
