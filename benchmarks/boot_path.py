@@ -22,6 +22,12 @@ both is systemd's, more after gpunode would be gpunode's exit slowing containerd
 The share as earlier runs measured it, to containerd leaving "inactive", is reported beside
 (boot_path_gpunode_share_with_spawn_ms).
 
+The share's ratio is against `python -c pass` (the venv's Python, as run.py's python_pass_ms)
+timed here, PASS_RUNS times before each round of boots: this machine's speed drifted between
+and within runs (python -c pass 11-15 ms; the same code's share 49 and 65 ms in two runs
+minutes apart), and a ratio whose two halves are timed minutes apart measured the drift as
+much as gpunode (runs before 2026-12-04 divided by python_pass_ms, timed as run.py begins).
+
 Both flows run the gpunode a node runs: the bundle of gpunode's sysext
 (packaging/build_sysext.py, built once per run and unpacked onto the node's /usr) under
 gpunode.service as shipped, not the venv's interpreter with the site import and .pth files no
@@ -33,11 +39,13 @@ the journal). Run as root: `.venv/bin/python benchmarks/boot_path.py`.
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +64,7 @@ BOOTS = 7
 # quiet_boot): its checks, an nsenter and a systemctl each ~0.1 s, took a few ms of these 2 CPUs,
 # and PID 1's, in the middle of some boots' gpunode window and not of others (perf sched).
 QUIET_BOOT = 0.5
+PASS_RUNS = 3  # `python -c pass` runs before each round of boots (the share's ratio)
 CONTROL_SLEEP = 0.06  # seconds the control unit sleeps before READY=1 (gpunode: ~50-80 ms)
 PEER_UNIT = """[Unit]
 Description=the peers' flow: configure the runtime after containerd started, then restart it
@@ -181,9 +190,20 @@ def measure(boots: int = BOOTS) -> dict[str, float]:
         shutil.rmtree(parent, ignore_errors=True)
 
 
+def python_pass_ms() -> float:
+    """One `python -c pass` of this Python, ms (as run.py times it: bytecode writing allowed)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], stdin=subprocess.DEVNULL,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True)
+    return (time.perf_counter() - started) * 1000
+
+
 def _measure(boots: int, bundle: Path) -> dict[str, float]:
     runs: dict[str, list[Boot]] = {"gpunode": [], "peers": [], "control": []}
+    passes: list[float] = []
     for _ in range(boots):  # interleaved, so drift on the machine hits every flow alike
+        passes += [python_pass_ms() for _ in range(PASS_RUNS)]
         for flow in runs:
             boot = one_boot("nc4as-t4-v3", flow, bundle)
             if flow != "control" and not boot.runtime:
@@ -206,6 +226,7 @@ def _measure(boots: int, bundle: Path) -> dict[str, float]:
             "boot_path_containerd_spawn_ms": median("gpunode", "spawn"),
             "boot_path_control_spawn_ms": median("control", "spawn"),
             "boot_path_gpunode_share_with_spawn_ms": median("gpunode", "with_spawn"),
+            "boot_path_python_pass_ms": statistics.median(passes),
             "cpu_node_gpunode_unit_ms": gpunode_cpu, "cpu_node_python_unit_ms": python_unit,
             "cpu_node_noop_ratio": gpunode_cpu / python_unit,
             "cpu_node_configured_unit_ms": gpunode_configured,
@@ -223,6 +244,9 @@ def report(result: dict[str, float], boots: int = BOOTS) -> None:
           f"{result['boot_path_control_spawn_ms']:.0f} ms after a unit that only sleeps "
           f"{CONTROL_SLEEP * 1000:.0f} ms and says READY=1; the share with it, as earlier runs "
           f"measured it: {result['boot_path_gpunode_share_with_spawn_ms']:.0f} ms")
+    print(f"  python -c pass between the boots ({PASS_RUNS} before each round): "
+          f"{result['boot_path_python_pass_ms']:.1f} ms; the share is "
+          f"{result['boot_path_gpunode_share_ms'] / result['boot_path_python_pass_ms']:.2f}x it")
     print(f"  peers: containerd start → configured → restarted → active: "
           f"{result['boot_path_peers_ms']:.0f} ms (containerd started twice)")
     print(f"  ratio peers / gpunode: {result['boot_path_peers_ratio']:.2f}")

@@ -34,9 +34,11 @@ The last line printed is one JSON object with every median (milliseconds) and ra
 among them the keys one run is compared with another by: python_pass_ms, noop_boot_ratio,
 pipeline_boot_ratio, status_ratio, bundle_version_ratio_vs_venv,
 bundle_noop_boot_ratio_vs_venv, boot_path_gpunode_ms, boot_path_peers_ms,
-boot_path_gpunode_share_ms, boot_path_gpunode_share_ratio (the share over python_pass_ms) and
-cpu_node_noop_ratio; boot_path_gpunode_share_with_spawn_ms and its ratio are the share as runs
-before 2026-12-04 measured it, with systemd's spawn of containerd (boot_path.py says why).
+boot_path_gpunode_share_ms, boot_path_gpunode_share_ratio (the share over
+boot_path_python_pass_ms, `python -c pass` timed between the boots; before 2026-12-04 over
+python_pass_ms, timed minutes earlier: boot_path.py says why) and cpu_node_noop_ratio;
+boot_path_gpunode_share_with_spawn_ms and its ratio are the share as runs before 2026-12-04
+measured it, with systemd's spawn of containerd (boot_path.py says why).
 """
 
 from __future__ import annotations
@@ -253,6 +255,7 @@ def boot_path_figures() -> dict[str, float | None]:
     keys = ("boot_path_gpunode_ms", "boot_path_peers_ms", "boot_path_peers_ratio",
             "boot_path_gpunode_share_ms", "boot_path_containerd_spawn_ms",
             "boot_path_control_spawn_ms", "boot_path_gpunode_share_with_spawn_ms",
+            "boot_path_python_pass_ms",
             "cpu_node_gpunode_unit_ms",
             "cpu_node_python_unit_ms", "cpu_node_noop_ratio", "cpu_node_configured_unit_ms",
             "cpu_node_configured_ratio")
@@ -378,7 +381,7 @@ def main() -> int:
           f"{summary['python_pass_ms']:.1f} ms)")
     summary.update(watch_daemon.report(watched))
     figures = boot_path_figures()
-    pass_ms = summary["python_pass_ms"]
+    pass_ms = figures["boot_path_python_pass_ms"]  # timed between the boots (boot_path.py)
     share = figures["boot_path_gpunode_share_ms"]
     with_spawn = figures["boot_path_gpunode_share_with_spawn_ms"]
     summary.update({
@@ -386,9 +389,9 @@ def main() -> int:
         "pipeline_boot_ratio": summary["boot_pipeline_ratio"],
         "status_ratio": summary["status_process_ratio"],
         **figures,
-        "boot_path_gpunode_share_ratio": share / pass_ms if share is not None else None,
+        "boot_path_gpunode_share_ratio": share / pass_ms if share and pass_ms else None,
         "boot_path_gpunode_share_with_spawn_ratio":
-            with_spawn / pass_ms if with_spawn is not None else None})
+            with_spawn / pass_ms if with_spawn and pass_ms else None})
     print(json.dumps({name: None if value is None else round(value, 4)
                       for name, value in summary.items()}, sort_keys=True))
     return 0
