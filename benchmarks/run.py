@@ -6,7 +6,7 @@ Run from the repository root as `.venv/bin/python benchmarks/run.py [--quick]` (
 What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4: 8 GPUs,
 6 NVSwitches and a NIC) plus 200 other PCI functions, as a busy bare-metal PCI tree would have:
 
-1. `gpunode.detect.detect` in-process. The design budget is 20 ms: detect runs on every boot and
+1. `gpunode.gpu.detect.detect` in-process. The design budget is 20 ms: detect runs on every boot and
    on every `status`, so it must stay cheap even where sysfs lists hundreds of functions.
 2. `gpunode --root <fixture> status --json` as a whole process, against `python -c pass` on the
    same interpreter. A boot that finds nothing to do is later budgeted at 3x `python -c pass`;
@@ -56,8 +56,8 @@ from pathlib import Path
 
 import watch_daemon  # beside this file (a script's directory is on sys.path)
 
-from gpunode.detect import detect
-from gpunode.host import Host
+from gpunode.gpu.detect import detect
+from gpunode.platform.host import Host
 from gpunode_testing.fixtures import MACHINES, Machine, Options, build, with_extra_functions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,7 +92,8 @@ def bench_detect_in_process(host: Host) -> list[float]:
 
 def bench_cdi_in_process(host: Host) -> list[float]:
     """Seconds per spec made and rendered as YAML (what boot's cdi step does), ND96 fixture."""
-    from gpunode import cdi, cdinode
+    from gpunode.cdi import node as cdinode
+    from gpunode.cdi import spec as cdi
 
     def generate() -> None:
         cdi.render(cdinode.generate(host), "yaml")

@@ -1,3 +1,3 @@
-from gpunode.entry import run
+from gpunode.cli.entry import run
 
 run()

@@ -11,14 +11,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpunode import safeio
 from gpunode.confighints import expected_type, hints_of, item_type, tri_state
 from gpunode.driver.flavour import FLAVOURS
 from gpunode.driver.strategy import STRATEGIES
 from gpunode.errors import ConfigError, HostError, UsageError
-from gpunode.host import Host
-from gpunode.nodepaths import DEFAULT_CONFIG_PATH
-from gpunode.tomlread import key_line, loads_toml
+from gpunode.platform import safeio
+from gpunode.platform.host import Host
+from gpunode.platform.nodepaths import DEFAULT_CONFIG_PATH
+from gpunode.platform.tomlread import key_line, loads_toml
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

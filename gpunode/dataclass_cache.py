@@ -57,7 +57,7 @@ def install(path: str | os.PathLike[str] = CACHE) -> bool:
     cannot be read, or this Python is not one it applies to."""
     if sys.version_info[:2] not in VERSIONS or _sections or _code:
         return bool(_sections or _code)
-    from gpunode import safeio
+    from gpunode.platform import safeio
 
     try:  # a regular file only (a FIFO would hang the boot), within a bound
         kept = marshal.loads(safeio.read(os.fspath(path), LIMIT))

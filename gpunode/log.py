@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 
-from gpunode import timestamps
 from gpunode.errors import GpunodeError
+from gpunode.platform import timestamps
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

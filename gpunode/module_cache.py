@@ -132,7 +132,7 @@ def install(path: str = CACHE) -> bool:
     or this Python optimizes (-O)."""
     if any(isinstance(finder, _Finder) for finder in sys.meta_path):
         return True
-    from gpunode import safeio
+    from gpunode.platform import safeio
 
     try:
         fd, st = safeio.open_regular(path)

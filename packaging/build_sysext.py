@@ -20,7 +20,7 @@ The image holds
 **Why a relocated interpreter.** Measured on the test machine (`make bench`), a PyInstaller
 one-dir bundle started 3.3x slower than the virtualenv for `--version` and 1.9x for a no-op
 boot: its bootloader, its archive importer and its run-time hooks. This interpreter needs
-none: the launcher is `exec <dir>/bin/python3.11 -IS -c 'from gpunode.entry import run; run()'`
+none: the launcher is `exec <dir>/bin/python3.11 -IS -c 'from gpunode.cli.entry import run; run()'`
 (-I: no PYTHON* variables, no user site, no script directory on the path; -S: no site, since
 everything lies in the standard library's directory), the byte code is unchecked hash-based
 (no source stat at import, the same bytes from every build) and without column positions
@@ -105,7 +105,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-UNITS = REPO / "gpunode" / "units"  # package data; units/ at the top links here
+UNITS = REPO / "gpunode" / "delivery" / "units"  # package data; units/ at the top links here
 DEFAULT_OUT = REPO / "packaging" / "build"
 NAME = "gpunode"
 ARCHITECTURE = "x86-64"
@@ -152,12 +152,12 @@ GLIBC = ("libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so", "libutil
 # gpunode's package data (pyproject's package-data), where importlib.resources finds it; the
 # units are there too, so the bundled `gpunode ignition` embeds the very units the image
 # installs.
-PACKAGE_DATA = ("gpunode/driver/build.sh", "gpunode/units/containerd-env.conf",
-                *(f"gpunode/units/{unit}" for unit in UNIT_NAMES))
+PACKAGE_DATA = ("gpunode/driver/build.sh", "gpunode/delivery/units/containerd-env.conf",
+                *(f"gpunode/delivery/units/{unit}" for unit in UNIT_NAMES))
 # Modules gpunode imports lazily that the bundle must hold; checked after the build.
 LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
                 "bz2", "http.client", "urllib.request", "ssl", "ctypes",
-                # gpunode.host's (only some commands need them) and the build script's reader
+                # gpunode.platform.host's (only some commands need them) and the build script's reader
                 "hashlib", "fnmatch", "shutil", "socket", "importlib.resources",
                 # the D-Bus client's socket, the journal's SHA-256 and base64 (without
                 # socket's, hashlib's and base64's imports: gpunode/dbus.py, journal.py)
@@ -172,7 +172,7 @@ here=${{0%/*}}
 [ "$here" != "$0" ] || here=.
 # called through a link elsewhere: from where the launcher itself lies
 [ ! -L "$0" ] || here=$(dirname "$(readlink -f "$0")")
-exec "$here/{python}" -IS -c 'from gpunode.entry import run; run()' "$@"
+exec "$here/{python}" -IS -c 'from gpunode.cli.entry import run; run()' "$@"
 """
 class BuildError(RuntimeError):
     """The image could not be built; the message says why."""

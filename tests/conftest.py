@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode_testing import fixtures
 from hostile.support import Cli, make_cli
 

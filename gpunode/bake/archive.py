@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 from gpunode.driver.cache import MAX_FILE_BYTES
 from gpunode.errors import BakeArchiveError
-from gpunode.host import CHUNK, Host
+from gpunode.platform.host import CHUNK, Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

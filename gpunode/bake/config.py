@@ -34,8 +34,8 @@ from pathlib import Path
 
 from gpunode.driver.branches import NAME as DRIVER_NAME
 from gpunode.errors import BakeConfigError, HostError
-from gpunode.host import Host
-from gpunode.tomlread import key_line, loads_toml
+from gpunode.platform.host import Host
+from gpunode.platform.tomlread import key_line, loads_toml
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ from gpunode.config import BuildConfig
 from gpunode.driver.cache import is_name
 from gpunode.driver.flavour import FLAVOURS
 from gpunode.errors import BakeConfigError
-from gpunode.tomlread import loads_toml
+from gpunode.platform.tomlread import loads_toml
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from gpunode import log
 from gpunode.bake.config import Source
 from gpunode.errors import BakeError, HostError
-from gpunode.host import CHUNK, Host
+from gpunode.platform.host import CHUNK, Host
 
 RETRY_PAUSE_SECONDS = 1.0
 MAX_ARTIFACT_BYTES = 4 << 30  # a driver sysext is ~400 MB; nothing gpunode bakes is 4 GiB

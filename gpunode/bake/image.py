@@ -4,7 +4,7 @@ into an image root, so a node booted from it downloads and compiles nothing.
 Where things go, and why:
 
 - gpunode's sysext: `/opt/extensions/gpunode/<file>`, linked from `/etc/extensions/gpunode.raw`
-  (as the Ignition snippet places it, gpunode/ignition.py).
+  (as the Ignition snippet places it, gpunode/delivery/ignition.py).
 - A Flatcar driver sysext `<name>`: `/etc/flatcar/sysext/flatcar-<name>-<VERSION>.raw`,
   `<name>` listed in `/etc/flatcar/enabled-sysext.conf`, linked from
   `/etc/extensions/flatcar-<name>.raw`. Flatcar's initramfs (flatcar/bootengine,
@@ -36,16 +36,17 @@ import argparse
 import json
 from dataclasses import dataclass, field
 
-from gpunode import __version__, envfile, flatcar, log, nodelock
+from gpunode import __version__, log
 from gpunode.bake import config as bake_config
 from gpunode.bake import extras, fetch, optional
 from gpunode.bake.manifest import MANIFEST, OS_RELEASES, SCHEMA_VERSION
 from gpunode.config import DEFAULT_CONFIG_PATH
+from gpunode.delivery.ignition import EXTENSION_LINK, EXTENSIONS_DIR, UNIT_NAMES
 from gpunode.driver import branches, nouveau
 from gpunode.driver.branches import SYSEXT_DIR, driver_path
 from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, UsageError
-from gpunode.host import TEMP_SUFFIX, Host
-from gpunode.ignition import EXTENSION_LINK, EXTENSIONS_DIR, UNIT_NAMES
+from gpunode.platform import envfile, flatcar, nodelock
+from gpunode.platform.host import TEMP_SUFFIX, Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
@@ -179,7 +180,7 @@ def _agent_config(config: bake_config.BakeConfig, host: Host) -> bytes | None:
 
         load_config(host)
         return None
-    from gpunode import ignition
+    from gpunode.delivery import ignition
 
     try:
         return ignition.agent_config(config.agent_config).encode()

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpunode import envfile, records
 from gpunode.errors import BakeManifestError
-from gpunode.host import Host
+from gpunode.platform import envfile, records
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ from gpunode.errors import (
     DriverBuildError,
     GpunodeError,
 )
-from gpunode.host import TEMP_SUFFIX, Host
+from gpunode.platform.host import TEMP_SUFFIX, Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

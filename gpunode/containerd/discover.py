@@ -10,10 +10,15 @@ from dataclasses import dataclass
 
 from gpunode.containerd import schema
 from gpunode.errors import ContainerdConfigError, HostError
-from gpunode.host import Host
-from gpunode.systemd import Systemd
-from gpunode.systemd_unit import environment_files, expand_words, read_unit, strip_exec_prefix
-from gpunode.tomlread import loads_toml
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import Systemd
+from gpunode.platform.systemd_unit import (
+    environment_files,
+    expand_words,
+    read_unit,
+    strip_exec_prefix,
+)
+from gpunode.platform.tomlread import loads_toml
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from gpunode import command
+from gpunode.platform import command
 
 BINARY = "/usr/bin/containerd"  # Flatcar's containerd.service, and what a unit without one runs
 VERSION_TIMEOUT = 10.0

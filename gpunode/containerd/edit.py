@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gpunode.containerd import schema, tomltext
 from gpunode.containerd.tomltext import Change
 from gpunode.errors import EditError
-from gpunode.tomlread import loads_toml
+from gpunode.platform.tomlread import loads_toml
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

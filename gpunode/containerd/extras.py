@@ -36,8 +36,8 @@ from gpunode.containerd import tomltext
 from gpunode.containerd.ledger import MEMLOCK_DROPIN, SHIPPED_DROPIN, TOOLKIT_CONFIG
 from gpunode.containerd.tomltext import Change
 from gpunode.errors import ContainerdStepError, EditError, GpunodeError
-from gpunode.host import Host
-from gpunode.tomlread import loads_toml
+from gpunode.platform.host import Host
+from gpunode.platform.tomlread import loads_toml
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def _toolkit_mode(host: Host, mode: str) -> FileChange | None:
 
 
 def _decoded(data: bytes, shown: str) -> str:
-    from gpunode import safeio
+    from gpunode.platform import safeio
 
     try:
         return safeio.decode(data)

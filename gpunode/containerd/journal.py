@@ -27,7 +27,7 @@ A journal may only name the files and directories gpunode owns for the config it
 (ledger.owned_paths, the ledger's own rule) and only a config gpunode edits here: a damaged
 journal naming /etc/passwd is refused, nothing written. The stale temp files a kill inside an
 atomic write leaves (`.<name>.*.gpunode-tmp`) are swept when the node lock is taken
-(gpunode.nodelock), for every directory gpunode writes.
+(gpunode.platform.nodelock), for every directory gpunode writes.
 
 The journal lives directly in /var/lib (always there, persistent), not in /var/lib/gpunode,
 so that a revert can remove gpunode's own directory inside the same transaction.
@@ -41,9 +41,9 @@ import stat
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from gpunode import records
 from gpunode.errors import ContainerdStepError, GpunodeError, JournalError
-from gpunode.host import Host
+from gpunode.platform import records
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 
-from gpunode import records
 from gpunode.containerd.tomltext import Hunk
 from gpunode.errors import LedgerError
-from gpunode.host import Host
-from gpunode.records import kind as _kind
+from gpunode.platform import records
+from gpunode.platform.host import Host
+from gpunode.platform.records import kind as _kind
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

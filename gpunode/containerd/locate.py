@@ -26,8 +26,8 @@ from gpunode.containerd.ledger import DROPIN, ENV_FILE, READ_ONLY_PREFIXES, WRIT
 from gpunode.containerd.probe import Probe
 from gpunode.containerd.writes import refuse_hard_links
 from gpunode.errors import ContainerdStepError, GpunodeError
-from gpunode.host import Host
-from gpunode.systemd import Systemd
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import Systemd
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from gpunode import command, log
+from gpunode import log
 from gpunode.containerd import early, edit
 from gpunode.containerd.early import VERSION_TIMEOUT
 from gpunode.errors import GpunodeError
+from gpunode.platform import command
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

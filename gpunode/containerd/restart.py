@@ -9,8 +9,8 @@ from gpunode import log
 from gpunode.containerd import edit
 from gpunode.containerd.discover import CONTAINERD_UNIT
 from gpunode.errors import HostError, SystemdError
-from gpunode.host import Host
-from gpunode.systemd import Systemd
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import Systemd
 
 DEFAULT_SOCKET = "/run/containerd/containerd.sock"
 

@@ -4,7 +4,6 @@ containerd when it runs, and put gpunode's config back if containerd does not co
 
 from __future__ import annotations
 
-from gpunode import safeio
 from gpunode.containerd import journal, ledger, restart, schema, step, tomltext, undo
 from gpunode.containerd.discover import CONTAINERD_UNIT
 from gpunode.containerd.journal import Write
@@ -18,9 +17,10 @@ from gpunode.containerd.ledger import (
 )
 from gpunode.containerd.writes import refuse_hard_links
 from gpunode.errors import ContainerdStepError, FileError, GpunodeError
-from gpunode.host import Host
-from gpunode.systemd import Systemd
-from gpunode.tomlread import loads_toml
+from gpunode.platform import safeio
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import Systemd
+from gpunode.platform.tomlread import loads_toml
 
 
 def revert(host: Host, systemd: Systemd, restart_timeout: float,

@@ -46,8 +46,8 @@ from gpunode.containerd.ledger import (
 )
 from gpunode.containerd.probe import CommandProbe, NoProbe, Probe
 from gpunode.errors import ContainerdStepError, GpunodeError
-from gpunode.host import Host
-from gpunode.systemd import Systemd
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import Systemd
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ def _import_refusal(probe: Probe, binary: str, copied_from: str | None) -> str |
 
 def step_inputs(host: Host, the_plan: Plan, config: ContainerdConfig) -> list[str]:
     """The files boot's containerd step depends on (the no-op boot's stamp signs them)."""
-    from gpunode.systemd_unit import unit_inputs
+    from gpunode.platform.systemd_unit import unit_inputs
 
     return [the_plan.active.path, the_plan.target, *POINTERS, LEDGER, JOURNAL, IMPORT_FILE,
             IMPORT_FILE.rpartition("/")[0] + "/", config.runtime_path, *extras.inputs(config),

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpunode.containerd import edit, schema, tomltext
-from gpunode.tomlread import loads_toml
+from gpunode.platform.tomlread import loads_toml
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

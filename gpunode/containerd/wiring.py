@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 CDI_FROM: schema.Daemon = (1, 7)  # the first containerd with CDI
 CDI_ALWAYS_FROM: schema.Daemon = (2, 0)  # CDI on by default; the key deprecated from 2.3
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-SPEC_DIR = "/var/run/cdi"  # where gpunode writes its spec (gpunode/cdi.py SPEC_PATH)
+SPEC_DIR = "/var/run/cdi"  # where gpunode writes its spec (gpunode/cdi/spec.py SPEC_PATH)
 MODE_RUNTIMES = (("nvidia-cdi", "nvidia-container-runtime.cdi"),
                  ("nvidia-legacy", "nvidia-container-runtime.legacy"))
 NO_CDI_HINT = ("upgrade containerd to 1.7 or later, or use the nvidia runtime handler "

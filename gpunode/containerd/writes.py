@@ -11,7 +11,7 @@ from gpunode.containerd.extras import FileChange
 from gpunode.containerd.journal import Write
 from gpunode.containerd.ledger import BACKUP_SUFFIX, IMPORT_FILE, LEDGER, Ledger
 from gpunode.errors import ContainerdStepError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpunode import cpushare, envfile, log
+from gpunode import cpushare, log
 from gpunode.driver import cache
 from gpunode.errors import DriverBuildError, GpunodeError
-from gpunode.host import Host
+from gpunode.platform import envfile
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ and build.sh (package data, gpunode/driver/build.sh) is checked by `bash -n` and
 
 Both are adapters: they get real paths (build() resolved them through its Host) and write them
 through the live Host, which takes a real path as it is; a file:// source is a *host* path,
-read under the fetcher's Host. The compiler runs through gpunode.command.
+read under the fetcher's Host. The compiler runs through gpunode.platform.command.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from gpunode import command, log
+from gpunode import log
 from gpunode.driver.build import INSTALLER_NAME, fill
 from gpunode.errors import DriverBuildError, HostError
-from gpunode.host import CHUNK, Host
+from gpunode.platform import command
+from gpunode.platform.host import CHUNK, Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -34,9 +34,10 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from gpunode import kernelinfo, log, records, timestamps
+from gpunode import log
 from gpunode.errors import DriverBuildError, HostError
-from gpunode.host import Host
+from gpunode.platform import kernelinfo, records, timestamps
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -12,10 +12,11 @@ import os
 import stat
 from dataclasses import dataclass
 
-from gpunode import detect, driverinfo, log
+from gpunode import log
 from gpunode.errors import MissingMajor
-from gpunode.host import Host
-from gpunode.integers import MAX_MINOR, parse_uint
+from gpunode.gpu import detect, driverinfo
+from gpunode.platform.host import Host
+from gpunode.platform.integers import MAX_MINOR, parse_uint
 
 MODE = 0o666  # every node but the MIG capabilities: what nvidia-modprobe and udev rules give
 CAPS_DIR = f"{driverinfo.PROC_NVIDIA}/capabilities/mig"

@@ -34,7 +34,7 @@ import stat
 
 from gpunode.driver import cache, userspace
 from gpunode.errors import ExtractedFileError, GpunodeError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 
 _ELF64 = b"\x7fELF\x02"  # ELF magic and EI_CLASS = ELFCLASS64
 

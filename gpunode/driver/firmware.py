@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from gpunode import log
 from gpunode.driver import userspace
 from gpunode.errors import DriverError, FirmwarePathError, GpunodeError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 
 PARAMETER = userspace.FIRMWARE_CLASS_PATH
 

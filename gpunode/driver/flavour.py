@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpunode.detect import PciFunction
 from gpunode.errors import FlavourError
+from gpunode.gpu.detect import PciFunction
 
 # (first device id, last device id, architecture), most specific ranges first.
 _ARCH_RANGES: tuple[tuple[int, int, str], ...] = (

@@ -13,10 +13,10 @@ import shlex
 import stat
 from dataclasses import dataclass, field
 
-from gpunode import command
 from gpunode.config import DRIVER_MODULES, EXTRA_MODULES
 from gpunode.errors import CommandFailed, HostError, LoadError
-from gpunode.host import Host
+from gpunode.platform import command
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass
 
 from gpunode.errors import GpunodeError, NvidiaSmiError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

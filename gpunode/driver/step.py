@@ -12,9 +12,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gpunode import command, driverinfo, flatcar, kernelinfo, log
+from gpunode import log
 from gpunode.config import BuildConfig, DriverConfig
-from gpunode.detect import Detection, PciFunction, loaded_modules
 from gpunode.driver import (
     branches,
     devices,
@@ -26,7 +25,10 @@ from gpunode.driver import (
     userspace,
 )
 from gpunode.errors import CommandFailed, DriverError, GpunodeError
-from gpunode.host import Host
+from gpunode.gpu import driverinfo
+from gpunode.gpu.detect import Detection, PciFunction, loaded_modules
+from gpunode.platform import command, flatcar, kernelinfo
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpunode import flatcar
 from gpunode.driver.branches import BranchChoice
+from gpunode.platform import flatcar
 
 STRATEGIES = ("auto", "flatcar-sysext", "prebuilt", "build", "external")
 

@@ -43,11 +43,12 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass
 
-from gpunode import driverinfo, flatcar, kernelinfo
 from gpunode.config import DriverConfig
 from gpunode.driver import cache
 from gpunode.errors import DriverError, GpunodeError
-from gpunode.host import Host
+from gpunode.gpu import driverinfo
+from gpunode.platform import flatcar, kernelinfo
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

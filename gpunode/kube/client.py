@@ -17,9 +17,10 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from gpunode import log, records
+from gpunode import log
 from gpunode.errors import ApiError, KubeconfigError, ReplyError
 from gpunode.kube.kubeconfig import Kubeconfig, kind_of, read_kubeconfig
+from gpunode.platform import records
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

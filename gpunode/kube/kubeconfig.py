@@ -12,9 +12,9 @@ import base64
 import urllib.parse
 from dataclasses import dataclass, field
 
-from gpunode import records
 from gpunode.errors import HostError, KubeconfigError
-from gpunode.host import Host
+from gpunode.platform import records
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

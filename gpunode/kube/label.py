@@ -7,12 +7,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gpunode import status, timestamps
+from gpunode import status
 from gpunode.config import AgentConfig
 from gpunode.errors import ApiError, UndecidedError
-from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.kube.client import NodeApi, read_kubeconfig, with_retries
+from gpunode.platform import timestamps
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

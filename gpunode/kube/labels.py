@@ -16,8 +16,8 @@ import re
 from dataclasses import dataclass
 
 from gpunode import __version__
-from gpunode.detect import Detection, PciFunction
 from gpunode.driver.flavour import architecture
+from gpunode.gpu.detect import Detection, PciFunction
 from gpunode.kube import gfd
 
 PREFIX = "gpunode.io/"

@@ -10,9 +10,9 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from gpunode import envfile
 from gpunode.errors import FileError, GpunodeError, NodeNameError
-from gpunode.host import Host
+from gpunode.platform import envfile
+from gpunode.platform.host import Host
 
 KUBELET_FLAG_FILES = ("/var/lib/kubelet/kubeadm-flags.env", "/etc/default/kubelet",
                       "/etc/sysconfig/kubelet")

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 from gpunode.config import AgentConfig
 from gpunode.errors import KubeconfigError, NodesKubeconfigError, ReplyError
-from gpunode.host import Host
 from gpunode.kube import labels
 from gpunode.kube.client import NodeApi
 from gpunode.kube.kubeconfig import read_kubeconfig
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ def document(rows: list[Row], server: str) -> dict[str, Any]:
 
 def render(rows: list[Row]) -> str:
     """The aligned table, then one line per node that is not ready saying why."""
-    from gpunode import render as tables
+    from gpunode.cli import render as tables
 
     if not rows:
         return f"no GPU nodes: no node has the label {SELECTOR} (gpunode label sets it)"

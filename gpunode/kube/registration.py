@@ -12,15 +12,15 @@ from __future__ import annotations
 import re
 
 from gpunode.errors import ConfigError, UsageError
-from gpunode.host import Host
-from gpunode.nodepaths import KUBELET_DROPIN
-from gpunode.systemd_unit import read_unit
+from gpunode.platform.host import Host
+from gpunode.platform.nodepaths import KUBELET_DROPIN
+from gpunode.platform.systemd_unit import read_unit
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpunode.systemd import Systemd
+    from gpunode.platform.systemd import Systemd
 
 REGISTRATION_LABELS = {"nvidia.com/gpu.present": "true"}
 FORMATS = ("cluster-azure", "kubeadm", "kubelet-flags")

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpunode import kernelinfo
 from gpunode.bake import manifest
 from gpunode.errors import GpunodeError
-from gpunode.host import Host
+from gpunode.platform import kernelinfo
+from gpunode.platform.host import Host
 from gpunode.status.facts import OK, WARN, Check, Failure
 
 

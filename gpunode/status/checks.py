@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import re
 
-from gpunode import driverinfo
-from gpunode.detect import (
+from gpunode.driver import devices, nouveau
+from gpunode.gpu import driverinfo
+from gpunode.gpu.detect import (
     COSMETIC_ATTRIBUTES,
     Detection,
     PciFunction,
     UndecidedError,
     undecided_reason,
 )
-from gpunode.driver import devices, nouveau
-from gpunode.state import BootRecord
+from gpunode.pipeline.state import BootRecord
 from gpunode.status import baked, containerd, toolkit
 from gpunode.status.facts import FAIL, OK, SKIP, WARN, Check, Report, StatusFacts, wanted_labels
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from gpunode import systemd
 from gpunode.config import AgentConfig
 from gpunode.containerd import discover
 from gpunode.containerd.discover import CONTAINERD_UNIT
 from gpunode.errors import ContainerdConfigError, GpunodeError
-from gpunode.host import Host
+from gpunode.platform import systemd
+from gpunode.platform.host import Host
 from gpunode.status.facts import (
     FAIL,
     OK,
@@ -188,7 +188,7 @@ def pending_change(host: Host) -> bool | str:
         pending = True  # something is at the journal's path: not gpunode's to judge, not clean
     if not pending:
         return False
-    from gpunode import nodelock  # only then: it names every file gpunode writes (~2 ms)
+    from gpunode.platform import nodelock  # only then: it names every file gpunode writes (~2 ms)
 
     return nodelock.probe(host) or True
 

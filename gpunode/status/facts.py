@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from gpunode import driverinfo
-from gpunode.detect import Detection, undecided_reason
 from gpunode.errors import GpunodeError
+from gpunode.gpu import driverinfo
+from gpunode.gpu.detect import Detection, undecided_reason
 from gpunode.kube import labels, nodename
-from gpunode.processes import ProcessFacts
-from gpunode.state import BootRecord
+from gpunode.pipeline.state import BootRecord
+from gpunode.platform.processes import ProcessFacts
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ class DeviceNodes:
 
 @dataclass(frozen=True)
 class CdiSpec:
-    """The CDI spec file as status read it (gpunode/cdi.py makes it)."""
+    """The CDI spec file as status read it (gpunode/cdi/spec.py makes it)."""
 
     path: str
     present: bool = False

@@ -6,15 +6,16 @@ from __future__ import annotations
 import os
 import stat
 
-from gpunode import driverinfo, systemd
 from gpunode.config import AgentConfig
-from gpunode.detect import Detection, detect, module_loaded
 from gpunode.driver import devices
 from gpunode.errors import GpunodeError
-from gpunode.host import Host
+from gpunode.gpu import driverinfo
+from gpunode.gpu.detect import Detection, detect, module_loaded
 from gpunode.kube import nodename
-from gpunode.processes import observe as observe_processes
-from gpunode.state import BootRecord, read_record
+from gpunode.pipeline.state import BootRecord, read_record
+from gpunode.platform import systemd
+from gpunode.platform.host import Host
+from gpunode.platform.processes import observe as observe_processes
 from gpunode.status import baked, containerd, toolkit
 from gpunode.status.facts import CdiSpec, DeviceNodes, DevNode, Failure, NodeFacts, StatusFacts
 
@@ -79,7 +80,7 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
 
 def _vgpu(host: Host, detection: Detection) -> bool | None:
     """GFD's vGPU test over every NVIDIA function's configuration space (kube/gfd.py)."""
-    from gpunode.detect import SYSFS_PCI_DEVICES
+    from gpunode.gpu.detect import SYSFS_PCI_DEVICES
     from gpunode.kube import gfd
 
     configs: list[bytes | None] = []
@@ -167,7 +168,7 @@ def _last_boot(host: Host) -> tuple[BootRecord | None, Failure | None]:
 
 def _cdi_spec(host: Host) -> CdiSpec:
     """The spec file read and parsed, and which of the host paths it names are missing."""
-    from gpunode import cdi
+    from gpunode.cdi import spec as cdi
 
     path = cdi.SPEC_PATH
     try:

@@ -13,9 +13,9 @@ from gpunode.config import AgentConfig
 from gpunode.containerd import wiring
 from gpunode.containerd.ledger import TOOLKIT_CONFIG
 from gpunode.errors import GpunodeError
-from gpunode.host import Host
+from gpunode.platform.host import Host
+from gpunode.platform.tomlread import loads_toml
 from gpunode.status.facts import FAIL, OK, SKIP, WARN, Check, StatusFacts, ToolkitFacts
-from gpunode.tomlread import loads_toml
 
 # What nvidia-container-runtime's legacy mode runs: its prestart hook, which runs the CLI.
 LEGACY_HELPERS = ("nvidia-container-runtime-hook", "nvidia-container-cli")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import argparse
 
     from gpunode.config import AgentConfig
-    from gpunode.host import Host
+    from gpunode.platform.host import Host
 
 
 def command(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import json
 
-from gpunode import log, processes, timestamps
-from gpunode import state as bootstate
+from gpunode import log
 from gpunode.config import AgentConfig
 from gpunode.errors import GpunodeError
-from gpunode.host import Host
+from gpunode.pipeline import state as bootstate
+from gpunode.platform import processes, timestamps
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def run(host: Host, config: AgentConfig, changes: list[dict[str, Any]],
         findings: dict[str, dict[str, str]], dry_run: bool, manager: Any = None) -> None:
     """Check containerd's config and the CDI spec; append what is (or, --dry-run, would be)
     done to `changes` and record it in `findings` (the watch state's)."""
-    from gpunode import systemd
+    from gpunode.platform import systemd
 
     manager = manager if manager is not None else systemd.for_host(host.is_live)
     for finding in findings.values():  # done on an earlier pass whose report failed
@@ -64,8 +65,8 @@ def run(host: Host, config: AgentConfig, changes: list[dict[str, Any]],
                 _containerd(host, config, manager, findings, drift, due, dry_run))
         _report(changes, findings, "cdi", _cdi_change(host, spec, dry_run))
         return
-    from gpunode import nodelock
     from gpunode.errors import LockBusy
+    from gpunode.platform import nodelock
 
     try:
         with nodelock.held(host, "watch", NODE_LOCK_WAIT):
@@ -288,7 +289,8 @@ def _problem(reason: str, message: str) -> dict[str, Any]:
 def cdi_drift(host: Host, config: AgentConfig) -> Any:
     """(why, the spec's new bytes) when gpunode's spec names another driver version or other
     devices than the node has now; a sentence when it cannot be judged; None otherwise."""
-    from gpunode import cdi, cdinode
+    from gpunode.cdi import node as cdinode
+    from gpunode.cdi import spec as cdi
 
     try:
         old = host.read_optional_bytes(cdi.SPEC_PATH, limit=SPEC_LIMIT)
@@ -342,7 +344,8 @@ def spec_facts(data: bytes) -> tuple[str | None, set[str]]:
 
 
 def _cdi_change(host: Host, drift: Any, dry_run: bool) -> dict[str, Any] | None:
-    from gpunode import cdi, cdinode
+    from gpunode.cdi import node as cdinode
+    from gpunode.cdi import spec as cdi
 
     if drift is None:
         return None

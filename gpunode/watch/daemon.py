@@ -39,7 +39,7 @@ from collections.abc import Callable
 from gpunode import log
 from gpunode.config import AgentConfig
 from gpunode.errors import GpunodeError, UsageError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode.watch import kmsg, notify, once
 from gpunode.watch import state as watchstate
 

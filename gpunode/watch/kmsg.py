@@ -21,7 +21,7 @@ import errno
 import os
 
 from gpunode.errors import HostError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 
 READ_SIZE = 8192  # one /dev/kmsg record at most (CONSOLE_EXT_LOG_MAX)
 MAX_LINE = 8192  # of a FIFO's or a file's line

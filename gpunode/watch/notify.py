@@ -9,7 +9,7 @@ not come within that time; "it is recommended that a daemon sends a keep-alive n
 message to the service manager every half of the time returned here" (sd_watchdog_enabled(3)).
 
 No libsystemd binding (pystemd's is C, and gpunode needs four messages): one socket, made when
-the first message is sent; the address and the datagram's text as gpunode/sdnotify.py (boot's
+the first message is sent; the address and the datagram's text as gpunode/platform/sdnotify.py (boot's
 READY=1) makes them. Outside systemd (no $NOTIFY_SOCKET) every message is a no-op. A
 send that fails is logged once and the daemon goes on: the manager, not gpunode, decides what a
 missing watchdog ping means.
@@ -21,7 +21,8 @@ import os
 import socket
 from collections.abc import Mapping
 
-from gpunode import log, sdnotify
+from gpunode import log
+from gpunode.platform import sdnotify
 
 
 class Notifier:

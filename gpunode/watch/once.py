@@ -18,12 +18,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpunode import detect, driverinfo, kernelinfo, log, records
-from gpunode import state as bootstate
+from gpunode import log
 from gpunode.config import AgentConfig
 from gpunode.errors import GpunodeError, HostError
-from gpunode.host import Host
+from gpunode.gpu import detect, driverinfo
 from gpunode.kube import labels
+from gpunode.pipeline import state as bootstate
+from gpunode.platform import kernelinfo, records
+from gpunode.platform.host import Host
 from gpunode.watch import checks, vmsize, xid
 from gpunode.watch import state as watchstate
 from gpunode.watch.state import Finding, WatchState

@@ -10,11 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from gpunode import log, timestamps
+from gpunode import log
 from gpunode.config import AgentConfig
-from gpunode.host import Host
 from gpunode.kube import labels, nodename
 from gpunode.kube.client import NodeApi, read_kubeconfig, with_retries
+from gpunode.platform import timestamps
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from gpunode import records, timestamps
 from gpunode.errors import HostError
-from gpunode.host import Host
+from gpunode.platform import records, timestamps
+from gpunode.platform.host import Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:

@@ -22,9 +22,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gpunode import envfile, log
+from gpunode import log
 from gpunode.errors import GpunodeError
-from gpunode.host import Host
+from gpunode.platform import envfile
+from gpunode.platform.host import Host
 
 DMI_VENDOR = "/sys/class/dmi/id/sys_vendor"
 AZURE_VENDOR = "Microsoft Corporation"  # as driver/flavour.py and driver/step.on_azure

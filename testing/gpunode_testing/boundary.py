@@ -319,7 +319,7 @@ def _boundary(request: pytest.FixtureRequest,
     request.node.stash[_POLICY] = policy
     with pytest.MonkeyPatch.context() as patch:
         if not policy.processes:  # libsystemd's socket is C: no audit event to see
-            patch.setattr("gpunode.systemd.DbusSystemd._connect", _no_bus)
+            patch.setattr("gpunode.platform.systemd.DbusSystemd._connect", _no_bus)
         with guarded(policy):
             yield policy
     if policy.violations and not request.node.stash.get(_CALL_FAILED, False):

@@ -11,7 +11,7 @@ The index names the image both ways ctr reads a name (`org.opencontainers.image.
 `io.containerd.image.name`). The same image serves as the pod sandbox ("pause": it sleeps) and
 as every container. Its environment is a CUDA image's: NVIDIA's CUDA images put
 /usr/local/nvidia/bin on PATH and /usr/local/nvidia/lib64 on LD_LIBRARY_PATH, where gpunode's
-hook-free CDI spec mounts the driver's binaries and libraries (gpunode/cdi.py).
+hook-free CDI spec mounts the driver's binaries and libraries (gpunode/cdi/spec.py).
 
 The bytes are reproducible (fixed mtimes, owners, order), so the digest is the same every run.
 """

@@ -318,8 +318,9 @@ def load_driver(root: Path, machine: Machine, flat: bool = False) -> None:
 
 def _write_cdi_spec(root: Path) -> None:
     """The CDI spec gpunode boot writes, made by gpunode itself from the tree."""
-    from gpunode import cdi, cdinode
-    from gpunode.host import Host
+    from gpunode.cdi import node as cdinode
+    from gpunode.cdi import spec as cdi
+    from gpunode.platform.host import Host
 
     host = Host(root)
     cdinode.write(host, cdi.SPEC_PATH, cdi.render(cdinode.generate(host)))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from conftest import with_runtime_binary
 from gpunode.containerd import extras
 from gpunode.containerd.ledger import MEMLOCK_DROPIN
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from helpers.containerd_vectors import VECTORS
 
 CONFIG = "etc/containerd/config.toml"

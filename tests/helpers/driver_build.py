@@ -15,7 +15,7 @@ from pathlib import Path
 
 from conftest import HostFactory
 from gpunode.driver import build as b
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode_testing.driver_files import write_build_userspace
 
 KERNEL = "6.6.95-flatcar"

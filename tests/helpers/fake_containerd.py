@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpunode.errors import SystemdError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 
 
 @dataclass

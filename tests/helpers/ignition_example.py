@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 
 from conftest import REPO
-from gpunode import chart, ignition
+from gpunode.delivery import chart, ignition
 
 UNITS = REPO / "units"
 URL = "https://downloads.example.com/gpunode/gpunode-0.1.0-x86-64.raw"

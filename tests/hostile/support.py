@@ -1,7 +1,7 @@
 """Support for the hostile-input suite: each case is one bad input and the one refusal a user
 must see.
 
-A case runs the real command line in-process (`gpunode.cli.main`) with `--log-format json`,
+A case runs the real command line in-process (`gpunode.cli.main.main`) with `--log-format json`,
 under a wall-clock alarm so a hang fails instead of blocking the suite, and then asserts what
 the issue's contract says every refusal looks like:
 
@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from gpunode import log
-from gpunode.cli import main
+from gpunode.cli.main import main
 
 HANG_SECONDS = 10
 
@@ -95,7 +95,7 @@ def make_cli(capsys: pytest.CaptureFixture[str]) -> Cli:
     return run
 
 
-# The node lock (gpunode/nodelock.py, and the directories it is made in) is made by a command
+# The node lock (gpunode/platform/nodelock.py, and the directories it is made in) is made by a command
 # that may change the node once it has started its work, refused there or not; it holds no
 # state, so it is not a change. A usage or agent-config refusal (exit 2) comes before any work
 # and takes no lock: check_refusal then counts the lock as a change like any other file.

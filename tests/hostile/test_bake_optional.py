@@ -259,7 +259,7 @@ def test_a_build_that_fails_places_nothing_of_the_bake(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from gpunode.driver import builders
     from gpunode.errors import CommandFailed
-    from gpunode.host import Host
+    from gpunode.platform.host import Host
     from helpers.driver_build import IMAGE, INSTALLER, sha
 
     class Failing:

@@ -19,7 +19,7 @@ import pytest
 from conftest import HostFactory
 from gpunode.driver import build as b
 from gpunode.driver import builders, cache
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode_testing import fixtures
 from gpunode_testing.driver_files import ELF64_LIBRARY
 from helpers.driver_build import (

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import nodelock
-from gpunode.host import Host
+from gpunode.platform import nodelock
+from gpunode.platform.host import Host
 from gpunode_testing import fixtures
 from hostile.support import Cli, check_refusal
 

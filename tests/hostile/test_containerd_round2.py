@@ -21,7 +21,7 @@ import pytest
 from conftest import HostFactory
 from gpunode.containerd import schema
 from gpunode.errors import HostError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from hostile.support import Cli, assert_unchanged, check_refusal, snapshot
 
 CONFIG = "/etc/containerd/config.toml"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import nodelock
 from gpunode.containerd import journal
-from gpunode.systemd_unit import SYSTEM_UNIT_PATHS
+from gpunode.platform import nodelock
+from gpunode.platform.systemd_unit import SYSTEM_UNIT_PATHS
 from gpunode_testing import fixtures
 from hostile.support import Cli, check_refusal
 

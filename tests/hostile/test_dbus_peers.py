@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import dbus, systemd
+from gpunode import dbus
 from gpunode.errors import SystemdError, Unavailable
+from gpunode.platform import systemd
 
 pytestmark = pytest.mark.integration  # sockets
 

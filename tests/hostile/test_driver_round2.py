@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from conftest import HostFactory
-from gpunode import records
+from gpunode.platform import records
 from hostile.support import Cli, Result, check_refusal
 
 GPU = "0001:00:00.0"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import ignition
+from gpunode.delivery import ignition
 from hostile.support import Cli, check_refusal
 
 UNITS = Path(__file__).parents[2] / "units"

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.containerd import journal
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from hostile.support import Cli, check_refusal
 
 CONFIG = "/etc/containerd/config.toml"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import HostFactory
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode_testing.kube_api import KUBELET_CLIENT, KUBELET_KUBECONFIG, FakeApiServer, join
 from gpunode_testing.pki import Pki
 from hostile.support import Cli, check_refusal

@@ -1,8 +1,8 @@
 """Hostile inputs to gpunode's parsers: documents nested thousands deep, a byte order mark,
 configs over the size cap, an agent config as large as the node allows.
 
-Every JSON record and TOML config goes through one parser (gpunode.records.loads_json,
-gpunode.tomlread.loads_toml), so each case here is a command a user runs and the contract it
+Every JSON record and TOML config goes through one parser (gpunode.platform.records.loads_json,
+gpunode.platform.tomlread.loads_toml), so each case here is a command a user runs and the contract it
 keeps: one clear refusal (exit code, one JSON error event naming the file, every file as it
 was, no traceback), or for `boot` a record naming the failed step.
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import records
 from gpunode.containerd import edit, journal, undo
 from gpunode.errors import FileError
-from gpunode.tomlread import loads_toml
+from gpunode.platform import records
+from gpunode.platform.tomlread import loads_toml
 from gpunode_testing import fixtures
 from hostile.support import Cli, check_refusal
 

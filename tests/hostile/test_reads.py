@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import entry, fastpath
+from gpunode.cli import entry
 from gpunode.errors import HostError
-from gpunode.host import Host
+from gpunode.pipeline import fastpath
+from gpunode.platform.host import Host
 from hostile.support import Cli, assert_unchanged, check_refusal, snapshot
 
 CONFIG = "etc/gpunode/config.toml"

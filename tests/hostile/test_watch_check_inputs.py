@@ -16,7 +16,7 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode.watch import once
 from helpers.watch_api import FakeApi
 from hostile.support import Cli, assert_unchanged, snapshot

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import boot
 from gpunode.config import load_config
 from gpunode.containerd.probe import NoProbe
 from gpunode.driver import builders
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.pipeline import boot
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
 from helpers.bake import make_inputs, serving
 from helpers.bake_extras import (

@@ -1,4 +1,4 @@
-"""A boot's READY=1 as the process sends it (gpunode/sdnotify.py, clirun.py, entry.py), to a
+"""A boot's READY=1 as the process sends it (gpunode/platform/sdnotify.py, clirun.py, entry.py), to a
 real AF_UNIX socket; tests/integration/test_boot_systemd.py has systemd's own view."""
 
 from __future__ import annotations

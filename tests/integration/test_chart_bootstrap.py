@@ -26,7 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import __version__, chart, chartunit, ignition
+from gpunode import __version__
+from gpunode.delivery import chart, chartunit, ignition
 from gpunode_testing import charts, fixtures
 from gpunode_testing.boot_harness import (
     CONTAINERD_UNIT,

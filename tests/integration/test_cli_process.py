@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode.host import Host
+from gpunode.platform.host import Host
 
 
 def imports_of_a_second_run(*argv: str) -> tuple[set[str], str]:
@@ -72,13 +72,13 @@ def test_a_pipeline_that_changes_nothing_and_status_import_only_what_they_use(
               "gpunode.kube.registration"}  # the default registers through the chart
     imported, stderr = imports_of_a_second_run("--root", str(node.root), "--config",
                                                str(config), "boot")
-    assert {"gpunode.boot", "gpunode.containerd.step", "dataclasses"} <= imported
+    assert {"gpunode.pipeline.boot", "gpunode.containerd.step", "dataclasses"} <= imported
     assert json.loads(stderr.splitlines()[-1])["event"] == "boot.done"
     assert not imported & unused
     imported, _ = imports_of_a_second_run("--root", str(node.root), "status", "--json")
     assert {"gpunode.status.checks", "dataclasses"} <= imported
-    assert not imported & (unused | {"argparse", "gpunode.cli",  # clirun.plain
-                                     "gpunode.nodelock"})  # no change is pending
+    assert not imported & (unused | {"argparse", "gpunode.cli.main",  # clirun.plain
+                                     "gpunode.platform.nodelock"})  # no change is pending
 
 
 def test_a_first_boot_records_its_change_without_openssl_base64_or_difflib(
@@ -109,7 +109,7 @@ def test_a_plain_status_answers_as_the_full_command_line_does(
     argv = ["--root", str(node.root), "--log-format", "json", *words]
     plain = subprocess.run([sys.executable, "-m", "gpunode", *argv], capture_output=True,
                            text=True, check=False)
-    full = subprocess.run([sys.executable, "-c", "import sys; from gpunode.cli import main; "
+    full = subprocess.run([sys.executable, "-c", "import sys; from gpunode.cli.main import main; "
                            "sys.exit(main(sys.argv[1:]))", *argv], capture_output=True,
                           text=True, check=False)
     assert plain.returncode == full.returncode == (0 if state == "ready" else 1)
@@ -122,8 +122,8 @@ def test_a_plain_status_answers_as_the_full_command_line_does(
 def test_no_op_boot_imports_none_of_the_pipeline(make_host: HostFactory) -> None:
     node = make_host("nc4as-t4-v3", "ready")
     imported, stderr = imports_of_a_second_run("--root", str(node.root), "boot")
-    assert "gpunode.fastpath" in imported
-    assert not imported & {"gpunode.cli", "argparse", "dataclasses", "tomllib", "psutil"}
+    assert "gpunode.pipeline.fastpath" in imported
+    assert not imported & {"gpunode.cli.main", "argparse", "dataclasses", "tomllib", "psutil"}
     assert json.loads(stderr.splitlines()[-1])["event"] == "boot.unchanged"
 
 
@@ -134,8 +134,8 @@ def test_a_cpu_node_s_first_boot_imports_none_of_the_pipeline(make_host: HostFac
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
-    assert "gpunode.fastpath" in imported
-    assert not imported & {"gpunode.cli", "gpunode.host", "argparse", "dataclasses", "tomllib",
+    assert "gpunode.pipeline.fastpath" in imported
+    assert not imported & {"gpunode.cli.main", "gpunode.platform.host", "argparse", "dataclasses", "tomllib",
                            "json", "re", "typing"}
     events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     assert [e["event"] for e in events] == ["step.done", "boot.done"]
@@ -152,8 +152,8 @@ def test_a_gpu_node_s_plain_boot_runs_without_the_command_line_parser(
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
-    assert {"gpunode.clirun", "gpunode.boot", "gpunode.containerd.step"} <= imported
-    assert not imported & {"argparse", "gpunode.cli", "gpunode.cliargs", "gpunode.ignition"}
+    assert {"gpunode.cli.run", "gpunode.pipeline.boot", "gpunode.containerd.step"} <= imported
+    assert not imported & {"argparse", "gpunode.cli.main", "gpunode.cli.args", "gpunode.delivery.ignition"}
     events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     assert events[-1]["event"] == "boot.done"
     assert [e["step"] for e in events if e["event"] in ("step.done", "step.failed")] == [
@@ -169,7 +169,7 @@ def test_status_of_a_node_that_has_not_joined_imports_no_kubernetes_client(
 
 
 def test_the_fast_exit_keeps_exit_codes_and_every_byte(make_host: HostFactory) -> None:
-    """The command ends without Python's teardown (gpunode.entry.run): what it printed
+    """The command ends without Python's teardown (gpunode.cli.entry.run): what it printed
     arrives whole through a pipe, the atexit handlers run, and the exit code is main()'s."""
     host = make_host("nd96amsr-a100-v4", "ready")
     gpunode = str(Path(sys.executable).with_name("gpunode"))
@@ -185,7 +185,7 @@ def test_the_fast_exit_keeps_exit_codes_and_every_byte(make_host: HostFactory) -
     assert refused.returncode == 2
     atexit_runs = subprocess.run(
         [sys.executable, "-c", "import atexit, sys; atexit.register(print, 'atexit ran'); "
-         "sys.argv = ['gpunode', '--version']; from gpunode.entry import run; run()"],
+         "sys.argv = ['gpunode', '--version']; from gpunode.cli.entry import run; run()"],
         capture_output=True, text=True, check=False)
     assert (atexit_runs.returncode, atexit_runs.stdout) == (0, "gpunode 0.1.0\natexit ran\n")
     for closed in ("1", "2"):  # started with stdout or stderr closed: nothing to flush there

@@ -1,4 +1,4 @@
-"""gpunode.command: what a user reads when a program fails, cannot start or hangs; programs
+"""gpunode.platform.command: what a user reads when a program fails, cannot start or hangs; programs
 started side by side (Started) run at the same time and are reaped."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.command import CommandFailed, Started, run
+from gpunode.platform.command import CommandFailed, Started, run
 
 
 def test_a_missing_program_could_not_be_started() -> None:
@@ -170,12 +170,12 @@ def test_a_large_output_on_both_pipes_is_read_whole() -> None:
 
 
 def test_running_a_program_imports_no_subprocess() -> None:
-    """A fresh interpreter runs one program through gpunode.command: `subprocess` (with
+    """A fresh interpreter runs one program through gpunode.platform.command: `subprocess` (with
     selectors, threading and locale) is never imported."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", "import sys; from gpunode import command; "
+    done = subprocess.run([sys.executable, "-c", "import sys; from gpunode.platform import command; "
                            "print(command.run(['echo', 'ran']).strip(), "
                            "'subprocess' in sys.modules, 'threading' in sys.modules)"],
                           capture_output=True, text=True, check=True, timeout=60)
@@ -220,7 +220,7 @@ def test_running_and_stopping_a_program_imports_neither_signal_nor_subprocess() 
     import sys
 
     code = ("import sys\n"
-            "from gpunode.command import Started\n"
+            "from gpunode.platform.command import Started\n"
             "assert Started(['sh', '-c', 'kill -PIPE $$'], 5).result  # default SIGPIPE\n"
             "Started(['sleep', '5'], 10).discard()\n"
             "print(sorted({'signal', 'subprocess', 'selectors'} & set(sys.modules)))\n")

@@ -16,7 +16,7 @@ from conftest import HostFactory
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import schema, step
 from gpunode.containerd.probe import CommandProbe
-from gpunode.systemd import NoSystemd
+from gpunode.platform.systemd import NoSystemd
 from helpers.cluster_chart import CONFIG, chart_node, vector
 from real.containerd_bins import dump_config, ensure_containerd
 

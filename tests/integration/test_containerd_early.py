@@ -62,7 +62,8 @@ def test_a_guess_asked_after_its_own_timeout_still_answers(containerd: str) -> N
 def test_a_boot_cut_short_stops_the_early_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     """The probe leads its own session (early.started), so a Ctrl-C on gpunode's terminal does
     not reach it: gpunode stops and reaps it on that way out too."""
-    from gpunode import command, entry
+    from gpunode.cli import entry
+    from gpunode.platform import command
 
     hung = command.Started(["sleep", "30"], 60, own_session=True)  # a containerd that hangs
     monkeypatch.setitem(early._started, ("sleep", "30"), hung)

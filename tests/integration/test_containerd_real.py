@@ -405,7 +405,7 @@ def test_gpunodes_model_of_imports_is_what_containerd_dumps(
     (under --root nothing can be run): for each scenario the model's runtimes, their binaries
     and the default runtime equal what this containerd's `config dump` shows."""
     from gpunode.containerd import discover, schema
-    from gpunode.host import Host
+    from gpunode.platform.host import Host
 
     main, imports = MERGES[name]
     for relative, text in imports.items():
@@ -474,7 +474,7 @@ def test_live_status_reports_the_runtime_containerd_itself_dumps(
 
     from gpunode.config import AgentConfig, ContainerdConfig
     from gpunode.containerd import probe
-    from gpunode.host import Host
+    from gpunode.platform.host import Host
     from gpunode.status import containerd as status_containerd
 
     main, imports, expected = LIVE_STATUS[name]

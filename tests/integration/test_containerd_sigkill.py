@@ -5,7 +5,7 @@ next revert exactly the untouched one, with no temp file left.
 
 Where the kills land: a plain `python -m gpunode ...` spends most of its ~80 ms importing
 Python, so uniform delays over its whole run rarely hit the few milliseconds of writing. Most
-kills therefore go to a *warm* worker: the same interpreter and `gpunode.cli.main` with the
+kills therefore go to a *warm* worker: the same interpreter and `gpunode.cli.main.main` with the
 command's modules already imported, waiting for a go line; the delay is uniform over the
 command's own measured duration from that go. A few kills of the plain `-m gpunode` run keep
 the real entry point honest. The RNG seed is printed (set GPUNODE_KILL_SEED to replay one).
@@ -31,11 +31,11 @@ WARM_KILLS = 110  # half during configure, half during revert
 COLD_KILLS = 16
 WORKER = (
     "import sys\n"
-    "import gpunode.cli, gpunode.containerd.step, gpunode.containerd.edit, gpunode.systemd\n"
+    "import gpunode.cli.main, gpunode.containerd.step, gpunode.containerd.edit, gpunode.platform.systemd\n"
     "import tomlkit\n"
     "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
     "sys.stdin.readline()\n"
-    "sys.exit(gpunode.cli.main(sys.argv[1:]))\n"
+    "sys.exit(gpunode.cli.main.main(sys.argv[1:]))\n"
 )
 
 

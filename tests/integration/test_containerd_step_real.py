@@ -16,7 +16,7 @@ from conftest import HostFactory, in_place_host, with_runtime_binary
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import revert, step
 from gpunode.containerd.edit import EditError
-from gpunode.systemd import NoSystemd
+from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
 from helpers.containerd_vectors import VECTORS
 from real.containerd_bins import ContainerdError, dump_config, ensure_binary

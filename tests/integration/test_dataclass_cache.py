@@ -95,7 +95,7 @@ def replaying(cls, params, steps):
 dataclasses.exec = counting
 dataclass_cache.compile = dataclass_recipes.compile = compiling
 dataclass_recipes.replay = replaying
-import gpunode.clirun, gpunode.boot, gpunode.containerd.step, gpunode.driver.step
+import gpunode.cli.run, gpunode.pipeline.boot, gpunode.containerd.step, gpunode.driver.step
 print(json.dumps({"installed": installed, "hits": sum(texts) - len(compiled),
                   "misses": len(compiled), "loaded": sorted(dataclass_cache._code),
                   "left": sorted(dataclass_cache._sections), "replayed": len(replayed)}))
@@ -162,7 +162,7 @@ def test_a_broken_file_changes_nothing(tmp_path: Path, content: bytes | str) -> 
         cache.write_bytes(content)
     seen = run("import json, sys, pathlib; from gpunode import dataclass_cache; "
                "ok = dataclass_cache.install(pathlib.Path(sys.argv[1])); "
-               "import dataclasses, gpunode.boot; "
+               "import dataclasses, gpunode.pipeline.boot; "
                "print(json.dumps({'installed': ok, 'patched': hasattr(dataclasses, 'exec')}))",
                str(cache))
     assert seen == {"installed": False, "patched": False}
@@ -175,7 +175,7 @@ def test_a_section_that_cannot_be_read_is_compiled(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", "import sys; from gpunode import dataclass_cache; "
                     "dataclass_cache.write(sys.argv[1])", str(whole)], check=True)
     sections = marshal.loads(whole.read_bytes())
-    sections["gpunode.host"] = b"garbage"
+    sections["gpunode.platform.host"] = b"garbage"
     broken = tmp_path / "broken.marshal"
     broken.write_bytes(marshal.dumps(sections))
     seen = run(SHAPES, str(broken))

@@ -33,7 +33,8 @@ WantedBy=multi-user.target
 # Run inside by this venv's python: every read DbusSystemd makes, over the transport named.
 READS = """\
 import json, sys
-from gpunode import dbus, systemd
+from gpunode import dbus
+from gpunode.platform import systemd
 if sys.argv[1] == "bus":  # the system bus, as a non-root gpunode status connects
     dbus.connect_systemd = lambda: dbus._open(dbus._system_bus_path(), "org.freedesktop.systemd1",
                                               hello=True)

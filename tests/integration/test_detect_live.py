@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from gpunode.detect import detect
-from gpunode.host import Host
+from gpunode.gpu.detect import detect
+from gpunode.platform.host import Host
 
 # The machine's PCI devices (libudev reads /sys itself) and the PCI names it has.
 pytestmark = pytest.mark.allow_paths(

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import command
 from gpunode.driver import build as b
 from gpunode.driver import builders, cache
-from gpunode.host import Host
+from gpunode.platform import command
+from gpunode.platform.host import Host
 from gpunode_testing import fixtures
 from gpunode_testing.driver_files import write_build_userspace
 from helpers.driver_build import (

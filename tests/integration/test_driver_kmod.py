@@ -12,8 +12,8 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.config import DriverConfig
-from gpunode.detect import detect
 from gpunode.driver import modules, step
+from gpunode.gpu.detect import detect
 from gpunode_testing import fixtures
 from real.kmod_tree import ModuleTree, ensure_module_tree, kmod_tool
 
@@ -43,7 +43,7 @@ class DryRunKmod:
              str(self.tree.root), "-S", self.tree.kver, "--dry-run", "--show-depends",
              *argv[1:]], capture_output=True, text=True, check=False)
         if done.returncode:
-            from gpunode.command import CommandFailed
+            from gpunode.platform.command import CommandFailed
 
             raise CommandFailed(argv, done.returncode, done.stderr)
         self.insmods += [line.strip() for line in done.stdout.splitlines()]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode.cli import main
+from gpunode.cli.main import main
 from helpers.ignition_example import SHA512, rendered
 
 

@@ -37,8 +37,8 @@ import yaml
 
 import gpunode
 from conftest import REPO
-from gpunode import ignition
 from gpunode.bake import config as bake_config
+from gpunode.delivery import ignition
 from gpunode_testing import fixtures
 from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
 from helpers import flatcar_disk

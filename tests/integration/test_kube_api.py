@@ -9,11 +9,11 @@ import json
 import pytest
 
 from conftest import HostFactory
-from gpunode.cli import main
+from gpunode.cli.main import main
 from gpunode.config import AgentConfig, KubernetesConfig
-from gpunode.host import Host
 from gpunode.kube import label as step
 from gpunode.kube.client import ApiError
+from gpunode.platform.host import Host
 from gpunode_testing.kube_api import DROP, KUBELET_CLIENT, KUBELET_KUBECONFIG, FakeApiServer, join
 from gpunode_testing.kube_objects import make_node
 from gpunode_testing.pki import Pki

@@ -31,7 +31,7 @@ SEEN = """\
 import json, sys
 from gpunode import module_cache
 ok = module_cache.install(*sys.argv[1:])
-import gpunode.boot, gpunode.containerd, gpunode.containerd.step, shlex
+import gpunode.pipeline.boot, gpunode.containerd, gpunode.containerd.step, shlex
 assert shlex.split("a 'b c'") == ["a", "b c"]
 def seen(module):
     return {"file": module.__file__, "cached": module.__cached__,
@@ -42,8 +42,8 @@ def seen(module):
             "source": module.__spec__.loader.get_source(module.__name__)[:60],
             "path": getattr(module, "__path__", None), "parent": module.__spec__.parent,
             "kept": type(module.__spec__.loader).__module__ == "gpunode.module_cache"}
-print(json.dumps({"installed": ok, "edited": getattr(gpunode.boot, "EDITED", None),
-                  "modules": {m.__name__: seen(m) for m in (gpunode.boot, gpunode.containerd,
+print(json.dumps({"installed": ok, "edited": getattr(gpunode.pipeline.boot, "EDITED", None),
+                  "modules": {m.__name__: seen(m) for m in (gpunode.pipeline.boot, gpunode.containerd,
                                                             gpunode.containerd.step, shlex)}}))
 """
 
@@ -99,7 +99,7 @@ def test_a_module_whose_source_changed_or_vanished_is_imported_as_without_the_fi
     boot.write_text(boot.read_text() + "\nEDITED = True\n")
     seen = python(package, "-c", SEEN)
     assert seen["edited"] is True
-    assert seen["modules"]["gpunode.boot"]["kept"] is False
+    assert seen["modules"]["gpunode.pipeline.boot"]["kept"] is False
     assert seen["modules"]["gpunode.containerd.step"]["kept"] is True
     (package / "containerd" / "step.py").unlink()
     done = subprocess.run([sys.executable, "-c", SEEN], env=CLEAN_ENV,
@@ -117,7 +117,7 @@ def test_an_unchecked_file_is_used_without_looking_at_the_sources(package: Path)
     seen = python(package, "-c", SEEN)
     assert seen["installed"] is True
     assert seen["edited"] is None
-    assert seen["modules"]["gpunode.boot"]["kept"] is True
+    assert seen["modules"]["gpunode.pipeline.boot"]["kept"] is True
 
 
 def test_optimized_python_does_not_use_code_compiled_without_it(package: Path) -> None:
@@ -134,11 +134,11 @@ def cache_file(entries: dict[str, tuple], code: bytes = b"") -> bytes:
 
 
 BROKEN = {  # each a file install() reads, whose one entry it cannot use
-    "escaping": {"gpunode.boot": (0, "../../etc/passwd", False, 0, 0, 0, 0)},
-    "absolute": {"gpunode.boot": (0, "/etc/passwd.py", False, 0, 0, 0, 0)},
-    "base": {"gpunode.boot": (2, "boot.py", False, 0, 0, 0, 0)},
-    "past-end": {"gpunode.boot": (0, "boot.py", False, 0, 0, 0, 1 << 20)},
-    "too-long": {"gpunode.boot": (0, "boot.py", False, 0, 0, 0, 17 << 20)},
+    "escaping": {"gpunode.pipeline.boot": (0, "../../etc/passwd", False, 0, 0, 0, 0)},
+    "absolute": {"gpunode.pipeline.boot": (0, "/etc/passwd.py", False, 0, 0, 0, 0)},
+    "base": {"gpunode.pipeline.boot": (2, "boot.py", False, 0, 0, 0, 0)},
+    "past-end": {"gpunode.pipeline.boot": (0, "boot.py", False, 0, 0, 0, 1 << 20)},
+    "too-long": {"gpunode.pipeline.boot": (0, "boot.py", False, 0, 0, 0, 17 << 20)},
 }
 
 
@@ -178,7 +178,7 @@ def test_pythonpath_keeps_its_own_modules_named_as_standard_ones(package: Path,
     seen = python(package, "-c", SEEN, extra={"PYTHONPATH": str(shadow)})
     assert seen["installed"] is True
     assert seen["modules"]["shlex"]["file"] == str(shadow / "shlex.py")
-    assert seen["modules"]["gpunode.boot"]["kept"] is True
+    assert seen["modules"]["gpunode.pipeline.boot"]["kept"] is True
 
 
 @pytest.mark.parametrize("damage", ["garbage", "not-code"])
@@ -189,7 +189,7 @@ def test_a_module_whose_kept_code_is_damaged_is_imported_from_its_source(
     length = int.from_bytes(whole[len(module_cache.MAGIC):len(module_cache.MAGIC) + 8], "little")
     start = len(module_cache.MAGIC) + 8 + length
     index = marshal.loads(whole[len(module_cache.MAGIC) + 8:start])[4]
-    _, _, _, _, _, offset, size = index["gpunode.boot"]
+    _, _, _, _, _, offset, size = index["gpunode.pipeline.boot"]
     code = marshal.dumps("a string") if damage == "not-code" else b"\xff" * size
     code = code.ljust(size, b"\0")[:size]
     damaged = bytearray(whole)
@@ -198,7 +198,7 @@ def test_a_module_whose_kept_code_is_damaged_is_imported_from_its_source(
     cache.write_bytes(bytes(damaged))
     seen = python(package, "-c", SEEN, str(cache))
     assert seen["installed"] is True
-    assert seen["modules"]["gpunode.boot"]["code"] == str(package / "boot.py")
+    assert seen["modules"]["gpunode.pipeline.boot"]["code"] == str(package / "boot.py")
     assert seen["modules"]["gpunode.containerd.step"]["kept"] is True
 
 
@@ -212,7 +212,7 @@ def test_a_boot_imports_gpunode_from_the_file(tmp_path: Path) -> None:
     root = tmp_path / "node"
     fixtures.build(fixtures.MACHINES["nc4as-t4-v3"], root, fixtures.Options(state="ready"))
     code = ("import sys; sys.argv[1:] = ['--root', sys.argv[1], 'boot']\n"
-            "from gpunode import entry, module_cache\n"
+            "from gpunode import module_cache\nfrom gpunode.cli import entry\n"
             "install, before = module_cache.install, []\n"
             "def installing(*args):\n"
             "    before.extend(sys.modules)\n"

@@ -1,4 +1,4 @@
-"""The CDI spec gpunode itself generates (gpunode/cdi.py, from a fixture T4 node with its driver
+"""The CDI spec gpunode itself generates (gpunode/cdi/spec.py, from a fixture T4 node with its driver
 loaded) is one podman accepts and applies: the container sees the GPU's device node with the
 driver's numbers, the driver's libraries at the paths CUDA images look in, nvidia-smi on the
 bin path, and the GPU by its UUID as well as its index. The spec is made for the node mounted
@@ -14,7 +14,9 @@ import pytest
 import yaml
 
 from conftest import HostFactory
-from gpunode import cdi, cdinode, driverinfo
+from gpunode.cdi import node as cdinode
+from gpunode.cdi import spec as cdi
+from gpunode.gpu import driverinfo
 from gpunode_testing import podman
 
 pytestmark = pytest.mark.allow_paths(str(podman.BUSYBOX))

@@ -27,7 +27,7 @@ def counting(pattern, flags=0, *rest):
     return parse(pattern, flags, *rest)
 _parser.parse = counting
 installed = dataclass_cache.install(sys.argv[1])  # (pathlib would compile urllib's first)
-import gpunode.boot, gpunode.clirun, gpunode.containerd.step, gpunode.driver.step, tomllib, json
+import gpunode.pipeline.boot, gpunode.cli.run, gpunode.containerd.step, gpunode.driver.step, tomllib, json
 imports_parsed = list(parsed)
 kept = dict(regex_cache._kept)
 own = regex_cache._original or re._compiler.compile

@@ -16,8 +16,8 @@ from gpunode.config import ContainerdConfig
 from gpunode.containerd import step
 from gpunode.containerd.edit import EditError
 from gpunode.containerd.probe import CommandProbe
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
 from real.containerd_bins import dump_config, ensure_binary
 

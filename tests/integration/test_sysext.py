@@ -24,7 +24,7 @@ import pytest
 
 import gpunode
 from conftest import REPO
-from gpunode import ignition
+from gpunode.delivery import ignition
 from gpunode_testing import fixtures
 from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
 from helpers.ignition_example import SHA512, URL
@@ -42,7 +42,7 @@ EXPECTED_PATHS = {
     "usr/lib/gpunode/gpunode",
     "usr/lib/gpunode/bin/python3.11",
     "usr/lib/gpunode/lib/python3.11/os.py",
-    "usr/lib/gpunode/lib/python3.11/gpunode/entry.py",
+    "usr/lib/gpunode/lib/python3.11/gpunode/cli/entry.py",
     # the compiled code of gpunode's dataclass methods (gpunode/dataclass_cache.py)
     "usr/lib/gpunode/lib/python3.11/gpunode/__pycache__/dataclasses.cpython-311.marshal",
     # the code of the modules gpunode imports, in one file (gpunode/module_cache.py)
@@ -68,7 +68,7 @@ def test_image_lists_the_bundle_the_units_the_drop_in_and_the_release_file(built
     assert paths >= EXPECTED_PATHS
     # Byte code beside every module, hash-based (no source stat at import): gpunode's own and
     # the standard library's.
-    for module in ("gpunode/entry", "os", "json/decoder"):
+    for module in ("gpunode/cli/entry", "os", "json/decoder"):
         assert f"usr/lib/gpunode/lib/python3.11/{Path(module).parent}/__pycache__/" \
             f"{Path(module).name}.cpython-311.pyc".replace("/./", "/") in paths, module
     # No test suite, Tk or site-packages of the build machine's Python.
@@ -88,7 +88,7 @@ def test_the_launchers_run_the_bundled_interpreter_isolated_and_relative_to_them
         path = built.tree / launcher
         assert os.access(path, os.X_OK) and not path.is_symlink()
         assert path.read_text().splitlines()[-1] == (
-            f'exec "$here/{python}" -IS -c \'from gpunode.entry import run; run()\' "$@"')
+            f'exec "$here/{python}" -IS -c \'from gpunode.cli.entry import run; run()\' "$@"')
         assert (path.parent / python).resolve() == \
             (built.tree / "usr/lib/gpunode/bin/python3.11").resolve()
 
@@ -258,9 +258,9 @@ def test_bundle_holds_gpunode_package_data_where_importlib_resources_finds_it(
     shipped = {f"{package.replace('.', '/')}/{name}" for package, names in declared.items()
                for name in names}
     assert shipped == set(load_build_script().PACKAGE_DATA) == {
-        "gpunode/driver/build.sh", "gpunode/units/gpunode.service",
-        "gpunode/units/gpunode-label.service", "gpunode/units/gpunode-watch.service",
-        "gpunode/units/containerd-env.conf"}
+        "gpunode/driver/build.sh", "gpunode/delivery/units/gpunode.service",
+        "gpunode/delivery/units/gpunode-label.service", "gpunode/delivery/units/gpunode-watch.service",
+        "gpunode/delivery/units/containerd-env.conf"}
     stdlib = built.tree / "usr/lib/gpunode/lib/python3.11"
     for data in shipped:
         assert (stdlib / data).read_bytes() == (REPO / data).read_bytes()
@@ -286,12 +286,12 @@ def test_the_bundled_python_imports_gpunode_from_the_kept_module_code(built: Bui
     """Unchecked, as the bundle's .pyc: the code says it lies where the node has the file."""
     python = built.tree / "usr/lib/gpunode/bin/python3.11"
     done = subprocess.run([str(python), "-IS", "-c", "from gpunode import module_cache; "
-                           "ok = module_cache.install(); import gpunode.boot as b; "
+                           "ok = module_cache.install(); import gpunode.pipeline.boot as b; "
                            "print(ok, type(b.__spec__.loader).__name__, "
                            "b.boot.__code__.co_filename)"], env=NO_VENV,
                           capture_output=True, text=True, timeout=60, check=False)
     stdlib = built.tree / "usr/lib/gpunode/lib/python3.11"
-    assert (done.returncode, done.stdout) == (0, f"True _Loader {stdlib}/gpunode/boot.py\n"), \
+    assert (done.returncode, done.stdout) == (0, f"True _Loader {stdlib}/gpunode/pipeline/boot.py\n"), \
         done.stderr
 
 
@@ -302,9 +302,9 @@ def test_the_bundled_code_keeps_lines_and_no_columns(built: Built) -> None:
     python = built.tree / "usr/lib/gpunode/bin/python3.11"
     kept = ("from gpunode import dataclass_cache, module_cache; module_cache.install(); "
             "dataclass_cache.install(); ")
-    probe = ("import gpunode.boot, json.decoder; "
+    probe = ("import gpunode.pipeline.boot, json.decoder; "
              "print([next(p[::2] for p in f.__code__.co_positions() if p[0]) for f in "
-             "(gpunode.boot.boot, json.decoder.JSONDecoder.decode, gpunode.boot.Problem.__init__)"
+             "(gpunode.pipeline.boot.boot, json.decoder.JSONDecoder.decode, gpunode.pipeline.boot.Problem.__init__)"
              "])")
     done = subprocess.run([str(python), "-IS", "-c", kept + probe], env=NO_VENV,
                           capture_output=True, text=True, timeout=60, check=False)
@@ -466,7 +466,7 @@ def baked_driver(workdir: Path) -> tuple[str, str, Path, str]:
     version = fixtures.FLATCAR_OS_RELEASE.split("VERSION=")[1].split("\n")[0]
     baked = f"/etc/flatcar/sysext/flatcar-{name}-{version}.raw"
     merge = ("from pathlib import Path\n"
-             "from gpunode.host import Host\n"
+             "from gpunode.platform.host import Host\n"
              "from gpunode.driver import step\n"
              "from gpunode.driver.modules import KmodTools\n"
              f"step.merge_baked(Host(Path('/')), {name!r}, {baked!r}, KmodTools())\n")
@@ -506,8 +506,8 @@ NOT_SANDBOXING = {"Type", "NotifyAccess", "RemainAfterExit", "ExecStart", "Timeo
 
 def unit_sandboxing(unit: str) -> list[str]:
     """gpunode.service's other [Service] settings, as `systemd-run -p` arguments (read as
-    gpunode reads units: gpunode.systemd_unit)."""
-    from gpunode.systemd_unit import _service_assignments
+    gpunode reads units: gpunode.platform.systemd_unit)."""
+    from gpunode.platform.systemd_unit import _service_assignments
 
     return [arg for key, value in _service_assignments((UNITS / unit).read_text())
             if key not in NOT_SANDBOXING for arg in ("-p", f"{key}={value}")]

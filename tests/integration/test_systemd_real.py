@@ -309,7 +309,7 @@ def test_the_bus_is_the_namespace_s_own(containerd_ns: tuple[SystemdNamespace, P
 
 MAIN_PROCESS = """\
 import json
-from gpunode.systemd import DbusSystemd
+from gpunode.platform.systemd import DbusSystemd
 main = DbusSystemd().main_process("containerd.service")
 print(json.dumps({"pid": main.pid, "started": main.started} if main else None))
 """
@@ -318,7 +318,7 @@ print(json.dumps({"pid": main.pid, "started": main.started} if main else None))
 def test_gpunode_reads_when_systemd_started_containerd_to_the_microsecond(
     containerd_ns: tuple[SystemdNamespace, Path],
 ) -> None:
-    """gpunode.systemd's main_process is systemd's MainPID and ExecMainStartTimestamp (what
+    """gpunode.platform.systemd's main_process is systemd's MainPID and ExecMainStartTimestamp (what
     status orders the config's mtime against), as busctl reads them from the same bus."""
     ns, _ = containerd_ns
     ns.wait_active(UNIT, timeout=30)

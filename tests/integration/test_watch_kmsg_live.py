@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gpunode.errors import HostError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode.watch import kmsg, notify, xid
 
 pytestmark = pytest.mark.allow_paths("/dev/kmsg")

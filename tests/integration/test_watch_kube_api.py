@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import KUBE_NODE, HostFactory
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode_testing.kube_api import FakeApiServer, join
 from gpunode_testing.kube_objects import status_object
 from gpunode_testing.pki import Pki

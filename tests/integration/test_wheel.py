@@ -23,7 +23,7 @@ import pytest
 from packaging.requirements import Requirement
 
 from conftest import REPO
-from gpunode import ignition
+from gpunode.delivery import ignition
 from helpers.ignition_example import SHA512, URL
 
 EXAMPLE_CONFIG = REPO / "ignition" / "example-config.toml"
@@ -115,8 +115,8 @@ def test_the_wheel_holds_the_units_byte_for_byte_and_no_test_support(
         installed: Installed) -> None:
     with zipfile.ZipFile(installed.wheel) as wheel:
         names = set(wheel.namelist())
-        units = {n for n in names if n.startswith("gpunode/units/")}
-        assert units == {f"gpunode/units/{p.name}" for p in (REPO / "units").iterdir()
+        units = {n for n in names if n.startswith("gpunode/delivery/units/")}
+        assert units == {f"gpunode/delivery/units/{p.name}" for p in (REPO / "units").iterdir()
                          if p.suffix in (".service", ".conf")}
         for name in units:
             assert wheel.read(name) == (REPO / name).read_bytes(), name
@@ -130,7 +130,7 @@ def test_the_installed_gpunode_runs_from_the_fresh_virtualenv_not_the_checkout(
         installed: Installed) -> None:
     done = run([str(installed.venv / "bin/python"), "-c",
                 "import gpunode, importlib.resources as r; print(gpunode.__file__); "
-                "print(r.files('gpunode') / 'units')"], cwd=installed.workdir)
+                "print(r.files('gpunode.delivery') / 'units')"], cwd=installed.workdir)
     module, units = done.stdout.splitlines()
     assert Path(module).is_relative_to(installed.venv), module
     assert Path(units).is_relative_to(installed.venv) and Path(units).is_dir(), units

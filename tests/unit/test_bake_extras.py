@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from conftest import HostFactory
-from gpunode import boot
 from gpunode.config import load_config
 from gpunode.containerd.probe import NoProbe
 from gpunode.driver import builders, cache
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.pipeline import boot
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from helpers.bake import GPUNODE_PATH, Inputs, make_inputs, sha512
 from helpers.bake_extras import (
     KERNEL,

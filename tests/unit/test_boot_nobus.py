@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from gpunode.boot import _refuse_flatcar_nvidia
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.pipeline.boot import _refuse_flatcar_nvidia
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 
 
 class NoBus(NoSystemd):

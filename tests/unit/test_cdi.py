@@ -16,12 +16,15 @@ import pytest
 import yaml
 
 from conftest import HostFactory
-from gpunode import boot, cdi, cdinode, driverinfo
+from gpunode.cdi import node as cdinode
+from gpunode.cdi import spec as cdi
 from gpunode.config import AgentConfig
 from gpunode.errors import DriverError
-from gpunode.host import Host
+from gpunode.gpu import driverinfo
+from gpunode.pipeline import boot
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from gpunode.status import evaluate, observe
-from gpunode.systemd import NoSystemd
 from hostile.support import Cli, check_refusal
 
 T4, ND96 = "nc4as-t4-v3", "nd96amsr-a100-v4"

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from gpunode import chart, chartunit, ignition
+from gpunode.delivery import chart, chartunit, ignition
 from gpunode.errors import InputRefused, UsageError
 from gpunode_testing import charts
 from helpers.ignition_example import AGENT, SHA512, UNITS, URL, chart_rendered, snippet

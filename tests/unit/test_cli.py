@@ -10,7 +10,7 @@ import pytest
 
 from conftest import HostFactory
 from gpunode import __version__
-from gpunode.cli import main
+from gpunode.cli.main import main
 
 DETECT_KEYS = {"schema_version", "root", "source", "names_source", "gpu_count", "nvswitch_count",
                "nouveau_loaded", "vfio_gpus", "problems", "undecided", "functions"}

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conftest import HostFactory
-from gpunode.cli import main
-from gpunode.host import Host
+from gpunode.cli.main import main
+from gpunode.platform.host import Host
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, list[dict]]:
@@ -190,9 +190,9 @@ def test_status_shows_how_the_last_boot_loaded_the_driver(
 def test_boot_refuses_to_run_alongside_flatcars_nvidia_service(
     make_host: HostFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpunode import boot
     from gpunode.config import AgentConfig
-    from gpunode.systemd import NoSystemd
+    from gpunode.pipeline import boot
+    from gpunode.platform.systemd import NoSystemd
 
     class FlatcarNvidiaEnabled(NoSystemd):
         def enabled(self, unit: str) -> bool:
@@ -211,9 +211,9 @@ def test_boot_refuses_to_run_alongside_flatcars_nvidia_service(
 def test_a_cpu_node_boots_no_gpu_whatever_flatcars_nvidia_service_is(
     make_host: HostFactory,
 ) -> None:
-    from gpunode import boot
     from gpunode.config import AgentConfig
-    from gpunode.systemd import NoSystemd
+    from gpunode.pipeline import boot
+    from gpunode.platform.systemd import NoSystemd
 
     class FlatcarNvidiaEnabled(NoSystemd):
         def enabled(self, unit: str) -> bool:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_DATA
-from gpunode.cli import main
+from gpunode.cli.main import main
 from gpunode.config import AgentConfig, ContainerdConfig, KubeletConfig, LogConfig, load_config
 from gpunode.errors import ConfigError
-from gpunode.host import Host
+from gpunode.platform.host import Host
 
 DATA = TEST_DATA / "config"
 INVALID = sorted((DATA / "invalid").glob("*.toml"))

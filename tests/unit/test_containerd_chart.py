@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_DATA, HostFactory
-from gpunode.cli import main
+from gpunode.cli.main import main
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import extras, step
 from gpunode.containerd.ledger import MEMLOCK_DROPIN
 from gpunode.containerd.probe import NoProbe
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from helpers import fake_containerd
 from helpers.cluster_chart import CONFIG, chart_node, vector
 from helpers.fake_containerd import RecordingSystemd

@@ -13,12 +13,12 @@ from conftest import HostFactory, with_runtime_binary
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import ledger, revert, step
 from gpunode.containerd.discover import active_config
-from gpunode.host import Host
-from gpunode.systemd import UnitExec
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import UnitExec
 from helpers.fake_containerd import RecordingSystemd
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = (REPO / "gpunode/units/containerd-env.conf").read_text()
+SHIPPED = (REPO / "gpunode/delivery/units/containerd-env.conf").read_text()
 ENV_TEXT = ("# Written by gpunode: containerd reads a writable copy of its config, which has the "
             "NVIDIA runtime.\nCONTAINERD_CONFIG=/etc/containerd/config.toml\n")
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import pytest
 
 from conftest import HostFactory, in_place_host, with_runtime_binary
-from gpunode import nodelock
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import revert, step
 from gpunode.containerd.edit import EditError
 from gpunode.containerd.probe import NoProbe
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.platform import nodelock
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
 from helpers import fake_containerd
 from helpers.fake_containerd import RecordingSystemd

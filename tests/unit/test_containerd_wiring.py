@@ -14,9 +14,9 @@ from gpunode.containerd import extras, revert, step, wiring
 from gpunode.containerd.ledger import MEMLOCK_DROPIN, TOOLKIT_CONFIG
 from gpunode.containerd.probe import NoProbe
 from gpunode.errors import ConfigError
-from gpunode.host import Host
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from gpunode.status import evaluate, observe
-from gpunode.systemd import NoSystemd
 from gpunode_testing import fixtures
 from helpers import fake_containerd
 from helpers.fake_containerd import RecordingSystemd

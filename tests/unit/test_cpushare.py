@@ -10,7 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpunode import clirun, cpushare, sdnotify
+from gpunode import cpushare
+from gpunode.cli import run as clirun
+from gpunode.platform import sdnotify
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import pytest
 
 from conftest import HostFactory
 from gpunode import log
-from gpunode.detect import PciFunction, classify, detect
-from gpunode.host import Host
-from gpunode.pciids import BUILTIN_NAMES, VendorBlock, nvidia_names, parse_vendor_block
+from gpunode.gpu.detect import PciFunction, classify, detect
+from gpunode.gpu.pciids import BUILTIN_NAMES, VendorBlock, nvidia_names, parse_vendor_block
+from gpunode.platform.host import Host
 from gpunode_testing import fixtures
 
 EXPECTED_NAMES = {
@@ -201,7 +201,7 @@ def test_flat_sysfs_layout_reads_the_same(make_host: HostFactory) -> None:
 
 
 def test_loaded_modules_come_from_sys_module_without_proc_modules(make_host: HostFactory) -> None:
-    from gpunode.detect import loaded_modules
+    from gpunode.gpu.detect import loaded_modules
 
     host = make_host("nc4as-t4-v3", "driver")
     with_proc = loaded_modules(host)

@@ -16,10 +16,10 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.config import BuildConfig, DriverConfig
-from gpunode.detect import PciFunction, detect
 from gpunode.driver import devices, flavour, step, strategy
 from gpunode.driver.modules import LoadError
-from gpunode.host import Host
+from gpunode.gpu.detect import PciFunction, detect
+from gpunode.platform.host import Host
 from gpunode_testing import fixtures
 from gpunode_testing.driver_files import write_build_userspace
 from helpers.driver_build import wanted_version

@@ -14,10 +14,10 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.config import DriverConfig
-from gpunode.detect import detect
 from gpunode.driver import branches, flavour, step
 from gpunode.errors import DriverError
-from gpunode.host import Host
+from gpunode.gpu.detect import detect
+from gpunode.platform.host import Host
 from gpunode_testing import fixtures
 from helpers.bake import FLATCAR_VERSION, make_inputs, sha512
 from helpers.fake_kernel import FakeKernel
@@ -321,10 +321,10 @@ def test_a_boot_that_merges_a_baked_sysext_locates_containerd_again_after_it(
     """What boot located and probed early (gpunode/containerd/locate.py) is dropped where the
     driver step merges a sysext, which could bring containerd drop-ins: the containerd step
     locates again after the merge, and the early probes are stopped first."""
-    from gpunode import boot
     from gpunode.config import AgentConfig
     from gpunode.containerd import locate
-    from gpunode.systemd import NoSystemd
+    from gpunode.pipeline import boot
+    from gpunode.platform.systemd import NoSystemd
 
     host = make_host("nc6s-v3", "bare")
     bake_several(host.root, tmp_path, cli)

@@ -24,12 +24,13 @@ from typing import Any
 import pytest
 
 from conftest import HostFactory
-from gpunode import command, cpushare, log
-from gpunode.command import CommandFailed
+from gpunode import cpushare, log
 from gpunode.config import BuildConfig, DriverConfig
 from gpunode.driver import build as b
 from gpunode.driver import builders, cache
-from gpunode.host import Host
+from gpunode.platform import command
+from gpunode.platform.command import CommandFailed
+from gpunode.platform.host import Host
 from gpunode_testing.driver_files import ELF64_LIBRARY
 from helpers.driver_build import (
     BUILD_SH,

@@ -20,11 +20,11 @@ import pytest
 from conftest import HostFactory
 from gpunode import log
 from gpunode.config import DriverConfig
-from gpunode.detect import detect
 from gpunode.driver import build as b
 from gpunode.driver import builders, cache, firmware, step, userspace
 from gpunode.errors import DriverError, ExtractedFileError, FirmwarePathError
-from gpunode.host import Host
+from gpunode.gpu.detect import detect
+from gpunode.platform.host import Host
 from gpunode_testing import fixtures
 from gpunode_testing.driver_files import ELF64_LIBRARY, OPEN_FIRMWARE
 from helpers.driver_build import (

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory, with_runtime_binary
-from gpunode import __version__, boot, fastpath
+from gpunode import __version__
 from gpunode.config import AgentConfig
 from gpunode.driver import userspace
 from gpunode.errors import DriverError
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.pipeline import boot, fastpath
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
 from gpunode_testing.driver_files import ELF64_LIBRARY, write_userspace
 from hostile.support import Cli

@@ -1,9 +1,9 @@
-"""KEY=VALUE files are read one way (gpunode/envfile.py), whoever reads them: os-release and
+"""KEY=VALUE files are read one way (gpunode/platform/envfile.py), whoever reads them: os-release and
 Flatcar's release files, systemd EnvironmentFile= files, the kubelet's kubeadm-flags.env."""
 
 from __future__ import annotations
 
-from gpunode import envfile
+from gpunode.platform import envfile
 
 TEXT = """# a comment
 ; a systemd comment

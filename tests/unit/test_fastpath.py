@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import entry, fastpath
-from gpunode.host import Host
+from gpunode.cli import entry
+from gpunode.pipeline import fastpath
+from gpunode.platform.host import Host
 
 
 def boot(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], host: Host,

@@ -1,7 +1,7 @@
-"""The CPU node's boot decided from sysfs alone (gpunode/fastpath.py no_gpu_boot): the same
+"""The CPU node's boot decided from sysfs alone (gpunode/pipeline/fastpath.py no_gpu_boot): the same
 record and events as the whole pipeline writes on that node, and the whole pipeline wherever
-anything is not plain. Run through gpunode.entry, the console script's entry point (the `cli`
-fixture runs gpunode.cli, which always takes the whole pipeline)."""
+anything is not plain. Run through gpunode.cli.entry, the console script's entry point (the `cli`
+fixture runs gpunode.cli.main, which always takes the whole pipeline)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import entry
-from gpunode.host import Host
+from gpunode.cli import entry
+from gpunode.platform.host import Host
 from hostile.support import Cli
 
 RECORD = "run/gpunode/state.json"
@@ -126,7 +126,7 @@ def test_a_record_link_pointing_out_of_the_root_stays_inside_it(
 
 @pytest.mark.parametrize("duration", [0.0, 0.1, 1.0, 12.34, 250.07])
 def test_the_record_template_gives_render_s_bytes(duration: float) -> None:
-    from gpunode import bootrecord
+    from gpunode.pipeline import bootrecord
 
     started, finished = "2026-12-01T17:00:00Z", "2026-12-01T17:00:01Z"
     assert bootrecord.no_gpu(started, finished, duration) == bootrecord.render(
@@ -135,7 +135,7 @@ def test_the_record_template_gives_render_s_bytes(duration: float) -> None:
 
 @pytest.mark.parametrize("duration", [0.0, 0.1, 12.34])
 def test_the_event_lines_are_json_dumps_s(duration: float) -> None:
-    from gpunode import fastpath
+    from gpunode.pipeline import fastpath
 
     stamp = "2026-12-01T17:00:00Z"
     step, done = fastpath.no_gpu_events(duration, "json", stamp)

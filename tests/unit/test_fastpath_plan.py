@@ -2,7 +2,7 @@
 any change to an input that makes `gpunode plan` name an action (or a problem) also makes the
 stamp stale, so the next `gpunode boot` runs the pipeline instead of logging boot.unchanged.
 
-Each case boots a fixture node (through gpunode.boot, as the boot unit does), checks that the
+Each case boots a fixture node (through gpunode.pipeline.boot, as the boot unit does), checks that the
 stamp holds, then changes one thing the steps read and asks both plan and the fast path.
 """
 
@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode import __version__, boot, fastpath, flatcar
+from gpunode import __version__
 from gpunode.config import AgentConfig, KubernetesConfig
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.pipeline import boot, fastpath
+from gpunode.platform import flatcar
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 
 KUBELET_UNIT = "etc/systemd/system/kubelet.service"
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from gpunode import safeio
 from gpunode.errors import HostError, LockTimeout
-from gpunode.host import Host
-from gpunode.integers import MAX_MAJOR, MAX_MINOR, parse_int, parse_uint
+from gpunode.platform import safeio
+from gpunode.platform.host import Host
+from gpunode.platform.integers import MAX_MAJOR, MAX_MINOR, parse_int, parse_uint
 
 
 @pytest.fixture

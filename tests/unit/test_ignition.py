@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from conftest import REPO
-from gpunode import ignition
-from gpunode.cli import main
+from gpunode.cli.main import main
+from gpunode.delivery import ignition
 from gpunode.errors import UsageError
 from helpers.ignition_example import AGENT, SHA512, UNITS, URL, rendered
 
@@ -65,7 +65,7 @@ def test_without_units_the_packaged_units_are_embedded_and_they_are_those_of_uni
     """No --units: the units come from gpunode's package data, which units/ links to."""
     packaged = ignition.render(ignition.snippet(URL, SHA512, AGENT), fmt)
     assert packaged == rendered(fmt)
-    assert UNITS.resolve() == (REPO / "gpunode" / "units").resolve()
+    assert UNITS.resolve() == (REPO / "gpunode" / "delivery" / "units").resolve()
 
 
 def test_butane_header_and_clc_size() -> None:
@@ -108,7 +108,7 @@ def test_the_agent_config_to_install_is_read_once_and_installed_as_read(
 ) -> None:
     """What is checked is what is installed: one read, so a file changed in between cannot
     slip an unchecked config into the snippet."""
-    from gpunode.host import Host
+    from gpunode.platform.host import Host
 
     path = tmp_path / "config.toml"
     path.write_text(AGENT)

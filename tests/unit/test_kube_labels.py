@@ -8,10 +8,10 @@ import yaml
 from conftest import REPO, HostFactory
 from gpunode import __version__
 from gpunode.config import AgentConfig, KubernetesConfig
-from gpunode.host import Host
 from gpunode.kube import labels, registration
 from gpunode.kube.label import for_host as desired
 from gpunode.kube.nodename import node_name
+from gpunode.platform.host import Host
 
 DEPLOY = REPO / "deploy"
 DRIVER = {"nvidia.com/cuda.driver-version.full": "550.127.08",
@@ -174,9 +174,9 @@ def kubeadm_node(make_host: HostFactory) -> Host:
 def test_kubelet_registration_dropin_extends_the_kubelets_own_command(
     make_host: HostFactory,
 ) -> None:
-    from gpunode import boot
-    from gpunode.systemd import NoSystemd
-    from gpunode.systemd_unit import read_unit
+    from gpunode.pipeline import boot
+    from gpunode.platform.systemd import NoSystemd
+    from gpunode.platform.systemd_unit import read_unit
 
     host = kubeadm_node(make_host)
     config = AgentConfig(kubernetes=KubernetesConfig(register_with="kubelet"))
@@ -194,8 +194,8 @@ def test_kubelet_registration_dropin_extends_the_kubelets_own_command(
 def test_plan_names_the_kubelet_registration_drop_in_boot_would_write(
     make_host: HostFactory,
 ) -> None:
-    from gpunode import boot
-    from gpunode.systemd import NoSystemd
+    from gpunode.pipeline import boot
+    from gpunode.platform.systemd import NoSystemd
 
     host = kubeadm_node(make_host)
     config = AgentConfig(kubernetes=KubernetesConfig(register_with="kubelet"))

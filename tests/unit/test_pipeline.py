@@ -2,7 +2,7 @@
 `gpunode boot` then changes and exactly the steps it then fails at (with the same error code),
 and the no-op stamp signs exactly the inputs the steps that ran declared.
 
-Both walk gpunode.boot.STEPS with the same fake adapters: no service manager (or one that says
+Both walk gpunode.pipeline.boot.STEPS with the same fake adapters: no service manager (or one that says
 Flatcar's nvidia.service is enabled), and a fake kernel whose `modprobe nvidia` makes the
 fixture's /proc show a loaded driver, as tests/unit/test_driver.py's does.
 """
@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from conftest import HostFactory
-from gpunode import boot, flatcar
 from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.errors import GpunodeError
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.pipeline import boot
+from gpunode.platform import flatcar
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
 from hostile.support import Cli
 
@@ -217,7 +218,7 @@ def test_a_failed_detection_is_a_refusal_for_plan_and_the_failed_step_for_boot(
 def test_plans_json_problems_carry_the_code_boots_record_then_carries(
     make_host: HostFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpunode.cli import main
+    from gpunode.cli.main import main
 
     host = make_host(T4, "bare")
     assert main(["--log-format", "json", "--root", str(host.root), "plan", "--json"]) == 0
@@ -230,7 +231,7 @@ def test_plans_json_problems_carry_the_code_boots_record_then_carries(
 
 
 def test_the_record_read_back_gives_each_step_boot_ran_by_name(make_host: HostFactory) -> None:
-    from gpunode.state import read_record
+    from gpunode.pipeline.state import read_record
 
     host, _, _ = walk(CASES["t4-bare-sysext-with-runtime"], make_host)
     record = read_record(host)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from conftest import HostFactory
-from gpunode import flatcar
+from gpunode.platform import flatcar
 from hostile.support import Cli
 
 

@@ -1,4 +1,4 @@
-"""gpunode.service's READY=1 (gpunode/sdnotify.py): the datagram a real AF_UNIX socket in
+"""gpunode.service's READY=1 (gpunode/platform/sdnotify.py): the datagram a real AF_UNIX socket in
 tmp_path receives, as systemd reads it; once per process; why it could not be sent."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode import sdnotify
+from gpunode.platform import sdnotify
 from helpers.notify_socket import manager_socket, pending
 
 

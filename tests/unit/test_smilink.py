@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory, with_runtime_binary
-from gpunode import boot
 from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.driver import smilink
-from gpunode.host import Host
-from gpunode.systemd import NoSystemd
+from gpunode.pipeline import boot
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
 from gpunode_testing.driver_files import BINARIES, LIBRARIES, write_userspace
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.config import AgentConfig, ContainerdConfig
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode.status import Report, evaluate, observe
 from gpunode_testing import fixtures
 

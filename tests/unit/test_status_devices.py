@@ -14,7 +14,7 @@ import pytest
 from conftest import HostFactory
 from gpunode.config import AgentConfig
 from gpunode.driver import step
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode.status import Check, evaluate, observe
 from hostile.support import Cli
 

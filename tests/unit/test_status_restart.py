@@ -8,7 +8,7 @@ import dataclasses
 
 from conftest import HostFactory
 from gpunode.config import AgentConfig
-from gpunode.processes import ProcessFacts
+from gpunode.platform.processes import ProcessFacts
 from gpunode.status import DaemonStart, StatusFacts, evaluate, observe
 
 BTIME = 1764400000  # /proc/stat's btime: whole seconds

@@ -9,8 +9,8 @@ import pytest
 
 from gpunode.containerd.discover import active_config, config_flag
 from gpunode.errors import HostError
-from gpunode.host import Host
-from gpunode.systemd_unit import expand_command, read_unit
+from gpunode.platform.host import Host
+from gpunode.platform.systemd_unit import expand_command, read_unit
 from gpunode_testing import fixtures
 
 

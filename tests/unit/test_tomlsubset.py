@@ -13,7 +13,7 @@ import pytest
 from conftest import TEST_DATA
 from gpunode import tomlsubset
 from gpunode.errors import FileError
-from gpunode.tomlread import loads_toml
+from gpunode.platform.tomlread import loads_toml
 from gpunode_testing import fixtures
 
 FILES = sorted(TEST_DATA.rglob("*.toml"))

@@ -15,8 +15,8 @@ import pytest
 from conftest import HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig, WatchConfig
 from gpunode.errors import ApiError
-from gpunode.host import Host
-from gpunode.systemd import MainProcess
+from gpunode.platform.host import Host
+from gpunode.platform.systemd import MainProcess
 from gpunode.watch import checks, once, state, vmsize
 from gpunode_testing import fixtures
 from helpers.fake_containerd import RecordingSystemd, listening

@@ -18,8 +18,8 @@ from conftest import HostFactory
 from gpunode import log
 from gpunode.config import AgentConfig, KubernetesConfig
 from gpunode.errors import ApiError, HostError
-from gpunode.host import Host
 from gpunode.kube.client import _hint
+from gpunode.platform.host import Host
 from gpunode.watch import daemon, kmsg, notify, once
 from helpers.watch_api import FakeApi
 

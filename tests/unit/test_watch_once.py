@@ -14,7 +14,7 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig
-from gpunode.host import Host
+from gpunode.platform.host import Host
 from gpunode.watch import once, state
 from gpunode_testing.driver_files import gpu_uuid
 from helpers.watch_api import FakeApi

@@ -1,0 +1,176 @@
+"""The node's CDI spec: its facts read through Host, the file written only when its bytes change.
+
+gpunode/cdi/spec.py makes the spec from facts; this module reads them (the loaded driver's version
+and GPUs from /proc/driver/nvidia, the device nodes it calls for from driver/devices.py, its
+user-space from driver/userspace.py, whether nvidia-cdi-hook is there) and writes the file
+for `gpunode cdi generate --output` and boot's `cdi` step.
+"""
+
+from __future__ import annotations
+
+import re
+import stat
+
+from gpunode.cdi import spec as cdi
+from gpunode.config import DriverConfig
+from gpunode.driver import devices, userspace
+from gpunode.errors import DriverError, GpunodeError, UsageError
+from gpunode.gpu import driverinfo
+from gpunode.platform.host import Host
+
+TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
+if TYPE_CHECKING:
+    from typing import Any
+
+# CDI device names: alphanumerics, '-', '_' and '.' between, alphanumeric at both ends.
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
+
+
+def driver_version(host: Host) -> str:
+    text = host.read_optional(f"{driverinfo.PROC_NVIDIA}/version")
+    version = driverinfo.parse_version(text or "")
+    if version is None:
+        raise DriverError(f"no CDI spec without the driver: {driverinfo.PROC_NVIDIA}/version is "
+                          f"{'missing' if text is None else 'not the driver version file'}",
+                          "load the driver first: 'gpunode driver load' (gpunode boot does "
+                          "both)")
+    return version.version
+
+
+def gpus(host: Host) -> list[tuple[int, str, int]]:
+    """(index, UUID, device minor) of every GPU the driver sees, indexed in PCI address order
+    as nvidia-smi numbers them."""
+    found: list[tuple[int, str, int]] = []
+    infos = driverinfo.read_gpu_infos(host)
+    for index, (address, info) in enumerate(sorted(infos.items())):
+        shown = f"{driverinfo.PROC_NVIDIA}/gpus/{address}/information"
+        if info.minor is None:
+            raise DriverError(f"no CDI spec: {info.minor_problem or shown}",
+                              "look for NVRM errors in 'dmesg'; reload the modules or reboot")
+        if info.uuid is None or not _NAME.fullmatch(info.uuid):
+            what = "has no 'GPU UUID' line" if info.uuid is None else \
+                f"names the GPU UUID {info.uuid[:80]!r}, which is no CDI device name"
+            raise DriverError(f"no CDI spec: {shown} {what}",
+                              "look for NVRM errors in 'dmesg'; reload the modules or reboot")
+        if info.uuid.isdigit() or info.uuid == "all" or info.uuid in {u for _, u, _ in found}:
+            raise DriverError(f"no CDI spec: {shown} names the GPU UUID {info.uuid!r}, which "
+                              "another device of the spec is named already",
+                              "look for NVRM errors in 'dmesg'; reload the modules or reboot")
+        found.append((index, info.uuid, info.minor))
+    return found
+
+
+def hook(host: Host) -> str | None:
+    return cdi.HOOK if host.is_executable_file(cdi.HOOK) else None
+
+
+def generate(host: Host, prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
+             found: userspace.DriverRoot | None = None) -> dict[str, Any]:
+    """The spec for the node as it is now (the user-space searched as the driver step searches
+    it, driver.prebuilt_dirs included, or `found`, the driver step's, when it is of the loaded
+    version); DriverError when the driver or its user-space is missing."""
+    version = driver_version(host)
+    the_gpus = gpus(host)
+    if not the_gpus:
+        raise DriverError("no CDI spec: the driver sees no GPU",
+                          "look for NVRM errors in 'dmesg'")
+    root = found if found is not None and found.version == version else \
+        userspace.find(host, version, prebuilt_dirs=prebuilt_dirs)
+    # Not the MIG capability nodes: they grant MIG config and monitor rights (and, for MIG
+    # devices this spec does not have yet, per-instance access). The toolkit's own spec gives
+    # them only in its "management" mode; its control nodes are nvidiactl, nvidia-uvm,
+    # nvidia-uvm-tools and nvidia-modeset (nvidia-container-toolkit pkg/nvcdi/common-nvml.go).
+    nodes = [n for n in devices.for_host(host)
+             if not n.path.startswith(devices.CAPS_NODE_DIR + "/")]
+    return cdi.spec(nodes, the_gpus, root, hook(host))
+
+
+def inputs() -> list[str]:
+    """What the spec depends on beyond the driver step's inputs (its /proc files, device nodes
+    and the directories of the user-space it found, userspace.watched): the persistenced
+    socket, the hook and the file itself."""
+    return sorted({userspace.PERSISTENCED_SOCKET, cdi.HOOK, cdi.SPEC_PATH})
+
+
+def check_output(host: Host, output: str | None) -> str | None:
+    """`cdi generate --output` names a file under --root: absolute, and not something other
+    than a file (a usage error, exit 2, otherwise)."""
+    if output is None:
+        return None
+    if not output.startswith("/") or output.endswith("/") or "\0" in output:
+        raise UsageError(f"--output {output!r}: name an absolute file path on the node "
+                         "(under --root), e.g. /var/run/cdi/nvidia.yaml",
+                         hint="gpunode cdi generate --output /var/run/cdi/nvidia.yaml")
+    try:
+        st = host.stat(output)
+    except GpunodeError as exc:
+        raise UsageError(f"--output {output}: {exc}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"--output {output}: not a regular file; name the spec file to write")
+    return output
+
+
+def write(host: Host, path: str, data: bytes) -> bool:
+    """Write the spec atomically when its bytes differ from the file's; True when written."""
+    if host.read_optional_bytes(path) == data:
+        return False
+    host.write_atomic(path, data, mode=0o644, make_parents=True)
+    return True
+
+
+def written_by_gpunode(host: Host, path: str = cdi.SPEC_PATH) -> bool:
+    data = host.read_optional_bytes(path)
+    return data is not None and data.startswith(cdi.HEADER.encode())
+
+
+# -- boot's cdi step (gpunode/pipeline/boot.py): plan and apply decide with the same code -----------------
+
+NO_DRIVER = ("no CDI spec: the driver step failed, and the spec names the driver's device nodes "
+             "and files", "fix what the driver step reports; the next boot writes the spec")
+
+
+def _layout(document: dict[str, Any]) -> str:
+    return "nvidia-cdi-hook" if document["containerEdits"].get("hooks") else "hook-free"
+
+
+def preview(host: Host, has_gpus: bool,
+            prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
+            found: userspace.DriverRoot | None = None) -> tuple[str | None, dict[str, Any]]:
+    """(what boot would do to the spec file, or None; the record's fields). With GPUs the spec
+    is made from the node as it is now (DriverError when it cannot be); without, a spec
+    gpunode wrote is removed."""
+    path = cdi.SPEC_PATH
+    if not has_gpus:
+        ours = written_by_gpunode(host, path)
+        return (f"remove {path}: the node has no GPU" if ours else None), {
+            "path": path, "removed": ours, "data": None}
+    document = generate(host, prebuilt_dirs, found)
+    data = cdi.render(document, "yaml")
+    fields = {"path": path, "devices": len(document["devices"]), "layout": _layout(document),
+              "cdi_version": document["cdiVersion"], "data": data}
+    if host.read_optional_bytes(path) == data:
+        return None, fields
+    gpu_count = len(cdi.gpu_devices(document))
+    return (f"write {path}: {gpu_count} GPU{'s' if gpu_count != 1 else ''} by index and UUID, "
+            f"and all ({fields['layout']} layout)"), fields
+
+
+def apply(host: Host, has_gpus: bool, record: dict[str, Any],
+          prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
+          found: userspace.DriverRoot | None = None) -> bool:
+    """Write (or remove) the spec file as preview says; True when the node changed."""
+    line, fields = preview(host, has_gpus, prebuilt_dirs, found)
+    data = fields.pop("data")
+    record.update(fields)
+    if line is None:
+        return False
+    if data is None:
+        host.remove(cdi.SPEC_PATH)
+        return True
+    return write(host, cdi.SPEC_PATH, data)
+
+
+def step_inputs(host: Host, has_gpus: bool) -> list[str]:
+    """The cdi step's inputs: the spec file, the socket and the hook (the driver's /proc files,
+    device nodes and user-space directories are the driver step's, which the spec follows)."""
+    return inputs()

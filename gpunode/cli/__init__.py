@@ -1,0 +1,2 @@
+"""The `gpunode` command line: the entry point, the grammar (argparse), dispatch, exit codes and
+human output."""

@@ -1,0 +1,68 @@
+"""Small helpers for reading TOML (cheap to import at boot): gpunode.tomlsubset reads what it
+takes, tomllib the rest, and words every error."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from gpunode import tomlsubset
+from gpunode.errors import FileError
+from gpunode.platform.records import TOO_DEEP, too_deep
+
+TYPE_CHECKING = False  # typing and tomllib: imported only for a document the subset leaves
+if TYPE_CHECKING:
+    import tomllib
+    from typing import Any
+
+_LINE = r"at line (\d+)"  # in tomllib's messages; compiled only for one
+
+
+BOM = "\ufeff"  # some editors write one; it carries nothing (containerd 1.x skips it too)
+
+# How a caller's error is made: (file, reason, line) → the exception its command reports.
+FileErrorFactory = Callable[[str, str, int | None], Exception]
+
+
+def loads_toml(text: str, file: str, error: FileErrorFactory = FileError) -> dict[str, Any]:
+    """The TOML document in `text` (a leading byte order mark dropped), or one error naming
+    `file` and the line: not TOML, or nested too deeply for gpunode (tomllib recurses into
+    inline arrays and tables, and so does everything that walks a document after it)."""
+    text = text.removeprefix(BOM)
+    doc = tomlsubset.loads(text)
+    if doc is None:
+        doc = _tomllib_loads(text, file, error)
+    if too_deep(doc):
+        raise error(file, f"not valid for gpunode: {TOO_DEEP}", None)
+    return doc
+
+
+def _tomllib_loads(text: str, file: str, error: FileErrorFactory) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise error(file, f"not valid TOML: {exc}", error_line(exc)) from None
+    except RecursionError:
+        raise error(file, f"not valid for gpunode: {TOO_DEEP}", None) from None
+
+
+def error_line(exc: tomllib.TOMLDecodeError) -> int | None:
+    """The line tomllib names in its message ("... (at line 3, column 7)")."""
+    match = re.search(_LINE, str(exc))
+    return int(match.group(1)) if match else None
+
+
+def key_line(text: str, section: str, key: str) -> int | None:
+    """The line where `key` is assigned inside `[section]`, for messages about its value."""
+    current = ""
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if line.startswith("[") and not line.startswith("[["):
+            current = line.strip("[] ").replace('"', "")
+            continue
+        name = line.partition("=")[0].strip().strip('"')
+        if "=" in line and current == section and name == key:
+            return number
+    return None
