@@ -28,11 +28,6 @@ $(VENV)/.installed: $(VENV)/.apt-done pyproject.toml testing/pyproject.toml
 	$(BIN)/pip install -q --no-deps --config-settings editable_mode=compat -e testing
 	@# The environment may forbid writing bytecode; compile once so timings match a real install.
 	$(BIN)/python -m compileall -q $(VENV)/lib gpunode testing >/dev/null
-	@# the compiled code of gpunode's dataclass methods, as the sysext has it (gpunode/dataclass_cache.py),
-	@# and of the modules gpunode imports in one file, found without the import path's walk
-	@# (gpunode/module_cache.py); both without column positions, as the sysext's (build_sysext.py NO_COLUMNS)
-	$(BIN)/python -X no_debug_ranges -m gpunode.dataclass_cache >/dev/null
-	$(BIN)/python -X no_debug_ranges -m gpunode.module_cache >/dev/null
 	@touch $@
 
 setup: $(VENV)/.installed

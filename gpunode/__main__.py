@@ -1,3 +1,3 @@
-from gpunode.cli.entry import run
+from gpunode.cli.main import run
 
 run()

@@ -10,6 +10,7 @@ import dataclasses
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunode.confighints import expected_type, hints_of, item_type, tri_state
 from gpunode.driver.flavour import FLAVOURS
@@ -19,10 +20,6 @@ from gpunode.platform import safeio
 from gpunode.platform.host import Host
 from gpunode.platform.nodepaths import DEFAULT_CONFIG_PATH
 from gpunode.platform.tomlread import key_line, loads_toml
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 DETECT_SOURCES = ("auto", "udev", "sysfs")

@@ -1,39 +1,20 @@
-"""The Python types of the agent config's keys, from its dataclasses' annotations, as
-typing.get_type_hints, get_origin and get_args give them, without importing typing (~0.3x
-Python's own start, on every boot that reads an agent config).
-
-The annotations are text (`from __future__ import annotations`) made of builtin types, their
-`|` and `[...]`, and the config module's own classes: evaluated in that module's namespace, as
-get_type_hints does, they are the same objects. tests/unit/test_config.py compares the two.
-"""
+"""The Python types of the agent config's keys, read from its dataclasses' annotations
+(typing.get_type_hints), and what each means for the TOML value that sets it."""
 
 from __future__ import annotations
 
-import dataclasses
-import sys
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-_evaluated: dict[tuple[str, str], Any] = {}  # (module, annotation) -> its object, once
+import typing
+from typing import Any
 
 
 def hints_of(cls: type) -> dict[str, Any]:
-    """Each field's type, by name (typing.get_type_hints for a config dataclass)."""
-    namespace = vars(sys.modules[cls.__module__])
-    hints = {}
-    for f in dataclasses.fields(cls):
-        key = (cls.__module__, f.type)
-        if key not in _evaluated:
-            _evaluated[key] = eval(f.type, namespace) if isinstance(f.type, str) else f.type
-        hints[f.name] = _evaluated[key]
-    return hints
+    """Each field's type, by name."""
+    return typing.get_type_hints(cls)
 
 
 def args_of(hint: Any) -> tuple[Any, ...]:
-    """typing.get_args for these hints: `tuple[int, ...]` → (int, Ellipsis), a type → ()."""
-    return getattr(hint, "__args__", ())
+    """`tuple[int, ...]` → (int, Ellipsis), a type → ()."""
+    return typing.get_args(hint)
 
 
 def item_type(hint: Any) -> type:
@@ -50,7 +31,7 @@ def tri_state(hint: Any) -> bool:
 def expected_type(hint: Any) -> type:
     """`str | None` → str (None is only ever the absence of the key); `tuple[str, ...]` → list,
     the TOML array it is read from."""
-    origin = getattr(hint, "__origin__", None)  # typing.get_origin's, for these hints
+    origin = typing.get_origin(hint)
     if origin is tuple:
         return list
     if origin is dict:

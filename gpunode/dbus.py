@@ -28,10 +28,7 @@ import _socket
 import os
 import struct
 import time
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 PRIVATE_SOCKET = "/run/systemd/private"
 SYSTEM_BUS_SOCKET = "/run/dbus/system_bus_socket"

@@ -13,9 +13,7 @@ One hint mechanism: a class's `hint` is its default; a raise site that knows bet
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from collections.abc import Sequence
+from collections.abc import Sequence
 
 
 class GpunodeError(Exception):

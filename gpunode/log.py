@@ -2,8 +2,8 @@
 
 Events are dicts shaped by processors with structlog's signature (logger, method, event_dict).
 On a TTY they run inside structlog and its ConsoleRenderer. In JSON mode (journald, i.e. every
-boot) the same processors run in a ten-line chain here, because importing structlog costs ~150 ms
-(it pulls in asyncio and ssl): more than all of a no-op boot is allowed to take.
+boot) the same processors run in a ten-line chain here and json.dumps renders them: structlog
+imports asyncio and ssl, which a boot has no other use for.
 Logs go to stderr; stdout is for the command's own output (tables, --json documents).
 """
 
@@ -14,16 +14,13 @@ import sys
 import time
 from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
+from typing import Any, TextIO
 
 from gpunode.errors import GpunodeError
 from gpunode.platform import timestamps
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any, TextIO
-
-    EventDict = MutableMapping[str, Any]
-    Processor = Callable[[Any, str, EventDict], EventDict]
+EventDict = MutableMapping[str, Any]
+Processor = Callable[[Any, str, EventDict], EventDict]
 
 LOGGED = "gpunode: already logged"
 

@@ -17,14 +17,13 @@ The image holds
     usr/lib/systemd/system/containerd.service.d/10-gpunode-env.conf units/containerd-env.conf
     usr/lib/extension-release.d/extension-release.gpunode
 
-**Why a relocated interpreter.** Measured on the test machine (`make bench`), a PyInstaller
-one-dir bundle started 3.3x slower than the virtualenv for `--version` and 1.9x for a no-op
-boot: its bootloader, its archive importer and its run-time hooks. This interpreter needs
-none: the launcher is `exec <dir>/bin/python3.11 -IS -c 'from gpunode.cli.entry import run; run()'`
+**Why a relocated interpreter.** A PyInstaller one-dir bundle adds a bootloader, an archive
+importer and run-time hooks to every start (`make bench` compares the bundle with the
+virtualenv). This interpreter needs none: the launcher is
+`exec <dir>/bin/python3.X -IS -c 'from gpunode.cli.main import run; run()'`
 (-I: no PYTHON* variables, no user site, no script directory on the path; -S: no site, since
 everything lies in the standard library's directory), the byte code is unchecked hash-based
-(no source stat at import, the same bytes from every build) and without column positions
-(NO_COLUMNS), and it starts as fast as the virtualenv or faster (no site). Python finds its
+(no source stat at import, the same bytes from every build). Python finds its
 standard library from where its executable lies (lib/python3.11/os.py), and each ELF file its
 libraries through an RPATH set with patchelf ($ORIGIN/../lib), so the programs gpunode runs
 get the caller's environment: no LD_LIBRARY_PATH is set for them to inherit, and they load the
@@ -121,11 +120,6 @@ CONTAINERD_DROP_IN = Path("usr/lib/systemd/system/containerd.service.d/10-gpunod
 RELEASE = Path(f"usr/lib/extension-release.d/extension-release.{NAME}")
 STRICT_XATTR = "user.extension-release.strict"
 STDLIB = f"python{sys.version_info.major}.{sys.version_info.minor}"  # the interpreter, its lib/
-# The bundle's code is compiled without column positions (PEP 657's ranges, which only put
-# carets under a traceback's failing expression; line numbers stay): the code objects a boot
-# unmarshals are ~7 % smaller and load ~16 % faster, and a fixture GPU node's first boot
-# (--config, nothing to change) took a median 42.4 instead of 43.6 ms, 80 runs each alternating.
-NO_COLUMNS = ("-X", "no_debug_ranges")
 
 DROP_IN_TEXT = f"""\
 # Installed by the gpunode system extension ({NAME}-<version>-{ARCHITECTURE}.raw).
@@ -157,11 +151,8 @@ PACKAGE_DATA = ("gpunode/driver/build.sh", "gpunode/delivery/units/containerd-en
 # Modules gpunode imports lazily that the bundle must hold; checked after the build.
 LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
                 "bz2", "http.client", "urllib.request", "ssl", "ctypes",
-                # gpunode.platform.host's (only some commands need them) and the build script's reader
-                "hashlib", "fnmatch", "shutil", "socket", "importlib.resources",
-                # the D-Bus client's socket, the journal's SHA-256 and base64 (without
-                # socket's, hashlib's and base64's imports: gpunode/dbus.py, journal.py)
-                "_socket", "_sha2" if sys.version_info >= (3, 12) else "_sha256", "binascii")
+                # only some commands need them: digests, globs, trees, sockets, package data
+                "hashlib", "fnmatch", "shutil", "socket", "importlib.resources")
 # The launchers: the bundled interpreter isolated (-I: no PYTHON* variables, no user site, no
 # script directory on the path) and without site (-S: gpunode and its dependencies lie in the
 # standard library's directory), found from where the launcher itself lies, so the unpacked
@@ -172,7 +163,7 @@ here=${{0%/*}}
 [ "$here" != "$0" ] || here=.
 # called through a link elsewhere: from where the launcher itself lies
 [ ! -L "$0" ] || here=$(dirname "$(readlink -f "$0")")
-exec "$here/{python}" -IS -c 'from gpunode.cli.entry import run; run()' "$@"
+exec "$here/{python}" -IS -c 'from gpunode.cli.main import run; run()' "$@"
 """
 class BuildError(RuntimeError):
     """The image could not be built; the message says why."""
@@ -315,14 +306,6 @@ def bundle(work: Path, python: Interpreter) -> Path:
             copy_file(str(dist.locate_file(file)), str(target))
     link_libraries(out)
     compile_all(out / "bin" / STDLIB, stdlib)
-    # the compiled code of gpunode's dataclass methods (gpunode/dataclass_cache.py)
-    run([str(out / "bin" / STDLIB), *NO_COLUMNS, "-IS", "-m", "gpunode.dataclass_cache"],
-        env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
-    # the code of the modules gpunode imports in one file, unchecked as the .pyc are
-    # (gpunode/module_cache.py)
-    run([str(out / "bin" / STDLIB), *NO_COLUMNS, "-IS", "-m", "gpunode.module_cache",
-         "--unchecked"],
-        env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"})
     for relative, python in (("gpunode", STDLIB), ("bin/gpunode", STDLIB)):
         launcher = out / relative
         launcher.write_text(LAUNCHER.format(python=f"bin/{python}" if relative == "gpunode"
@@ -420,7 +403,7 @@ def compile_all(python: Path, stdlib: Path) -> None:
     # -B: the compiler's own imports (from this same standard library) write no timestamp
     # .pyc that compile_dir would then find current and keep; -S -B, not -I, which would
     # ignore PYTHONHASHSEED (the environment is that and PATH: no other PYTHON* applies)
-    run([str(python), *NO_COLUMNS, "-B", "-S", "-c", code],
+    run([str(python), "-B", "-S", "-c", code],
         env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}, cwd=str(stdlib))
 
 

@@ -22,14 +22,11 @@ import stat
 import tarfile
 import zlib
 from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 from gpunode.driver.cache import MAX_FILE_BYTES
 from gpunode.errors import BakeArchiveError
 from gpunode.platform.host import CHUNK, Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import IO, Any
 
 MAX_MEMBERS = 10_000  # a driver's modules and user-space are a few dozen files
 MAX_TOTAL_BYTES = 8 << 30

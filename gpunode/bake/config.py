@@ -31,15 +31,12 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpunode.driver.branches import NAME as DRIVER_NAME
 from gpunode.errors import BakeConfigError, HostError
 from gpunode.platform.host import Host
 from gpunode.platform.tomlread import key_line, loads_toml
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 MAX_BAKE_CONFIG = 1 << 20
 PLACEHOLDERS = ("version", "board", "group", "name")

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.bake import config as bake_config
 from gpunode.bake.config import Artifact, BakeConfig
@@ -41,10 +42,6 @@ from gpunode.driver.cache import is_name
 from gpunode.driver.flavour import FLAVOURS
 from gpunode.errors import BakeConfigError
 from gpunode.platform.tomlread import loads_toml
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 DEFAULT_TOOLKIT = "nvidia-runtime"  # flatcar/sysext-bakery nvidia-runtime.sysext
 # The bakery's file names: <name>-<version>-<arch>.raw (lib/generate.sh, `_create_sysupdate`:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunode import __version__, log
 from gpunode.bake import config as bake_config
@@ -46,11 +47,8 @@ from gpunode.driver import branches, nouveau
 from gpunode.driver.branches import SYSEXT_DIR, driver_path
 from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, UsageError
 from gpunode.platform import envfile, flatcar, nodelock
-from gpunode.platform.host import TEMP_SUFFIX, Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
+from gpunode.platform.host import Host
+from gpunode.platform.nodepaths import TEMP_SUFFIX
 
 EXTENSIONS = "/etc/extensions"
 AGENT_CONFIG = DEFAULT_CONFIG_PATH

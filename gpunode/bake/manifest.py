@@ -7,14 +7,11 @@ Cheap to import (no urllib, no tomllib): status reads it on every call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.errors import BakeManifestError
 from gpunode.platform import envfile, records
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 MANIFEST = "/etc/gpunode/baked.json"
 VERSIONED = ("gpunode-sysext", "toolkit-sysext")  # described with their version

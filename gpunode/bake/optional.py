@@ -32,6 +32,7 @@ import hashlib
 import re
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunode.bake import archive, fetch
 from gpunode.bake import config as bake_config
@@ -46,11 +47,8 @@ from gpunode.errors import (
     DriverBuildError,
     GpunodeError,
 )
-from gpunode.platform.host import TEMP_SUFFIX, Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
+from gpunode.platform.host import Host
+from gpunode.platform.nodepaths import TEMP_SUFFIX
 
 EXTENSIONS_DIR = "/opt/extensions"
 EXTENSIONS = "/etc/extensions"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import stat
+from typing import Any
 
 from gpunode.cdi import spec as cdi
 from gpunode.config import DriverConfig
@@ -17,10 +18,6 @@ from gpunode.driver import devices, userspace
 from gpunode.errors import DriverError, GpunodeError, UsageError
 from gpunode.gpu import driverinfo
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 # CDI device names: alphanumerics, '-', '_' and '.' between, alphanumeric at both ends.
 _NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
@@ -123,7 +120,7 @@ def written_by_gpunode(host: Host, path: str = cdi.SPEC_PATH) -> bool:
     return data is not None and data.startswith(cdi.HEADER.encode())
 
 
-# -- boot's cdi step (gpunode/pipeline/boot.py): plan and apply decide with the same code -----------------
+# -- boot's cdi step (pipeline/boot.py): plan and apply decide with the same code ----------
 
 NO_DRIVER = ("no CDI spec: the driver step failed, and the spec names the driver's device nodes "
              "and files", "fix what the driver step reports; the next boot writes the spec")
@@ -169,8 +166,3 @@ def apply(host: Host, has_gpus: bool, record: dict[str, Any],
         return True
     return write(host, cdi.SPEC_PATH, data)
 
-
-def step_inputs(host: Host, has_gpus: bool) -> list[str]:
-    """The cdi step's inputs: the spec file, the socket and the hook (the driver's /proc files,
-    device nodes and user-space directories are the driver step's, which the spec follows)."""
-    return inputs()

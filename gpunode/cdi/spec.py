@@ -27,13 +27,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from gpunode.platform import nodepaths
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:  # cheap to import: nodelock names SPEC_PATH
-    from typing import Any
-
+if TYPE_CHECKING:
     from gpunode.driver.devices import Node
     from gpunode.driver.userspace import DriverRoot
 
@@ -143,8 +141,7 @@ def render(document: dict[str, Any], fmt: str = "yaml") -> bytes:
     """The spec's bytes: JSON, or for "yaml" the same JSON text under a one-line comment saying
     who wrote it. JSON is YAML (YAML 1.2 is a superset; the CDI library's sigs.k8s.io/yaml and
     PyYAML read it), so the .yaml file every CDI consumer reads is written and read back by
-    the boot and status with the json module alone: PyYAML costs the boot path more than
-    making the spec does (benchmarks/run.py)."""
+    the boot and status with the json module alone."""
     text = json.dumps(document, indent=2) + "\n"
     return (text if fmt == "json" else HEADER + text).encode()
 

@@ -1,6 +1,6 @@
 """The `gpunode` command line's grammar: every command, action and option, and its help.
 
-Only the shape of the command line lives here; cli.py runs what it names. The allowed values
+Only the shape of the command line lives here; cli/main.py runs what it names. The allowed values
 are the constants of the modules that own them (log.FORMATS, ignition.FORMATS,
 registration.FORMATS), so help, parsing and the code that acts on them cannot disagree.
 """
@@ -9,12 +9,40 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import NoReturn
 
 from gpunode import __version__, log
 from gpunode.cdi import spec as cdi
 from gpunode.config import DEFAULT_CONFIG_PATH
 from gpunode.delivery import ignition
+from gpunode.errors import ArgumentsError
 from gpunode.kube import registration
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a refused command line is raised (cli/main.py logs it in the chosen
+    format) instead of printed and exited on the spot. Subcommand parsers are of the same
+    class."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ArgumentsError(message, self.format_usage(), self.prog)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        """As argparse's, but words nobody understood are blamed on the (sub)command they
+        follow, whose --help lists what it takes."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            words = [getattr(parsed, "command", None), getattr(parsed, "action", None)]
+            prog = " ".join([self.prog, *(w for w in words if w)])
+            raise ArgumentsError(f"unrecognized arguments: {' '.join(extras)}",
+                                 self.format_usage(), prog)
+        return parsed
+
+
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line, or ArgumentsError."""
+    return build_parser(Parser).parse_args(argv)
 
 
 def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:

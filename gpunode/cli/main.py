@@ -1,280 +1,100 @@
-"""The `gpunode` command line: parse, load the agent config, run one command, map errors to exits.
+"""The `gpunode` command: parse the command line (argparse, cli/args.py), load the agent config,
+run one command (cli/commands.py), and turn its errors into one report and an exit code.
 
-Exit codes are a contract (docs/cli.md, "Exit codes"): 0 success, 1 a failed step or a node that is
-not ready, 2 a usage error or an invalid agent config.
+Exit codes are a contract (docs/cli.md, "Exit codes"): 0 success, 1 a failed step or a node that
+is not ready, 2 a usage error or an invalid agent config.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
+import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from gpunode import log, watch
+from gpunode import log
 from gpunode.cli import args as cliargs
-from gpunode.cli import containerd as cli_containerd
-from gpunode.cli import run as clirun
-from gpunode.cli.common import EXIT_FAILED, EXIT_OK, Command, changes_node
+from gpunode.cli.common import EXIT_FAILED, EXIT_USAGE, agent_config, console, host_for
 from gpunode.config import AgentConfig
-from gpunode.errors import ArgumentsError, GpunodeError
-from gpunode.platform.host import Host
+from gpunode.errors import ArgumentsError, ConfigError, GpunodeError, UsageError
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import NoReturn
+EXIT_BROKEN_PIPE = 141  # what a shell reports for a command killed by SIGPIPE (128 + 13)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a refused command line is raised (main() logs it in the chosen format)
-    instead of printed and exited on the spot. Subcommand parsers are of the same class."""
-
-    def error(self, message: str) -> NoReturn:
-        raise ArgumentsError(message, self.format_usage(), self.prog)
-
-    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
-                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
-        """As argparse's, but words nobody understood are blamed on the (sub)command they
-        follow, whose --help lists what it takes."""
-        parsed, extras = self.parse_known_args(args, namespace)
-        if extras:
-            words = [getattr(parsed, "command", None), getattr(parsed, "action", None)]
-            prog = " ".join([self.prog, *(w for w in words if w)])
-            raise ArgumentsError(f"unrecognized arguments: {' '.join(extras)}",
-                                 self.format_usage(), prog)
-        return parsed
-
-
-def _detect(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.gpu.detect import detect, require_decided
-
-    with log.step("detect") as fields:
-        detection = detect(host, use_udev=config.detect.use_udev)
-        fields.update(gpus=len(detection.gpus), functions=len(detection.functions))
-    if args.json:
-        clirun.print_json({"schema_version": 1, "root": str(host.root), **detection.to_json()})
-    else:
-        from gpunode.cli import render
-
-        print(render.detection(detection))
-    # A listing answers with what it found (exit 0 is detect's documented contract): a possible
-    # GPU nobody could identify is in `undecided` and `problems`, and said once more as a
-    # warning; boot, plan, status and the driver commands are the ones that refuse it.
+def run() -> None:
+    """The installed command's entry point (console script, the sysext's launcher,
+    `python -m gpunode`)."""
+    _standard_streams()
     try:
-        require_decided(detection)
-    except GpunodeError as exc:
-        log.get().warning("detect.undecided", exc=exc)
-    return EXIT_OK
-
-
-def _plan(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    """Exit 0 whenever it could plan, even a boot that would fail: that is the answer."""
-    from gpunode.pipeline import boot
-
-    with log.step("plan") as fields:
-        the_plan = boot.plan(host, config, boot.adapters_for(host, config))
-        actions, problems, detection = the_plan.actions, the_plan.problems, the_plan.detection
-        fields.update(actions=len(actions), problems=[p.step for p in problems])
-    from gpunode.status.baked import plan_note
-
-    baked = plan_note(host)  # a baked image: what it downloads at boot (nothing, or why)
-    if args.json:
-        clirun.print_json({"schema_version": 1, "root": str(host.root), "baked": baked,
-                     "gpu_count": len(detection.gpus) if detection else None,
-                     "changes": bool(actions),
-                     "actions": [{"step": a.step, "description": a.description}
-                                 for a in actions],
-                     "would_fail": bool(problems),
-                     "problems": [dataclasses.asdict(p) for p in problems]})
-    elif not problems and detection is not None and not detection.gpus:
-        print("no NVIDIA GPU: nothing to do")
-    elif not actions and not problems:
-        print("nothing to change: the node is already configured")
-    else:
-        lines = [f"{a.step}: {a.description}" for a in actions]
-        for p in problems:
-            lines.append(f"{p.step}: would fail: {p.error}")
-            if p.hint:
-                lines.append(f"  hint: {p.hint}")
-        print("\n".join(lines))
-    if baked and not args.json:
-        print(baked)
-    return EXIT_OK
-
-
-def _label(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.cli import render
-    from gpunode.kube import label, registration
-
-    if args.registration:
-        return registration.print_form(config, args.registration, args.pool,
-                                       args.instance_type, args.json)
-    registration.pool_settings(None, args.pool, args.instance_type)  # refused: no form given
-    with log.step("label", dry_run=args.dry_run) as fields:
-        want = label.for_host(host, config)
-        fields.update(node=want.node, labels=len(want.labels),
-                      condition=want.condition.status)
-        # A node whose GPUs nobody can identify is labelled anyway: GPUReady=False with the
-        # failing checks, and no nvidia.com/gpu.* labels. Refusing would leave the Node as the
-        # last boot labelled it (perhaps GPUReady=True), so the cluster would keep sending GPU
-        # pods to a node gpunode cannot vouch for; "no GPU, nothing to label" would hide the
-        # problem. The command still exits 1 (after labelling), naming the problem.
-        outcome = None
-        if want.gpu is not False and not args.dry_run:
-            outcome = label.apply(host, config, want)
-            fields.update(labels_changed=outcome.labels_changed,
-                          condition_changed=outcome.condition_changed,
-                          calls=list(outcome.calls))
-        if args.json:
-            clirun.print_json(label.document(want, outcome, args.dry_run))
-        else:
-            print(render.label(want, outcome))
-    label.require_decided(want, labelled=outcome is not None)  # exit 1, after the labels
-    return EXIT_OK
-
-
-def _ignition(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    """Everything is checked before anything is printed: stdout gets a whole snippet or
-    nothing."""
-    from gpunode.delivery import chart, ignition
-
-    agent_config = None
-    if args.agent_config:
-        agent_config = ignition.agent_config(str(Path(args.agent_config).absolute()))
-    pool = chart.pool_settings(args.format, args.pool, args.instance_type, args.nodes,
-                              args.no_default_pool)
-    snippet = ignition.snippet(args.sysext_url, args.sysext_sha512, agent_config,
-                               Path(args.units) if args.units else None)
-    sys.stdout.write(chart.render(snippet, args.format, pool)
-                     if args.format in ignition.CHART_FORMATS else
-                     ignition.checked_text(snippet, args.format))
-    return EXIT_OK
-
-
-@changes_node("driver load")
-def _driver_load(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.driver import step
-    from gpunode.gpu.detect import detect_decided
-    from gpunode.pipeline import boot
-
-    adapters = boot.adapters_for(host, config)
-    with log.step("driver") as fields:
-        detection = detect_decided(host, use_udev=config.detect.use_udev)
-        the_plan = step.plan(host, config.driver, detection, adapters.kmod)
-        fields.update(strategy=the_plan.choice.strategy, action=the_plan.choice.action)
-        outcome = step.apply(host, the_plan, config.driver, adapters.kmod, adapters.build)
-        fields.update(outcome.fields())
-    print("\n".join([*the_plan.describe(), *outcome.nodes]))
-    return EXIT_OK
-
-
-@changes_node("driver build")
-def _driver_build(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.driver import step
-    from gpunode.gpu.detect import detect_decided
-    from gpunode.pipeline import boot
-    from gpunode.platform import kernelinfo
-
-    adapters = boot.adapters_for(host, config)
-    with log.step("driver.build") as fields:
-        kernel = kernelinfo.release(host)
-        gpus = detect_decided(host, use_udev=config.detect.use_udev).gpus
-        inputs = step.build_inputs(host, config.driver, kernel, gpus)
-        result, pruned = step.build_cached(host, inputs, adapters.build)
-        fields.update(entry=result.entry.path, cache_hit=result.cache_hit, pruned=pruned)
-    print(f"{result.entry.path} ({'cached' if result.cache_hit else 'built'})")
-    return EXIT_OK
-
-
-def _driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode import status
-    from gpunode.driver import step, userspace
-    from gpunode.pipeline import boot
-
-    facts = status.observe(host, config, contact_api=False)
-    report = status.driver_report(status.evaluate(facts))
-    kmod = boot.adapters_for(host, config).kmod
-    plan_lines, plan_error = step.load_preview(host, config.driver, facts.detection,
-                                               facts.undecided, kmod)
-    found, userspace_error = userspace.loaded_root(host, config.driver.prebuilt_dirs)
-    if args.json:
-        clirun.print_json({"schema_version": 1, "root": str(host.root), "ready": report.ready,
-                     "plan": plan_lines, "plan_error": plan_error,
-                     "driver_root": dataclasses.asdict(found) if found else None,
-                     "driver_root_error": userspace_error,
-                     "checks": [dataclasses.asdict(c) for c in report.checks]})
-    else:
-        from gpunode.cli import render
-
-        print(render.status(report, str(host.root), colour=sys.stdout.isatty()))
-        print("plan: " + ("; ".join(plan_lines) if plan_lines else f"cannot plan: {plan_error}"))
-        print("user-space: " + (userspace.describe(found) if found else
-                                f"not found: {userspace_error}"))
-    return EXIT_OK if report.ready else EXIT_FAILED
-
-
-def _cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    """The spec on stdout, or written to --output (a host path) only when its bytes change."""
-    from gpunode.cdi import node as cdinode
-    from gpunode.cdi import spec as cdi
-    from gpunode.gpu.detect import detect_decided
-    from gpunode.platform import nodelock
-
-    output = cdinode.check_output(host, args.output)
-    with log.step("cdi", output=output) as fields:
-        if not detect_decided(host, use_udev=config.detect.use_udev).gpus:
-            fields.update(devices=0, changed=False)
-            log.get().info("cdi.no_gpu", note="no NVIDIA GPU on this node: no CDI spec, "
-                           "nothing written")
-            return EXIT_OK
-        document = cdinode.generate(host, config.driver.prebuilt_dirs)
-        data = cdi.render(document, args.format)
-        fields.update(devices=len(document["devices"]), cdi_version=document["cdiVersion"])
-        if output is None:
-            sys.stdout.write(data.decode())
-            return EXIT_OK
-        with nodelock.held(host, "cdi generate", nodelock.WAIT_SECONDS):
-            fields.update(changed=cdinode.write(host, output, data))
-    return EXIT_OK
-
-
-def _nodes(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.kube import nodes  # the command lives there (a workstation's, not a node's)
-
-    return nodes.command(config, args.kubeconfig, args.context, args.json)
-
-
-def _image_bake(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    from gpunode.bake import image
-
-    return image.command(host, args)
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader went away (`gpunode status --json | head -1`): what it wanted it has;
+        # no traceback, and nothing more written to a closed pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_BROKEN_PIPE
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = cliargs.build_parser(_Parser).parse_args(argv)
+        args = cliargs.parse(argv)
     except ArgumentsError as exc:
         chosen = cliargs.log_format(argv)
         log.configure(chosen)
-        return clirun.refused(exc, None, clirun.console(chosen))
+        return refused(exc, None, console(chosen))
     log.configure(args.log_format)
+    from gpunode.cli.commands import COMMANDS
+
     name = cliargs.command_name(args)
-    return clirun.execute(name, COMMANDS[name], args)
+    try:
+        host = host_for(args.root)
+        # image bake replaces the image's agent config, or checks it itself (bake/image.py)
+        config = AgentConfig() if name == "image bake" else agent_config(host, args.config)
+        log.configure(args.log_format, config.log.level)
+        return COMMANDS[name](host, config, args)
+    except (ConfigError, UsageError) as exc:
+        return refused(exc, args.command, console(args.log_format))
+    except GpunodeError as exc:
+        if log.LOGGED not in getattr(exc, "__notes__", ()):
+            log.get().error("command.failed", command=args.command, exc=exc)
+        return EXIT_FAILED
 
 
-COMMANDS: dict[str, Command] = {
-    "detect": _detect, "status": clirun.status, "plan": _plan, "boot": clirun.boot,
-    "label": _label,
-    "ignition": _ignition, "driver load": _driver_load, "driver build": _driver_build,
-    "driver status": _driver_status, "containerd configure": cli_containerd.configure,
-    "containerd revert": cli_containerd.revert, "cdi generate": _cdi_generate,
-    "nodes": _nodes,
-    "watch": watch.command,
-    "image bake": _image_bake,
-}
+def refused(exc: UsageError | ConfigError, command: str | None, on_console: bool) -> int:
+    """A usage or agent-config error: exit 2, on a console the plain `gpunode: …` line
+    (argparse's usage first, as it prints it) and a hint line, else one JSON event."""
+    if log.LOGGED in getattr(exc, "__notes__", ()):
+        return EXIT_USAGE  # its step already logged it (in the chosen format)
+    hint = exc.hint or "see 'gpunode --help'"
+    if on_console:
+        if isinstance(exc, ArgumentsError):
+            print(f"{exc.usage}{exc.prog}: error: {exc}", file=sys.stderr)
+        else:
+            print(f"gpunode: {exc}", file=sys.stderr)
+        print(f"gpunode: hint: {hint}", file=sys.stderr)
+        return EXIT_USAGE
+    fields: dict[str, object] = {"command": command, "exit_code": EXIT_USAGE, "hint": hint}
+    if isinstance(exc, ConfigError):
+        fields.update(file=exc.file, key=exc.key, line=exc.line)
+    if isinstance(exc, ArgumentsError):
+        fields.update(usage=exc.usage.strip())
+    log.get().error("command.refused", exc=exc, **fields)
+    return EXIT_USAGE
+
+
+def _standard_streams() -> None:
+    """Descriptors 0, 1 and 2, when one was closed at the start (sys.stdout is then None), are
+    /dev/null from now on: what gpunode writes there goes nowhere, as print() sends it, instead
+    of failing, and no file gpunode opens takes the number (nor a program's writes to it)."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        if getattr(sys, name) is None:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: `fd` itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, mode, closefd=False))  # noqa: SIM115  # for good
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

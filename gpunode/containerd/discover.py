@@ -7,6 +7,7 @@ such as Flatcar's CONTAINERD_CONFIG expanded; containerd's own default otherwise
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.containerd import schema
 from gpunode.errors import ContainerdConfigError, HostError
@@ -19,10 +20,6 @@ from gpunode.platform.systemd_unit import (
     strip_exec_prefix,
 )
 from gpunode.platform.tomlread import loads_toml
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 CONTAINERD_UNIT = "containerd.service"
 CONTAINERD_DEFAULT_CONFIG = "/etc/containerd/config.toml"

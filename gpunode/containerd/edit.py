@@ -14,15 +14,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunode.containerd import schema, tomltext
 from gpunode.containerd.tomltext import Change
 from gpunode.errors import EditError
 from gpunode.platform.tomlread import loads_toml
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 FALLBACK_RUNTIME: dict[str, Any] = {"runtime_type": "io.containerd.runc.v2"}
 BLOCK_COMMENT = "# Added by gpunode: {name} runtime, a copy of '{source}' running {binary}."

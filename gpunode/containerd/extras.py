@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import stat
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import tomltext
@@ -38,10 +39,6 @@ from gpunode.containerd.tomltext import Change
 from gpunode.errors import ContainerdStepError, EditError, GpunodeError
 from gpunode.platform.host import Host
 from gpunode.platform.tomlread import loads_toml
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 MEMLOCK_HEADER = "# Written by gpunode (containerd.limit_memlock): GPU containers lock memory."
 MEMLOCK_TEXT = f"{MEMLOCK_HEADER}\n[Service]\nLimitMEMLOCK=infinity\n"
@@ -70,12 +67,6 @@ def plan(host: Host, config: ContainerdConfig) -> tuple[FileChange, ...]:
     if config.toolkit_mode is not None:
         changes.append(_toolkit_mode(host, config.toolkit_mode))
     return tuple(c for c in changes if c is not None)
-
-
-def inputs(config: ContainerdConfig) -> list[str]:
-    """The files these changes depend on (the no-op boot's stamp)."""
-    return [MEMLOCK_DROPIN, SHIPPED_DROPIN,
-            *([TOOLKIT_CONFIG] if config.toolkit_mode is not None else [])]
 
 
 def _regular(host: Host, path: str, what: str) -> bytes | None:

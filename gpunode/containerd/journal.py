@@ -35,19 +35,19 @@ so that a revert can remove gpunode's own directory inside the same transaction.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import json
 import os
 import stat
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.errors import ContainerdStepError, GpunodeError, JournalError
 from gpunode.platform import records
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 JOURNAL = "/var/lib/gpunode.containerd-journal"
 SCHEMA = 1
@@ -70,28 +70,7 @@ class Write:
 
 def sha256(data: bytes | None) -> str | None:
     """The hex SHA-256 of `data` (the ledger's and the journal's digests)."""
-    return None if data is None else _sha256()(data).hexdigest()
-
-
-_found: list[Any] = []  # the constructor, once found: a failed import searches all of sys.path
-
-
-def _sha256() -> Any:
-    # CPython's own SHA-256 (what hashlib falls back to), not hashlib's: hashlib loads
-    # OpenSSL's libcrypto for it, ~3 ms of the first boot's critical path, where the
-    # containerd step records what it writes; for a few KiB the two take the same time.
-    # Imported here, not at the top: a boot that writes nothing needs neither.
-    if _found:
-        return _found[0]
-    try:
-        from _sha2 import sha256  # Python 3.12 and later
-    except ImportError:
-        try:
-            from _sha256 import sha256  # 3.11
-        except ImportError:  # an interpreter built without them
-            from hashlib import sha256
-    _found.append(sha256)
-    return sha256
+    return None if data is None else hashlib.sha256(data).hexdigest()
 
 
 def attrs_of(host: Host, path: str) -> Attrs | None:
@@ -353,17 +332,12 @@ def _problem(record: Any) -> str | None:
 
 
 def _b64(data: bytes | None) -> str | None:
-    import binascii  # base64.b64encode's own call, without base64's import (~1 ms of a boot)
-
-    return None if data is None else binascii.b2a_base64(data, newline=False).decode("ascii")
+    return None if data is None else base64.b64encode(data).decode("ascii")
 
 
 def _unb64(text: str | None, shown: str) -> bytes | None:
     if text is None:
         return None
-    import base64
-    import binascii
-
     try:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError) as exc:

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gpunode.containerd.tomltext import Hunk
 from gpunode.errors import LedgerError
 from gpunode.platform import records
 from gpunode.platform.host import Host
 from gpunode.platform.records import kind as _kind
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 LEDGER = "/var/lib/gpunode/containerd.json"
 WRITABLE_CONFIG = "/etc/containerd/config.toml"

@@ -4,15 +4,11 @@ earlier changes, the file gpunode writes (a writable copy of a read-only one, wi
 containerd at it) and the text the change starts from.
 
 Boot locates early (`early`), as soon as detect has found GPUs, and starts containerd's
-`--version` then, unless entry.py started it already for the binary found (early.py: at the
-boot's very start, beside gpunode's imports): it runs beside the preflight, driver and cdi
-steps instead of on the critical path after them. The plan asks for containerd's `config dump`
-only after it, and only for a version whose defaults gpunode does not know
-(schema.KNOWN_DEFAULTS): one Go program at a time, and on most nodes only the shorter one; on a
-2-CPU node two and gpunode's own work oversubscribe it. None of those steps touches what the
-probes read (containerd's unit, its config, the binary), except a driver step that merges a
-sysext: boot then drops what it located and stops the probe, and the containerd step starts
-over.
+`--version` then: it runs beside the preflight, driver and cdi steps instead of after them.
+The plan asks for containerd's `config dump` only for a version whose defaults gpunode does not
+know (schema.KNOWN_DEFAULTS). None of those steps touches what the probes read (containerd's
+unit, its config, the binary), except a driver step that merges a sysext: boot then drops what
+it located and stops the probe, and the containerd step starts over.
 """
 
 from __future__ import annotations

@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from gpunode import log
-from gpunode.containerd import early, edit
-from gpunode.containerd.early import VERSION_TIMEOUT
+from gpunode.containerd import edit
 from gpunode.errors import GpunodeError
 from gpunode.platform import command
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any, Protocol
-else:
-    Protocol = object  # the protocols below are plain base classes at run time
 
 
 class Probe(Protocol):
@@ -32,7 +26,8 @@ class Probe(Protocol):
     def discard(self) -> None: ...
 
 
-DUMP_TIMEOUT = 20.0  # --version's timeout, both probes' environment: early.py
+VERSION_TIMEOUT = 10.0
+DUMP_TIMEOUT = 20.0
 
 
 @dataclass
@@ -52,22 +47,20 @@ class CommandProbe:
                      self._dump_argv(binary, path) if path else ()):
             if argv and argv not in self._started:
                 timeout = VERSION_TIMEOUT if len(argv) == 2 else DUMP_TIMEOUT
-                self._started[argv] = early.take(argv) or early.started(argv, timeout)
+                self._started[argv] = command.Started(argv, timeout)
 
     def discard(self) -> None:
         """Stop and reap what was started and never asked for (a dump nobody needed)."""
         for started in self._started.values():
             started.discard()
         self._started.clear()
-        early.discard()  # a guess that was not the located binary
 
     def _run(self, argv: tuple[str, ...], timeout: float) -> str:
-        started = self._started.pop(argv, None) or early.take(argv) or \
-            early.started(argv, timeout)
+        started = self._started.pop(argv, None) or command.Started(argv, timeout)
         return started.result()
 
     def _version_argv(self, binary: str) -> tuple[str, ...]:
-        return early.version_argv(self.binary_override or binary)
+        return (self.binary_override or binary, "--version")
 
     def _dump_argv(self, binary: str, path: str) -> tuple[str, ...]:
         return (self.binary_override or binary, "--config", path, "config", "dump")

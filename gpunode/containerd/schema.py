@@ -11,12 +11,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.platform import tomlread
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 # version → name of the CRI plugin table that holds runtimes (containerd#5837 and the v3 split)
 CRI_PLUGIN: dict[int, str] = {
@@ -147,8 +144,8 @@ BUILTIN_RUNC: dict[Daemon, dict[str, Any]] = {
 _1X = ((1, 6), (1, 7))
 # The versions whose `config dump` of a file's runtimes gpunode knows from the files alone
 # (`reading`): every input of tests/integration/test_containerd_dump.py is configured alike
-# from their real dump and from that reading. For these the dump need not be asked (about 40 ms
-# of a Go program on a GPU node's first boot); for any other version it still is.
+# from their real dump and from that reading. For these the dump need not be asked; for any
+# other version it still is.
 KNOWN_DEFAULTS = frozenset(BUILTIN_RUNC)
 # What a dump shows of the built-in runc beyond BUILTIN_RUNC: 2.1's sandboxer, which a copy
 # into a version 2 file writes as sandbox_mode (BUILTIN_RUNC is written out as either version).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode import log
 from gpunode.config import ContainerdConfig
@@ -39,8 +40,6 @@ from gpunode.containerd.journal import JOURNAL
 from gpunode.containerd.ledger import (
     DROPIN,
     IMPORT_FILE,
-    LEDGER,
-    POINTERS,
     WRITABLE_CONFIG,
     Ledger,
 )
@@ -48,10 +47,6 @@ from gpunode.containerd.probe import CommandProbe, NoProbe, Probe
 from gpunode.errors import ContainerdStepError, GpunodeError
 from gpunode.platform.host import Host
 from gpunode.platform.systemd import Systemd
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 
 @dataclass(frozen=True)
@@ -233,15 +228,6 @@ def _import_refusal(probe: Probe, binary: str, copied_from: str | None) -> str |
                 "file's whole CRI plugin table instead of merging it (containerd#5837, fixed in "
                 "2.1): the main file's CRI settings and runc would be lost")
     return None
-
-
-def step_inputs(host: Host, the_plan: Plan, config: ContainerdConfig) -> list[str]:
-    """The files boot's containerd step depends on (the no-op boot's stamp signs them)."""
-    from gpunode.platform.systemd_unit import unit_inputs
-
-    return [the_plan.active.path, the_plan.target, *POINTERS, LEDGER, JOURNAL, IMPORT_FILE,
-            IMPORT_FILE.rpartition("/")[0] + "/", config.runtime_path, *extras.inputs(config),
-            *unit_inputs(host, CONTAINERD_UNIT)]
 
 
 # -- apply ---------------------------------------------------------------------------------------

@@ -7,13 +7,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.errors import EditError, FileError
 from gpunode.platform.tomlread import loads_toml
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 
 @dataclass(frozen=True)
@@ -63,60 +60,37 @@ def set_path(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 
 
-_ESCAPES = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r", '"': '\\"',
-            "\\": "\\\\"}
-
-
 def value_text(value: Any) -> str:
-    """`value` as TOML text, exactly as tomlkit writes it (`tomlkit.item(value).as_string()`).
-    The strings, booleans, integers and arrays of them a runtime table holds are written here:
-    tomlkit's import is ~10 ms of a first boot whose change only appends new tables."""
-    text = _plain_text(value)
-    if text is None:
-        import tomlkit  # floats, dates, tables in arrays: tomlkit's own rules
+    """`value` as TOML text, as tomlkit writes it."""
+    import tomlkit
 
-        text = str(tomlkit.item(value).as_string())
-    return text
-
-
-def _plain_text(value: Any) -> str | None:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if type(value) is int:
-        return str(value)
-    if type(value) is str:
-        return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if c < " " or c == "\x7f"
-                                                 else c) for c in value) + '"'
-    if type(value) is list:
-        items = [_plain_text(v) for v in value]
-        return None if None in items else "[" + ", ".join(items) + "]"  # type: ignore[arg-type]
-    return None
+    return str(tomlkit.item(value).as_string())
 
 
 def table_block(path: tuple[str, ...], table: Mapping[str, Any], comment: str) -> str:
-    """`table` as [header] sections: scalars first, then each sub-table under its own header."""
-    scalars = [f"{quote_key(k)} = {value_text(v)}" for k, v in table.items()
-               if not isinstance(v, Mapping)]
-    subtables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
-    lines = [comment] if comment else []
-    if scalars or not subtables or comment:  # a table with only sub-tables needs no header
-        lines.append("[" + ".".join(quote_key(k) for k in path) + "]")
-    text = "\n".join(lines + scalars) + "\n" if lines or scalars else ""
-    for key, value in subtables:
-        sub = table_block((*path, key), value, "")
-        text += ("\n" if text else "") + sub
-    return text
+    """`table` under its [header] at `path` (its parents as dotted headers only), written by
+    tomlkit, after the `comment` line."""
+    import tomlkit
+
+    doc = tomlkit.document()
+    node: Any = doc
+    for key in path[:-1]:
+        parent = tomlkit.table(is_super_table=True)
+        node.add(key, parent)
+        node = parent
+    node.add(path[-1], tomlkit.item(table))
+    return _commented(comment, tomlkit.dumps(doc))
 
 
 def render_document(doc: Mapping[str, Any], comment: str) -> str:
-    """A whole document: top-level keys, then every table under its own [header]."""
-    lines = [comment] + [f"{quote_key(k)} = {value_text(v)}"
-                         for k, v in doc.items() if not isinstance(v, Mapping)]
-    text = "\n".join(lines) + "\n"
-    for key, value in doc.items():
-        if isinstance(value, Mapping):
-            text += "\n" + table_block((key,), value, "")
-    return text
+    """A whole document, written by tomlkit, after the `comment` line."""
+    import tomlkit
+
+    return _commented(comment, tomlkit.dumps(doc))
+
+
+def _commented(comment: str, text: str) -> str:
+    return f"{comment}\n{text}" if comment else text
 
 
 def tomlkit_edit(text: str, changes: list[Change], delete: tuple[str, ...] | None,
@@ -203,10 +177,6 @@ def text_hunks(before: str, after: str) -> list[Hunk]:
     a, b = split_lines(before), split_lines(after)
     if len(a) > MAX_HUNK_LINES:
         return []
-    if len(b) > len(a) and b[:len(a)] == a:
-        # Lines only appended (a first boot's runtime tables): the one insert difflib finds
-        # for it, without difflib's import (~1.5 ms of the first boot's critical path).
-        return [(tuple(b[max(0, len(a) - 2):len(a)]), (), tuple(b[len(a):]))]
     from difflib import SequenceMatcher
 
     return [(tuple(b[max(0, j1 - 2):j1]), tuple(a[i1:i2]), tuple(b[j1:j2]))

@@ -6,13 +6,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.containerd import edit, schema, tomltext
 from gpunode.platform.tomlread import loads_toml
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,12 @@ import copy
 import dataclasses
 import posixpath
 from collections.abc import Mapping
+from typing import Any
 
 from gpunode.config import ContainerdConfig
 from gpunode.containerd import edit, schema, tomltext
 from gpunode.containerd.tomltext import Change
 from gpunode.errors import EditError
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 CDI_FROM: schema.Daemon = (1, 7)  # the first containerd with CDI
 CDI_ALWAYS_FROM: schema.Daemon = (2, 0)  # CDI on by default; the key deprecated from 2.3

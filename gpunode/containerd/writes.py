@@ -5,6 +5,7 @@ the ledger last, with what it records (the changes merged with earlier runs').""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Protocol
 
 from gpunode.containerd import edit, journal, ledger, schema, tomltext
 from gpunode.containerd.extras import FileChange
@@ -12,12 +13,6 @@ from gpunode.containerd.journal import Write
 from gpunode.containerd.ledger import BACKUP_SUFFIX, IMPORT_FILE, LEDGER, Ledger
 from gpunode.errors import ContainerdStepError
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any, Protocol
-else:
-    Protocol = object  # the protocols below are plain base classes at run time
 
 
 class Plan(Protocol):

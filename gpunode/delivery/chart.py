@@ -36,16 +36,13 @@ from __future__ import annotations
 import copy
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode import __version__
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig, parse_text
 from gpunode.delivery import chartunit, ignition
 from gpunode.errors import UsageError
 from gpunode.kube import registration
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 FORMATS = ("cluster-azure", "cluster-aws", "cluster-secret")
 SECRET_NAME = "gpunode-files"

@@ -18,11 +18,9 @@ machine without an NVIDIA display controller skips it, downloads nothing and run
 
 from __future__ import annotations
 
-from gpunode.errors import InputRefused
+from typing import Any
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
+from gpunode.errors import InputRefused
 
 SYSEXT_UNIT = "gpunode-sysext.service"
 PCI_DEVICES = "/sys/bus/pci/devices"

@@ -17,6 +17,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gpunode import __version__, log
 from gpunode.config import DEFAULT_CONFIG_PATH, MAX_CONFIG_BYTES, parse_text
@@ -25,13 +26,9 @@ from gpunode.errors import ConfigError, GpunodeError, HostError, InputRefused, U
 from gpunode.platform import flatcar
 from gpunode.platform.host import Host
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
-
 CLC_LIMIT = 32768
 FORMATS = ("butane", "ignition", "clc", "cluster-azure", "cluster-aws", "cluster-secret")
-# Values of Giant Swarm's cluster charts and the Secret they read: rendered by gpunode.delivery.chart.
+# Values of Giant Swarm's cluster charts and the Secret they read: rendered by delivery/chart.py.
 CHART_FORMATS = FORMATS[3:]
 EXTENSIONS_DIR = "/opt/extensions/gpunode"
 EXTENSION_LINK = "/etc/extensions/gpunode.raw"

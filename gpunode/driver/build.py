@@ -26,20 +26,16 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
-from gpunode import cpushare, log
+from gpunode import log
 from gpunode.driver import cache
 from gpunode.errors import DriverBuildError, GpunodeError
 from gpunode.platform import envfile
 from gpunode.platform.host import Host
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
-    from typing import Protocol
-
     from gpunode.config import DriverConfig
-else:
-    Protocol = object  # the protocols below are plain base classes at run time
 
 WORK_DIR = ".work"  # inside the staging dir: downloads, build.sh, build.log; gone on success
 INSTALLER_NAME = "nvidia-installer.run"
@@ -258,7 +254,6 @@ def _build_entry(host: Host, plan: BuildPlan, fetcher: Fetcher, builder: Builder
     work = f"{staging}/{WORK_DIR}"
     log.get().info("driver.build.start", kernel=plan.kernel, driver=plan.driver,
                    flavour=plan.flavour, staging=host.display(staging))
-    cpushare.give_back()  # minutes of compiling weigh as any service does (cpushare.py)
     host.make_dirs(work)
     try:
         # The installer first: a wrong driver checksum fails before gigabytes are fetched.

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 from gpunode import log
 from gpunode.driver.build import INSTALLER_NAME, fill
@@ -26,10 +27,7 @@ from gpunode.errors import DriverBuildError, HostError
 from gpunode.platform import command
 from gpunode.platform.host import CHUNK, Host
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
-    from typing import BinaryIO
-
     from gpunode.config import BuildConfig
 
 BUILD_SCRIPT = "build.sh"
@@ -65,7 +63,7 @@ class UrlFetcher:
         _REAL.write_atomic(str(dest_path), self._chunks(url), mode=0o644)
 
     def _chunks(self, url: str) -> Iterator[bytes]:
-        import http.client  # urllib's network side costs ~50 ms to import: only when fetching
+        import http.client  # only a build that downloads needs the network side
 
         try:
             local = _local_path(url)

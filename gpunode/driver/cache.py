@@ -33,16 +33,13 @@ import stat
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from gpunode import log
 from gpunode.errors import DriverBuildError, HostError
 from gpunode.platform import kernelinfo, records, timestamps
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from datetime import datetime  # (~2.5% of a boot's instructions: a build passes one)
-    from typing import Any
 
 CACHE_ROOT = "/opt/gpunode/drivers"
 LOCK_FILE = f"{CACHE_ROOT}/.lock"

@@ -12,17 +12,12 @@ from __future__ import annotations
 import shlex
 import stat
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gpunode.config import DRIVER_MODULES, EXTRA_MODULES
 from gpunode.errors import CommandFailed, HostError, LoadError
 from gpunode.platform import command
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Protocol
-else:
-    Protocol = object  # the protocols below are plain base classes at run time
 
 ORDER = DRIVER_MODULES
 BASE_MODULES = tuple(m for m in ORDER if m not in EXTRA_MODULES)

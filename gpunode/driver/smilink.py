@@ -19,13 +19,10 @@ from __future__ import annotations
 
 import stat
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.errors import GpunodeError, NvidiaSmiError
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 WRAPPER = "/opt/bin/nvidia-smi"
 VALIDATOR_PATHS = ("/usr/bin/nvidia-smi", "/usr/sbin/nvidia-smi", "/bin/nvidia-smi",
@@ -161,8 +158,3 @@ def step_apply(ctx: Any, fields: dict[str, Any]) -> bool:
     fields.update(nvidia_smi=the_plan.target, validator_runs=WRAPPER if changed else the_plan.found)
     return changed
 
-
-def step_inputs(ctx: Any) -> list[str]:
-    """Every validator path: a new nvidia-smi ahead of the wrapper, or the wrapper gone or
-    changed, makes the next boot run the step."""
-    return list(VALIDATOR_PATHS)

@@ -11,6 +11,7 @@ import dataclasses
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from gpunode import log
 from gpunode.config import BuildConfig, DriverConfig
@@ -30,10 +31,7 @@ from gpunode.gpu.detect import Detection, PciFunction, loaded_modules
 from gpunode.platform import command, flatcar, kernelinfo
 from gpunode.platform.host import Host
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
-    from typing import Any
-
     from gpunode.driver.build import BuildInputs, BuildResult
 
 NVIDIA_SMI = ("/opt/bin/nvidia-smi", "/usr/bin/nvidia-smi")

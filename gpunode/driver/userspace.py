@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import stat
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.config import DriverConfig
 from gpunode.driver import cache
@@ -49,10 +50,6 @@ from gpunode.errors import DriverError, GpunodeError
 from gpunode.gpu import driverinfo
 from gpunode.platform import flatcar, kernelinfo
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 UTILITY_LIBRARIES = ("libnvidia-ml", "libnvidia-cfg", "libnvidia-nscq")
 COMPUTE_LIBRARIES = (
@@ -82,7 +79,6 @@ class DriverRoot:
     binaries: tuple[str, ...]     # host paths of the driver's binaries present, sorted
     firmware: tuple[str, ...]     # host paths of nvidia/<version>/gsp_*.bin present, sorted
     persistenced_socket: str | None = None  # /run/nvidia-persistenced/socket when present
-    lookups: tuple[str, ...] = ()  # each library and binary path looked up, there or not
 
 
 @dataclass(frozen=True)
@@ -137,9 +133,7 @@ def find(host: Host, version: str, *,
                 binaries=_binaries(host, bin_dirs, listed),
                 firmware=_firmware(host, [_join(root, d.format(version=version))
                                           for d in layout.firmware], version, kernel, listed),
-                persistenced_socket=_socket(host, PERSISTENCED_SOCKET),
-                lookups=tuple(_candidates(dirs, LIBRARIES, f".so.{version}")
-                             + _candidates(bin_dirs, BINARIES)))
+                persistenced_socket=_socket(host, PERSISTENCED_SOCKET))
         _other_versions(host, dirs, version, notes)
         if libraries:
             notes.append(f"{host.display(root)} has {len(libraries)} of its libraries but not "
@@ -187,16 +181,6 @@ def describe(found: DriverRoot) -> str:
     return (f"{found.root} ({len(found.libraries)} libraries, {len(found.binaries)} binaries, "
             f"{len(found.firmware)} firmware files"
             + (", persistenced socket" if found.persistenced_socket else "") + ")")
-
-
-def watched(found: DriverRoot) -> list[str]:
-    """What the no-op stamp signs for the driver root: every library and binary path looked
-    up (there or not, by its stat: a removed, replaced or newly installed libcuda makes the
-    next boot run), and the directories holding its firmware (by their listing, a trailing
-    "/"). The library directories themselves are not listed: /usr/lib64 or
-    /usr/lib/x86_64-linux-gnu holds a thousand files or more."""
-    paths = {*found.lookups, *found.libraries, *found.binaries}
-    return sorted(paths | {path.rpartition("/")[0] + "/" for path in found.firmware})
 
 
 # -- the search ----------------------------------------------------------------------------------
@@ -262,10 +246,6 @@ def _libraries(host: Host, dirs: list[str], version: str, notes: list[str],
             else:
                 found[name] = path
     return found
-
-
-def _candidates(dirs: list[str], names: tuple[str, ...], suffix: str = "") -> list[str]:
-    return [f"{directory}/{name}{suffix}" for directory in dirs for name in names]
 
 
 def _other_versions(host: Host, dirs: list[str], version: str, notes: list[str]) -> None:

@@ -21,16 +21,13 @@ import errno
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from gpunode.errors import HostError, UndecidedError
 from gpunode.gpu.pciids import NVIDIA_VENDOR_ID, nvidia_names
 from gpunode.platform.host import Host
 from gpunode.platform.integers import parse_int, parse_uint
 from gpunode.platform.nodepaths import SYSFS_PCI_DEVICES
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 KINDS = ("gpu", "nvswitch", "audio", "other")
 

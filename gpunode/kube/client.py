@@ -2,9 +2,9 @@
 
 No client library: gpunode needs four calls (GET a node, PATCH it, PATCH its status, and for
 `gpunode nodes` LIST them), and http.client + ssl do them with the kubeconfig's client
-certificate or bearer token (kube/kubeconfig.py reads it) at no import cost, where the
-official client takes about a second to import and lightkube pulls in httpx. Credentials are
-never logged: only the server URL and the paths of the files that hold them.
+certificate or bearer token (kube/kubeconfig.py reads it), where the official client takes
+about a second to import and lightkube pulls in httpx. Credentials are never logged: only the
+server URL and the paths of the files that hold them.
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ import ssl
 import time
 import urllib.parse
 from collections.abc import Callable
+from typing import Any
 
 from gpunode import log
 from gpunode.errors import ApiError, KubeconfigError, ReplyError
 from gpunode.kube.kubeconfig import Kubeconfig, kind_of, read_kubeconfig
 from gpunode.platform import records
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 __all__ = ["Kubeconfig", "NodeApi", "parse_node", "parse_node_list", "read_kubeconfig",
            "with_retries"]

@@ -11,14 +11,11 @@ from __future__ import annotations
 import base64
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunode.errors import HostError, KubeconfigError
 from gpunode.platform import records
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 
 @dataclass(frozen=True)

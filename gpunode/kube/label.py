@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode import status
 from gpunode.config import AgentConfig
@@ -14,10 +15,6 @@ from gpunode.kube import labels
 from gpunode.kube.client import NodeApi, read_kubeconfig, with_retries
 from gpunode.platform import timestamps
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 NOTHING_TO_LABEL = "no NVIDIA GPU: nothing to label"
 

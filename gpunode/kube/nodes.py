@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.config import AgentConfig
 from gpunode.errors import KubeconfigError, NodesKubeconfigError, ReplyError
@@ -23,10 +24,6 @@ from gpunode.kube import labels
 from gpunode.kube.client import NodeApi
 from gpunode.kube.kubeconfig import read_kubeconfig
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 SELECTOR = f"{labels.PREFIX}ready"
 PAGE = 500

@@ -10,16 +10,14 @@ JoinConfiguration's `nodeRegistration` or the kubelet's `--register-with-taints`
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
 
 from gpunode.errors import ConfigError, UsageError
 from gpunode.platform.host import Host
 from gpunode.platform.nodepaths import KUBELET_DROPIN
 from gpunode.platform.systemd_unit import read_unit
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
-    from typing import Any
-
     from gpunode.platform.systemd import Systemd
 
 REGISTRATION_LABELS = {"nvidia.com/gpu.present": "true"}

@@ -1,37 +1,30 @@
-"""`gpunode plan` and `gpunode boot`: one list of steps, walked to plan, to boot and to sign.
+"""`gpunode plan` and `gpunode boot`: one list of steps, walked to plan and to boot.
 
 Each step (STEPS) says when it applies, what it would do as the node is now (`plan`: action
-lines, nothing touched), how it does it (`apply`: fills the step's record fields and says
-whether it changed the node) and which files it depends on (`inputs`, signed in the no-op stamp,
-gpunode/pipeline/fastpath.py). `plan`, `boot`, the boot record (/run/gpunode/state.json, for
-`gpunode status`) and the stamp all walk this one list, so they cannot disagree about which
-steps run, in which order, or what a step depends on. The module is longer than ~450 lines
-because every step's glue stays beside the list, where it is read with it.
+lines, nothing touched) and how it does it (`apply`: fills the step's record fields and says
+whether it changed the node). `plan`, `boot` and the boot record (/run/gpunode/state.json, for
+`gpunode status`) all walk this one list, so they cannot disagree about which steps run or in
+which order.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunode import log
-from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig
+from gpunode.config import AgentConfig
 from gpunode.driver import smilink
 from gpunode.driver.modules import Kmod
 from gpunode.errors import ConflictError, DriverError, GpunodeError
-from gpunode.gpu.detect import SYSFS_PCI_DEVICES, Detection, detect, require_decided
-from gpunode.pipeline import bootrecord
-from gpunode.pipeline.bootrecord import STATE_PATH
-from gpunode.platform import flatcar, kernelinfo, timestamps
+from gpunode.gpu.detect import Detection, detect, require_decided
+from gpunode.pipeline import state
+from gpunode.platform import flatcar, timestamps
 from gpunode.platform.host import Host
 from gpunode.platform.systemd import Systemd
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 
 @dataclass(frozen=True)
@@ -44,17 +37,11 @@ class Action:
 
 @dataclass
 class BootRun:
-    """One boot as it runs: what its boot record will say, and the files the no-op stamp signs."""
+    """One boot as it runs: what its boot record will say."""
 
     started_at: str
     steps: list[dict[str, Any]] = field(default_factory=list)
     outcome: str = "ok"
-    inputs: dict[str, list[str]] = field(default_factory=dict)  # step → the files it read
-
-    @property
-    def watched(self) -> list[str]:
-        """What a no-op boot must find unchanged: every input the steps that ran declared."""
-        return sorted({path for paths in self.inputs.values() for path in paths})
 
 
 @dataclass(frozen=True)
@@ -121,7 +108,6 @@ class Step:
     name: str
     plan: Callable[[Context], list[str]]  # what apply would do; a GpunodeError: a Problem
     apply: Callable[[Context, dict[str, Any]], bool]  # fills the record fields; True: changed
-    inputs: Callable[[Context], list[str]]  # the files its outcome depends on (after apply)
     applies: Callable[[Context], bool] = lambda ctx: True
     gate: bool = False  # when it fails, boot stops there (the later steps need it)
     observes: bool = False  # plan is computed from it: when it fails there is no plan
@@ -167,18 +153,6 @@ def _preflight_plan(ctx: Context) -> list[str]:
 def _preflight_apply(ctx: Context, fields: dict[str, Any]) -> bool:
     _refuse_flatcar_nvidia(ctx.host, ctx.adapters.systemd)
     return False
-
-
-def _preflight_inputs(ctx: Context) -> list[str]:
-    """Every boot depends on the agent config, the kernel and this boot; and on nvidia.service
-    staying masked or disabled (its unit files and enablement links, wherever systemd looks).
-
-    A path ending in "/" is signed by its listing (gpunode.pipeline.fastpath.signature)."""
-    from gpunode.platform.systemd_unit import enablement_inputs, unit_inputs
-
-    unit = flatcar.NVIDIA_UNIT
-    return [DEFAULT_CONFIG_PATH, kernelinfo.RELEASE, kernelinfo.BOOT_ID,
-            *unit_inputs(ctx.host, unit), *enablement_inputs(ctx.host, unit)]
 
 
 # -- detect ---------------------------------------------------------------------------------------
@@ -238,23 +212,6 @@ def _driver_apply(ctx: Context, fields: dict[str, Any]) -> bool:
             or the_plan.choice.action == "build")
 
 
-def _driver_inputs(ctx: Context) -> list[str]:
-    """What the driver step found right: the loaded modules, what the driver says about itself
-    and its GPUs and capabilities, the majors, every device node with its /dev/char link, and
-    the directories of the driver's user-space (a removed libcuda makes the next boot run)."""
-    from gpunode.driver import devices, userspace
-    from gpunode.driver import step as driver
-    from gpunode.gpu import driverinfo
-
-    nodes = driver.wanted_nodes(ctx.host)
-    return ["/proc/modules", "/proc/devices", f"{driverinfo.PROC_NVIDIA}/version",
-            f"{driverinfo.PROC_NVIDIA}/gpus/",
-            *driverinfo.gpu_information_files(ctx.host).values(),
-            f"{devices.CAPS_DIR}/config", f"{devices.CAPS_DIR}/monitor",
-            *(node.path for node in nodes), *(node.char_link for node in nodes),
-            *(userspace.watched(found) if (found := ctx.found.get("driver_root")) else [])]
-
-
 # -- cdi: the node's CDI spec, from the driver as the driver step left it -------------------------
 def _cdi_applies(ctx: Context) -> bool:
     """With GPUs; without, only to remove a spec gpunode wrote (a GPU gone since)."""
@@ -288,12 +245,6 @@ def _cdi_apply(ctx: Context, fields: dict[str, Any]) -> bool:
                          ctx.found.get("driver_root"))  # the driver step's, found just now
 
 
-def _cdi_inputs(ctx: Context) -> list[str]:
-    from gpunode.cdi import node as cdinode
-
-    return cdinode.step_inputs(ctx.host, _has_gpus(ctx))
-
-
 # -- containerd -----------------------------------------------------------------------------------
 
 
@@ -322,12 +273,6 @@ def _containerd_apply(ctx: Context, fields: dict[str, Any]) -> bool:
     fields.update(restarted=outcome.restarted)
     ctx.found["containerd"] = the_plan
     return outcome.changed or rolls_back
-
-
-def _containerd_inputs(ctx: Context) -> list[str]:
-    from gpunode.containerd import step as containerd
-
-    return containerd.step_inputs(ctx.host, ctx.found["containerd"], ctx.config.containerd)
 
 
 # -- registration: the kubelet registers with the GPU taint and label ----------------------------
@@ -361,31 +306,21 @@ def _registration_apply(ctx: Context, fields: dict[str, Any]) -> bool:
     return text is not None
 
 
-def _registration_inputs(ctx: Context) -> list[str]:
-    from gpunode.kube import registration
-    from gpunode.platform.systemd_unit import unit_inputs
-
-    return [registration.KUBELET_DROPIN, registration.KUBELET_CLIENT_CERT,
-            *unit_inputs(ctx.host, registration.KUBELET_UNIT)]
-
-
 # Boot walks them in this order. Each step after preflight is attempted even when an earlier one
 # failed: the runtime config does not need the driver, and the record names every problem at
 # once. A failed gate (detect, preflight) stops the boot there.
 STEPS: tuple[Step, ...] = (
-    Step("detect", _detect_plan, _detect_apply, lambda ctx: [f"{SYSFS_PCI_DEVICES}/"], gate=True,
-         observes=True, then=_locate_containerd),
+    Step("detect", _detect_plan, _detect_apply, gate=True, observes=True,
+         then=_locate_containerd),
     # Only where there is a GPU for two drivers to race over: a CPU node's boot is decided
-    # from sysfs alone (gpunode/pipeline/fastpath.py no_gpu), without asking systemd anything.
-    Step("preflight", _preflight_plan, _preflight_apply, _preflight_inputs, applies=_has_gpus,
+    # from sysfs alone (pipeline/shortcut.py), without asking systemd anything.
+    Step("preflight", _preflight_plan, _preflight_apply, applies=_has_gpus,
          gate=True, quiet=True),
-    Step("driver", _driver_plan, _driver_apply, _driver_inputs, applies=_has_gpus),
-    Step("nvidia_smi", smilink.step_plan, smilink.step_apply, smilink.step_inputs,
-         applies=smilink.applies),
-    Step("cdi", _cdi_plan, _cdi_apply, _cdi_inputs, applies=_cdi_applies),
-    Step("containerd", _containerd_plan, _containerd_apply, _containerd_inputs,
-         applies=_has_gpus),
-    Step("registration", _registration_plan, _registration_apply, _registration_inputs,
+    Step("driver", _driver_plan, _driver_apply, applies=_has_gpus),
+    Step("nvidia_smi", smilink.step_plan, smilink.step_apply, applies=smilink.applies),
+    Step("cdi", _cdi_plan, _cdi_apply, applies=_cdi_applies),
+    Step("containerd", _containerd_plan, _containerd_apply, applies=_has_gpus),
+    Step("registration", _registration_plan, _registration_apply,
          applies=_registration_applies),
 )
 
@@ -419,7 +354,7 @@ def plan(host: Host, config: AgentConfig, adapters: Adapters) -> Plan:
 def boot(host: Host, config: AgentConfig, adapters: Adapters,
          recorded: Callable[[BootRun], None] | None = None) -> BootRun:
     """Every step that applies, then the record; `recorded` is called as soon as that is written
-    (clirun.boot: gpunode.service's READY=1), before the no-op stamp."""
+    (cli/commands.py boot: gpunode.service's READY=1)."""
     run = BootRun(started_at=_now())
     ctx = Context(host, config, adapters)
     for step in STEPS:
@@ -430,7 +365,6 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters,
                 changed = step.apply(ctx, fields)
                 if not step.quiet:
                     fields.update(changed=changed)
-                run.inputs[step.name] = step.inputs(ctx)
         except GpunodeError:
             run.outcome = "failed"  # recorded and logged by _recorded
             ctx.failed.add(step.name)
@@ -446,20 +380,7 @@ def boot(host: Host, config: AgentConfig, adapters: Adapters,
     write_record(host, run)
     if recorded is not None:
         recorded(run)
-    if run.outcome != "failed":
-        _write_stamp(host, run, config)
     return run
-
-
-def _write_stamp(host: Host, run: BootRun, config: AgentConfig) -> None:
-    """Inputs of this successful boot, for the no-op fast path (gpunode/pipeline/fastpath.py)."""
-    from gpunode import __version__
-    from gpunode.pipeline import fastpath
-
-    if config.source not in ("defaults", host.display(DEFAULT_CONFIG_PATH)):
-        return  # --config elsewhere: the fast path does not apply
-    stamp = fastpath.compute(str(host.root), run.watched, __version__, None)
-    host.write_atomic(fastpath.STAMP, (json.dumps(stamp) + "\n").encode(), make_parents=True)
 
 
 @contextmanager
@@ -485,8 +406,8 @@ def _recorded(run: BootRun, step: Step) -> Iterator[dict[str, Any]]:
 
 
 def write_record(host: Host, run: BootRun) -> None:
-    host.write_atomic(STATE_PATH, bootrecord.render(run.started_at, _now(), run.outcome,
-                                                    run.steps), make_parents=True)
+    host.write_atomic(state.STATE_PATH, state.render(run.started_at, _now(), run.outcome,
+                                                     run.steps), make_parents=True)
 
 
 def _now() -> str:

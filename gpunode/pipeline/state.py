@@ -7,15 +7,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from gpunode.errors import RecordError
-from gpunode.pipeline.bootrecord import SCHEMA_VERSION, STATE_PATH
 from gpunode.platform import records
 from gpunode.platform.host import Host
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
+STATE_PATH = "/run/gpunode/state.json"
+SCHEMA_VERSION = 1
+
+
+def render(started_at: str, finished_at: str, outcome: str, steps: list[dict[str, Any]]) -> bytes:
+    """The record's bytes: boot writes them, and so does a CPU node's boot
+    (pipeline/shortcut.py)."""
+    record = {"schema_version": SCHEMA_VERSION, "started_at": started_at,
+              "finished_at": finished_at, "outcome": outcome, "steps": steps}
+    return (json.dumps(record, indent=2) + "\n").encode()
 
 
 @dataclass(frozen=True)

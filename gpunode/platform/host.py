@@ -5,50 +5,39 @@ Under a root other than "/", symlinks are resolved the way the node itself would
 absolute targets are re-rooted, and a relative target that climbs above the root is refused,
 so a fixture tree or a mounted node image can never make gpunode touch the machine it runs on.
 
-Every read goes through gpunode.platform.safeio (regular files only, non-blocking, capped); links and
-device nodes are made under unique temporary names and renamed into place, so concurrent
+Every read goes through platform/safeio.py (regular files only, non-blocking, capped); links
+and device nodes are made under unique temporary names and renamed into place, so concurrent
 commands never trip over each other's temporaries. Every failure is one HostError,
-'Failed to <op> '<path>': <reason>', never a bare OSError.
-
-This module is longer than most (~450 lines is the project's guide) on purpose: it is the one
-place where gpunode touches files (reads, atomic writes, renames, trees, digests, fsync, locks,
-globs, devices, links), and keeping every such call here is what makes "nothing under --root
-touches the real machine" checkable by reading one file. Only the import-cheap no-op path
-(fastpath.py, on safeio.py) reads without it.
+'Failed to <op> '<path>': <reason>', never a bare OSError. Locks (locks.py) and the kernel's own
+files (kernelio.py) are done beside it, through its mapping; the file operations below it are in
+files.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import stat
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from gpunode.errors import HostError, LockTimeout
-from gpunode.platform import safeio
-from gpunode.platform.nodepaths import TEMP_SUFFIX
+from gpunode.errors import HostError
+from gpunode.platform import files, kernelio, locks, safeio
+from gpunode.platform.files import HostDir, plain_path
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from pathlib import Path
-    from typing import BinaryIO
 
 _MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
 # Files the kernel writes: their text is read with replacement, never refused for its bytes.
 _KERNEL_PREFIXES = ("/proc/", "/sys/")
-# The node's runtime state (the boot record, the no-op stamp, the CDI spec): emptied at every
-# boot, a tmpfs on any systemd host. A file there does not outlive a crash, so fsyncing it only
-# costs time (~0.5 ms a file where a --root tree keeps it on a disk).
+# The node's runtime state (the boot record, the CDI spec): emptied at every boot, a tmpfs on
+# any systemd host. A file there does not outlive a crash, so it is not fsynced.
 VOLATILE = ("/run/", "/var/run/")
-ATTRIBUTE_LIMIT = 1 << 16  # a sysfs attribute is at most a page; 64 KiB leaves room
 CHUNK = 1 << 20  # streamed reads and writes (downloads, images, digests of modules)
 _GLOB_MAGIC = "*?[\\"
-_LOCK_POLL_SECONDS = 0.05
-_LOCK_NOTE_LIMIT = 256
 
 
 @dataclass(frozen=True)
@@ -57,9 +46,7 @@ class Host:
 
     root: str | os.PathLike[str] = "/"  # as given (a test's fixture tree is a Path)
     _resolved: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
-    # The root as a string: path handling is on the hot path of every command, and pathlib
-    # (with re, fnmatch, urllib.parse and ipaddress) is not imported there at all.
-    _root: str = field(init=False, compare=False, repr=False)
+    _root: str = field(init=False, compare=False, repr=False)  # the root as a string
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_root", os.fspath(self.root))
@@ -92,7 +79,7 @@ class Host:
 
     def _resolve_in_root(self, path: str) -> str:
         shown = self.display(path)
-        resolved = self._resolve(_normalize("/", path, shown), 0, shown)
+        resolved = self._resolve(files.normalize("/", path, shown), 0, shown)
         return self._root + resolved if resolved != "/" else self._root
 
     def _resolve(self, path: str, links: int, shown: str) -> str:
@@ -114,13 +101,13 @@ class Host:
         except OSError as exc:
             # Not a link (EINVAL) or not there yet: either way the name stands as it is.
             if exc.errno not in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
-                raise HostError("resolve", shown, _reason(exc)) from exc
+                raise HostError("resolve", shown, files.reason(exc)) from exc
             resolved = candidate
         else:
             if links >= _MAX_SYMLINKS:
                 raise HostError("resolve", shown, "too many levels of symbolic links")
             base = "/" if target.startswith("/") else real_parent
-            resolved = self._resolve(_normalize(base, target, shown), links + 1, shown)
+            resolved = self._resolve(files.normalize(base, target, shown), links + 1, shown)
         # Remembered for this Host's lifetime (one command); symlink() forgets it all, and
         # nothing else gpunode does changes what a name resolves to.
         self._resolved.setdefault(path, resolved)
@@ -172,13 +159,13 @@ class Host:
         except safeio.Refused as exc:
             raise HostError("read", shown, str(exc)) from None
         except OSError as exc:
-            raise HostError("read", shown, _reason(exc, followed=True)) from exc
+            raise HostError("read", shown, files.reason(exc, followed=True)) from exc
         try:
             while True:
                 try:
                     chunk = os.read(fd, size)
                 except OSError as exc:
-                    raise HostError("read", shown, _reason(exc)) from exc
+                    raise HostError("read", shown, files.reason(exc)) from exc
                 if not chunk:
                     return
                 yield chunk
@@ -197,64 +184,22 @@ class Host:
             hasher.update(chunk)
         return hasher.hexdigest()
 
-    def _open_nonblocking(self, path: str, op: str) -> int:
+    def open_nonblocking(self, path: str, op: str) -> int:
         """A read-only descriptor that never waits (a FIFO, a tty) and never leaks to children;
         HostError 'Failed to <op> ...' when it cannot be had."""
         try:
             return os.open(self._real(path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC |
                            os.O_NOCTTY)
         except OSError as exc:
-            raise HostError(op, self.display(path), _reason(exc, followed=True)) from exc
+            raise HostError(op, self.display(path), files.reason(exc, followed=True)) from exc
 
     def read_records(self, path: str, limit: int = safeio.DEFAULT_LIMIT) -> list[str]:
-        """The text records of a kernel record device (/dev/kmsg: one record per read, up to
-        the end of its buffer, never blocking) or the lines of a regular file in its place (a
-        fixture); at most `limit` bytes. Anything else (a FIFO, a directory) is refused."""
-        shown = self.display(path)
-        fd = self._open_nonblocking(path, "read")
-        records: list[str] = []
-        try:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISREG(mode):
-                return os.read(fd, limit).decode(errors="replace").splitlines()
-            if not stat.S_ISCHR(mode):
-                raise HostError("read", shown, safeio.kind(mode).replace(
-                    "not a regular file", "not a record device or a regular file"))
-            total = 0
-            while total < limit:
-                try:
-                    record = os.read(fd, 8192)
-                except OSError as exc:
-                    if exc.errno == errno.EPIPE:
-                        continue  # overwritten while reading: carry on with the next one
-                    if exc.errno == errno.EAGAIN:
-                        break  # the end of the buffer
-                    raise
-                if not record:
-                    break
-                total += len(record)
-                records.append(record.decode(errors="replace"))
-        except OSError as exc:
-            raise HostError("read", shown, _reason(exc)) from exc
-        finally:
-            os.close(fd)
-        return records
+        """The records of /dev/kmsg so far, or the lines of a file in its place (kernelio)."""
+        return kernelio.read_records(self, path, limit)
 
     def open_records(self, path: str) -> tuple[int, str]:
-        """A descriptor to follow a kernel record device from the start of its buffer (the
-        daemon of gpunode watch: gpunode/watch/kmsg.py reads it), and what it is: "device"
-        (/dev/kmsg: one record per read), "fifo" (a stand-in fed lines, in tests) or "file"
-        (a saved log under --root). Read-only, non-blocking, never inherited; anything else is
-        refused. The caller closes it."""
-        fd = self._open_nonblocking(path, "read")
-        mode = os.fstat(fd).st_mode
-        kind = ("device" if stat.S_ISCHR(mode) else "fifo" if stat.S_ISFIFO(mode)
-                else "file" if stat.S_ISREG(mode) else None)
-        if kind is None:
-            os.close(fd)
-            raise HostError("read", self.display(path), safeio.kind(mode).replace(
-                "not a regular file", "not a record device, a FIFO or a regular file"))
-        return fd, kind
+        """A descriptor following /dev/kmsg (or a FIFO or file in its place) and its kind."""
+        return kernelio.open_records(self, path)
 
     def glob(self, pattern: str, match: Callable[[str, str], bool] | None = None) -> list[str]:
         """The existing host paths an absolute pattern names, under the root (never the machine's
@@ -284,11 +229,11 @@ class Host:
         except (FileNotFoundError, NotADirectoryError) as exc:
             if missing_ok:
                 return None
-            raise HostError("read", self.display(path), _reason(exc)) from exc
+            raise HostError("read", self.display(path), files.reason(exc)) from exc
         except safeio.Refused as exc:
             raise HostError("read", self.display(path), str(exc)) from None
         except OSError as exc:
-            raise HostError("read", self.display(path), _reason(exc, followed=True)) from exc
+            raise HostError("read", self.display(path), files.reason(exc, followed=True)) from exc
 
     def _decode(self, path: str, data: bytes, errors: str | None) -> str:
         if errors is None:
@@ -303,11 +248,11 @@ class Host:
     def read_link(self, path: str) -> str | None:
         """The target of a symlink, or None when the path is absent or not a link."""
         try:
-            return os.readlink(self._entry(path))
+            return os.readlink(self.entry(path))
         except OSError as exc:
             if exc.errno in (errno.EINVAL, errno.ENOENT, errno.ENOTDIR):
                 return None
-            raise HostError("read link", self.display(path), _reason(exc)) from exc
+            raise HostError("read link", self.display(path), files.reason(exc)) from exc
 
     def list_dir(self, path: str) -> list[str]:
         """Sorted entry names; an absent directory is empty."""
@@ -316,7 +261,7 @@ class Host:
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
-            raise HostError("list", self.display(path), _reason(exc)) from exc
+            raise HostError("list", self.display(path), files.reason(exc)) from exc
 
     def stat(self, path: str) -> os.stat_result | None:
         """stat() following links inside the root; None when absent."""
@@ -325,7 +270,7 @@ class Host:
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise HostError("stat", self.display(path), _reason(exc)) from exc
+            raise HostError("stat", self.display(path), files.reason(exc)) from exc
 
     def directory(self, path: str) -> HostDir:
         """A directory resolved once, for reading many of its entries cheaply (sysfs devices)."""
@@ -366,7 +311,7 @@ class Host:
         except FileNotFoundError:
             current = None
         except OSError as exc:
-            raise HostError("write", shown, _reason(exc)) from exc
+            raise HostError("write", shown, files.reason(exc)) from exc
         if current is not None and not stat.S_ISREG(current.st_mode):
             raise HostError("write", shown, safeio.kind(current.st_mode))
         if current is not None and current.st_nlink > 1:
@@ -375,15 +320,15 @@ class Host:
         if attrs is None and current is not None:
             attrs = (current.st_mode, current.st_uid, current.st_gid)
         try:
-            fd, tmp = _make_temp(target)
+            fd, tmp = files.make_temp(target)
         except OSError as exc:
-            raise HostError("write", shown, _reason(exc)) from exc
+            raise HostError("write", shown, files.reason(exc)) from exc
         out = os.fdopen(fd, "wb")
         # Each call below turns its own OSError into the HostError; an error of the chunks
         # (a stalled download is a TimeoutError, an OSError too) passes through as it is.
         try:
             for chunk in [data] if isinstance(data, bytes | bytearray) else data:
-                _write(out, chunk, shown)
+                files.write_chunk(out, chunk, shown)
             try:
                 out.flush()
                 if attrs is not None:
@@ -396,52 +341,33 @@ class Host:
                 out.close()
                 os.rename(tmp, target)
             except OSError as exc:
-                raise HostError("write", shown, _reason(exc)) from exc
+                raise HostError("write", shown, files.reason(exc)) from exc
         except BaseException:
             with contextlib.suppress(OSError):
                 out.close()
-            _unlink_quietly(tmp)
+            files.unlink_quietly(tmp)
             raise
         finally:
             close = getattr(data, "close", None)  # a generator of chunks: its source closes now
             if close is not None:
                 close()
         if durable:
-            _fsync_dir(os.path.dirname(target), "write", shown)
+            files.fsync_dir(os.path.dirname(target), "write", shown)
 
     def write_attribute(self, path: str, data: bytes) -> None:
-        """Write a kernel attribute (a /sys module parameter) in place, in one write: it must
-        exist as a regular file (sysfs attributes are; under --root, the fixture's file), is
-        never created, and a FIFO or link in its place is refused without blocking."""
-        shown = self.display(path)
-        st = self.stat(path)
-        if st is not None and not stat.S_ISREG(st.st_mode):  # a FIFO would open as ENXIO
-            raise HostError("write", shown, safeio.kind(st.st_mode))
-        try:
-            fd = os.open(self._real(path), os.O_WRONLY | os.O_TRUNC | os.O_NONBLOCK |
-                         os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
-        except OSError as exc:
-            raise HostError("write", shown, _reason(exc)) from exc
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise HostError("write", shown, "is not a kernel attribute (a regular file)")
-            if os.write(fd, data) != len(data):
-                raise HostError("write", shown, "the kernel took only part of the value")
-        except OSError as exc:
-            raise HostError("write", shown, _reason(exc)) from exc
-        finally:
-            os.close(fd)
+        """Write a sysfs attribute in place, in one write; never create it (kernelio)."""
+        kernelio.write_attribute(self, path, data)
 
     def lstat(self, path: str) -> os.stat_result | None:
         """lstat() of the entry itself (a final symlink is not followed); None when absent."""
         try:
-            return os.lstat(self._entry(path))
+            return os.lstat(self.entry(path))
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise HostError("stat", self.display(path), _reason(exc)) from exc
+            raise HostError("stat", self.display(path), files.reason(exc)) from exc
 
-    def _entry(self, path: str) -> str:
+    def entry(self, path: str) -> str:
         """The real path of a directory entry itself: its parent resolved, not the entry."""
         parent, _, name = path.rstrip("/").rpartition("/")
         if "\0" in name:  # the parent is checked by path(); the OS raises ValueError
@@ -450,61 +376,40 @@ class Host:
         return os.path.join(self.real(parent or "/"), name)
 
     def make_char_device(self, path: str, major: int, minor: int, mode: int) -> None:
-        """Create a character device node (replacing whatever is there) with exactly `mode`.
-
-        The node is made under a unique temporary name and renamed over the path, so two
-        commands doing this at once both succeed and the path is never missing in between.
-        """
-        target = self._entry(path)
-        shown = self.display(path)
-        try:
-            device = os.makedev(major, minor)
-        except (OverflowError, ValueError) as exc:
-            raise HostError("create device", shown, f"{major}:{minor} is not a device number "
-                            f"({exc})") from None
-        try:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            temp = _make_unique(target, lambda t: os.mknod(t, stat.S_IFCHR | mode, device))
-            try:
-                os.chmod(temp, mode)  # mknod applies the umask
-                os.rename(temp, target)
-            except OSError:
-                _unlink_quietly(temp)
-                raise
-        except OSError as exc:
-            raise HostError("create device", shown, _reason(exc)) from exc
+        """Make a character device node with exactly `mode`, renamed into place (kernelio)."""
+        kernelio.make_char_device(self, path, major, minor, mode)
 
     def symlink(self, path: str, target: str) -> None:
         """Point `path` at `target` (replacing a link or file there) in one rename; the link is
         made under a unique temporary name, so concurrent callers never collide."""
-        link = self._entry(path)
+        link = self.entry(path)
         try:
             os.makedirs(os.path.dirname(link), exist_ok=True)
-            temp = _make_unique(link, lambda t: os.symlink(target, t))
+            temp = files.make_unique(link, lambda t: os.symlink(target, t))
             try:
                 os.rename(temp, link)
             except OSError:
-                _unlink_quietly(temp)
+                files.unlink_quietly(temp)
                 raise
         except OSError as exc:
-            raise HostError("link", self.display(path), _reason(exc)) from exc
+            raise HostError("link", self.display(path), files.reason(exc)) from exc
         self._resolved.clear()  # a name may now resolve elsewhere
 
     def remove(self, path: str) -> None:
         """Remove a file (a symlink itself, not its target); one already gone is fine."""
-        entry = self._entry(path)
+        entry = self.entry(path)
         directory = os.path.dirname(entry)
         try:
             os.unlink(entry)
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise HostError("remove", self.display(path), _reason(exc)) from exc
-        _fsync_dir(directory, "remove", self.display(path))
+            raise HostError("remove", self.display(path), files.reason(exc)) from exc
+        files.fsync_dir(directory, "remove", self.display(path))
 
     def remove_dir(self, path: str) -> bool:
         """Remove an empty directory; False (and nothing done) when it is absent or not empty."""
-        entry = self._entry(path)
+        entry = self.entry(path)
         try:
             os.rmdir(entry)
         except (FileNotFoundError, NotADirectoryError):
@@ -512,29 +417,29 @@ class Host:
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
                 return False
-            raise HostError("remove directory", self.display(path), _reason(exc)) from exc
-        _fsync_dir(os.path.dirname(entry), "remove directory", self.display(path))
+            raise HostError("remove directory", self.display(path), files.reason(exc)) from exc
+        files.fsync_dir(os.path.dirname(entry), "remove directory", self.display(path))
         return True
 
     def rename(self, source: str, target: str) -> None:
         """Move an entry (a final symlink itself, not what it points at) to `target` in one
         rename(2), replacing a file or an empty directory there; then both parents are fsynced,
         so the move is atomic and durable."""
-        real_source, real_target = self._entry(source), self._entry(target)
+        real_source, real_target = self.entry(source), self.entry(target)
         shown = f"{self.display(source)} to {self.display(target)}"
         try:
             os.rename(real_source, real_target)
         except OSError as exc:
-            raise HostError("rename", shown, _reason(exc)) from exc
+            raise HostError("rename", shown, files.reason(exc)) from exc
         self._resolved.clear()  # names under the source now resolve elsewhere
-        _fsync_dir(os.path.dirname(real_target), "rename", shown)
+        files.fsync_dir(os.path.dirname(real_target), "rename", shown)
         if os.path.dirname(real_source) != os.path.dirname(real_target):
-            _fsync_dir(os.path.dirname(real_source), "rename", shown)
+            files.fsync_dir(os.path.dirname(real_source), "rename", shown)
 
     def remove_tree(self, path: str) -> None:
         """Remove an entry and, when it is a directory, everything in it: links are removed,
         never followed (a final symlink too). One already gone is fine."""
-        entry = self._entry(path)
+        entry = self.entry(path)
         shown = self.display(path)
         try:
             st = os.lstat(entry)
@@ -546,279 +451,41 @@ class Host:
                 os.unlink(entry)
         except (FileNotFoundError, NotADirectoryError) as exc:
             if exc.filename not in (None, entry):  # something inside, not the entry
-                raise HostError("remove", shown, f"{_reason(exc)} ({exc.filename})") from exc
+                raise HostError("remove", shown, f"{files.reason(exc)} ({exc.filename})") from exc
             return
         except OSError as exc:
             inside = f" ({exc.filename})" if exc.filename not in (None, entry) else ""
-            raise HostError("remove", shown, _reason(exc) + inside) from exc
+            raise HostError("remove", shown, files.reason(exc) + inside) from exc
         self._resolved.clear()
-        _fsync_dir(os.path.dirname(entry), "remove", shown)
+        files.fsync_dir(os.path.dirname(entry), "remove", shown)
 
     def fsync(self, path: str) -> None:
         """Flush a file's or a directory's data to the disk (before a rename publishes it)."""
         shown = self.display(path)
-        fd = self._open_nonblocking(path, "sync")
+        fd = self.open_nonblocking(path, "sync")
         try:
             os.fsync(fd)
         except OSError as exc:
-            raise HostError("sync", shown, _reason(exc)) from exc
-        finally:
-            os.close(fd)
-
-    @contextlib.contextmanager
-    def lock(self, path: str, wait: float | None = None,
-             on_wait: Callable[[str], None] | None = None,
-             mode: int = 0o600) -> Iterator[LockFile]:
-        """Hold an exclusive flock(2) of the file `path` for the block.
-
-        The file (and its directory) is created when missing, with `mode`; it is never opened
-        through a final symlink and must be a regular file. When another open file holds the
-        lock, `on_wait(note)` is called once with the note the holder wrote (LockFile.write),
-        then the lock is waited for: as long as it takes (`wait` None), or up to `wait` seconds,
-        after which LockTimeout (with the holder's note) is raised. flock locks belong to the
-        open file description, so two threads of one process exclude each other as two
-        processes do. The lock is released when the block ends; the file stays (unlinking it
-        would race the next waiter).
-        """
-        shown = self.display(path)
-        self.make_dirs(path.rstrip("/").rpartition("/")[0] or "/")
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-        try:
-            fd = os.open(self._entry(path), flags, mode)
-        except OSError as exc:
-            reason = ("is a symlink, not the lock file" if exc.errno == errno.ELOOP
-                      else _reason(exc))
-            raise HostError("lock", shown, reason) from exc
-        try:
-            held = LockFile(fd, shown)
-            try:
-                st_mode = os.fstat(fd).st_mode
-                if not stat.S_ISREG(st_mode):
-                    raise HostError("lock", shown, safeio.kind(st_mode))
-                _acquire(held, wait, on_wait)
-            except OSError as exc:
-                raise HostError("lock", shown, _reason(exc)) from exc
-            yield held  # the block's own errors pass through as they are
-        finally:
-            os.close(fd)  # releases the lock
-
-    def lock_holder(self, path: str) -> str | None:
-        """The note of whoever holds the flock of `path` right now, or None when nobody does
-        (or there is no such regular file). Never waits, never creates the file, never follows
-        a final symlink."""
-        shown = self.display(path)
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-        try:
-            fd = os.open(self._entry(path), flags)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                return None  # a symlink is no lock gpunode would take
-            raise HostError("lock", shown, _reason(exc)) from exc
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except OSError as exc:
-                if exc.errno in (errno.EAGAIN, errno.EACCES):
-                    return LockFile(fd, shown).note()
-                raise
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None
-        except OSError as exc:
-            raise HostError("lock", shown, _reason(exc)) from exc
+            raise HostError("sync", shown, files.reason(exc)) from exc
         finally:
             os.close(fd)
 
     def connect(self, path: str) -> None:
-        """Connect to the Unix socket at `path` and hang up: whether something listens there.
+        """Connect to the Unix socket at `path` and hang up: whether anything listens."""
+        kernelio.connect(self, path)
 
-        The socket's directory is opened first and the socket reached through
-        /proc/self/fd/<fd>/<name>, so a socket under a long root still fits sun_path's 108
-        bytes."""
-        import socket  # only waiting for containerd's socket needs it
+    def lock(self, path: str, wait: float | None = None,
+             on_wait: Callable[[str], None] | None = None,
+             mode: int = 0o600) -> contextlib.AbstractContextManager[locks.LockFile]:
+        """locks.lock: an exclusive flock(2) of `path` held for a with-block."""
+        return locks.lock(self, path, wait, on_wait, mode)
 
-        shown = self.display(path)
-        # Resolved whole, inside the root: the kernel would follow a final symlink out of it.
-        directory, _, name = self._real(path).rpartition("/")
-        try:
-            fd = os.open(directory or "/", os.O_PATH | os.O_CLOEXEC)
-        except OSError as exc:
-            raise HostError("connect to", shown, _reason(exc)) from exc
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
-                client.connect(f"/proc/self/fd/{fd}/{name}")
-        except OSError as exc:
-            raise HostError("connect to", shown, _reason(exc)) from exc
-        finally:
-            os.close(fd)
+    def lock_holder(self, path: str) -> str | None:
+        """locks.holder: the note of whoever holds the flock of `path` now, or None."""
+        return locks.holder(self, path)
 
     def make_dirs(self, path: str, mode: int = 0o755) -> None:
         try:
             os.makedirs(self.real(path), mode=mode, exist_ok=True)
         except OSError as exc:
-            raise HostError("create directory", self.display(path), _reason(exc)) from exc
-
-
-def plain_path(path: str) -> str:
-    """An absolute `path` as pathlib spells it, without importing it: no empty or "."
-    components, no trailing slash (a leading "//" too is "/", as Linux reads it)."""
-    if "//" not in path and "/." not in path and not path.endswith("/"):
-        return path
-    return "/" + "/".join(name for name in path.split("/") if name not in ("", "."))
-
-
-def _normalize(base: str, path: str, shown: str) -> str:
-    """`path` (absolute, or relative to the host directory `base`) with . and .. applied."""
-    parts: list[str] = [] if path.startswith("/") else [c for c in base.split("/") if c]
-    for name in path.split("/"):
-        if name in ("", "."):
-            continue
-        if name == "..":
-            if not parts:
-                raise HostError("resolve", shown, "a symlink climbs above the root")
-            parts.pop()
-        else:
-            parts.append(name)
-    return "/" + "/".join(parts)
-
-
-@dataclass(frozen=True)
-class HostDir:
-    """A resolved directory; its entries are read without following a final symlink."""
-
-    real: str  # with a trailing slash
-    shown: str
-
-    def read(self, name: str) -> str | None:
-        """The entry's text, stripped; None when it does not exist. A final symlink, FIFO,
-        directory or other non-regular entry is refused (gpunode.platform.safeio)."""
-        try:
-            data = safeio.read(self.real + name, ATTRIBUTE_LIMIT, follow=False)
-        except ValueError:  # a NUL byte in the name
-            raise HostError("read", f"{self.shown}/{name!r}", "a path cannot contain a NUL "
-                            "byte") from None
-        except FileNotFoundError:
-            return None
-        except safeio.Refused as exc:
-            raise HostError("read", f"{self.shown}/{name}", str(exc)) from None
-        except OSError as exc:
-            raise HostError("read", f"{self.shown}/{name}", _reason(exc)) from exc
-        return data.decode("utf-8", errors="replace").strip()
-
-    def read_link(self, name: str) -> str | None:
-        try:
-            return os.readlink(self.real + name)
-        except ValueError:  # a NUL byte in the name
-            raise HostError("read link", f"{self.shown}/{name!r}", "a path cannot contain a "
-                            "NUL byte") from None
-        except OSError as exc:
-            if exc.errno in (errno.EINVAL, errno.ENOENT):
-                return None
-            raise HostError("read link", f"{self.shown}/{name}", _reason(exc)) from exc
-
-
-@dataclass(frozen=True)
-class LockFile:
-    """An open lock file (Host.lock): the holder writes a note, a waiter reads it."""
-
-    fd: int
-    shown: str
-
-    def write(self, note: str) -> None:
-        """Replace the file's note (e.g. '<pid> <command>'), for whoever waits or probes."""
-        try:
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, note.encode(), 0)
-        except OSError as exc:
-            raise HostError("write", self.shown, _reason(exc)) from exc
-
-    def note(self) -> str:
-        """The holder's note as far as it can be read ('' when it cannot)."""
-        try:
-            return os.pread(self.fd, _LOCK_NOTE_LIMIT, 0).decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-
-
-def _acquire(lock: LockFile, wait: float | None, on_wait: Callable[[str], None] | None) -> None:
-    deadline = None if wait is None else time.monotonic() + wait
-    told = False
-    while True:
-        try:
-            fcntl.flock(lock.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-        if deadline is not None and time.monotonic() >= deadline:
-            raise LockTimeout(lock.shown, lock.note(), wait or 0.0)
-        if not told:
-            told = True
-            if on_wait is not None:
-                on_wait(lock.note())
-        if deadline is None:
-            fcntl.flock(lock.fd, fcntl.LOCK_EX)  # no bound: the kernel wakes us
-            return
-        time.sleep(_LOCK_POLL_SECONDS)
-
-
-def _write(out: BinaryIO, chunk: bytes, shown: str) -> None:
-    try:
-        out.write(chunk)
-    except OSError as exc:
-        raise HostError("write", shown, _reason(exc)) from exc
-
-
-def _make_temp(beside: str) -> tuple[int, str]:
-    """A new private file ".<name>.<random>.gpunode-tmp" next to `beside`, open for writing."""
-    fds: list[int] = []
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    temp = _make_unique(beside, lambda t: fds.append(os.open(t, flags, 0o600)))
-    return fds[0], temp
-
-
-def _reason(exc: OSError, followed: bool = False) -> str:
-    """The OSError as a message; ELOOP means a refused final symlink unless links were
-    being followed (then it is a loop)."""
-    if exc.errno == errno.ELOOP:
-        return "too many levels of symbolic links" if followed else \
-            "is a symlink where a file was expected"
-    if exc.errno == errno.ENXIO:  # opening a socket
-        return safeio.kind(stat.S_IFSOCK)
-    return exc.strerror or str(exc)
-
-
-def _make_unique(beside: str, make: Callable[[str], None]) -> str:
-    """Create an entry with make(name) under a fresh ".<name>.<random>.gpunode-tmp" next to
-    `beside` (the way mkstemp picks names), and return that name."""
-    for _ in range(100):
-        directory, _, name = beside.rpartition("/")
-        temp = f"{directory}/.{name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
-        try:
-            make(temp)
-        except FileExistsError:
-            continue
-        return temp
-    raise FileExistsError(errno.EEXIST, "no unused temporary name", beside)
-
-
-def _unlink_quietly(path: str) -> None:
-    # The temp file is ours and the write already failed; the original error is what matters.
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def _fsync_dir(directory: str, op: str, shown: str) -> None:
-    """fsync(2) a directory after an entry in it changed; a failure is the change's HostError
-    (the entry may be in place, but it is not known to be on the disk)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise HostError(op, shown, f"{_reason(exc)} (syncing its directory)") from exc
+            raise HostError("create directory", self.display(path), files.reason(exc)) from exc

@@ -1,5 +1,5 @@
 """The running kernel as /proc tells it: its release (which names /lib/modules/<release> and the
-driver cache entries) and this boot's id (which the no-op stamp is valid for)."""
+driver cache entries) and this boot's id."""
 
 from __future__ import annotations
 

@@ -45,9 +45,9 @@ from gpunode.containerd.ledger import (
 )
 from gpunode.errors import GpunodeError, HostError, LockBusy, LockTimeout
 from gpunode.platform import flatcar
-from gpunode.platform.host import TEMP_SUFFIX, Host
+from gpunode.platform.host import Host
 from gpunode.platform.integers import parse_uint
-from gpunode.platform.nodepaths import KUBELET_DROPIN
+from gpunode.platform.nodepaths import KUBELET_DROPIN, TEMP_SUFFIX
 
 LOCK_PATH = "/run/gpunode/lock"
 BOOT_WAIT_SECONDS = 300.0
@@ -98,7 +98,7 @@ WRITTEN = (
     ("/dev", r"nvidia[\w-]*"),  # device nodes (driver.devices)
     ("/dev/nvidia-caps", r"nvidia-cap\d+"),
     ("/dev/char", r"\d+:\d+"),  # their /dev/char links
-    ("/run/gpunode", r"[\w.-]+"),  # gpunode's own: the boot record, the fast path's stamp
+    ("/run/gpunode", r"[\w.-]+"),  # gpunode's own: the boot record, the watch's state
     _file(JOURNAL), _file(LEDGER), _file(WRITABLE_CONFIG, BACKUP_SUFFIX), _file(IMPORT_FILE),
     _file(DROPIN), _file(ENV_FILE), _file(KUBELET_DROPIN), _file(flatcar.ENABLED_SYSEXT),
     _file(CDI_SPEC), _file(MEMLOCK_DROPIN), _file(TOOLKIT_CONFIG),
@@ -123,7 +123,7 @@ def sweep_stale_temps(host: Host) -> list[str]:
             continue  # not ours to read: nothing of ours can be in it
         entries = [e for e in entries if e.startswith(".") and e.endswith(TEMP_SUFFIX)]
         if not entries:
-            continue  # the usual case: no pattern to compile (~0.2 ms each, on every boot)
+            continue  # the usual case
         temp = re.compile(rf"\.(?:{names})\.[A-Za-z0-9_]+{re.escape(TEMP_SUFFIX)}")
         for entry in entries:
             path = f"{directory.rstrip('/')}/{entry}"

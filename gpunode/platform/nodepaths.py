@@ -1,7 +1,6 @@
-"""Where gpunode looks on every node, in a module that imports nothing: detection, the agent
-config and the CDI spec name these, and so does the CPU node's fast path (gpunode/pipeline/fastpath.py),
-which must decide before anything heavier is imported; the node lock's sweep names the
-kubelet drop-in without importing registration (a boot that registers nothing uses none of it)."""
+"""Where gpunode looks on every node: detection, the agent config and the CDI spec name these,
+and so does the CPU node's boot (pipeline/shortcut.py); the node lock's sweep names the kubelet
+drop-in without importing registration."""
 
 SYSFS_PCI_DEVICES = "/sys/bus/pci/devices"
 NVIDIA_VENDOR_ID = "10de"

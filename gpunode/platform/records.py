@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any, NoReturn
+from typing import Any, NoReturn
 
 # Nothing gpunode writes or reads nests deeper than a dozen levels (a containerd runtime's
 # options inside a ledger change); the parsers recurse, so a deeper document is refused before

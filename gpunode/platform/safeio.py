@@ -11,9 +11,7 @@ So every read:
 - reads until EOF, but never more than a cap: files in /proc and /sys report size 0 (or 4096)
   whatever they hold, so the size is only a first check.
 
-`Host` (host.py) maps host paths under its root and turns `Refused` into a HostError; the
-no-op fast path (fastpath.py) uses this module directly, which is why it imports only os, stat
-and errno.
+`Host` (host.py) maps host paths under its root and turns `Refused` into a HostError.
 """
 
 from __future__ import annotations
@@ -55,8 +53,8 @@ def read(real: str, limit: int = DEFAULT_LIMIT, follow: bool = True) -> bytes:
             raise Refused(too_large(limit))
         chunks: list[bytes] = []
         total = 0
-        # A regular file's size is known: all of it in one read (pci.ids, 1.3 MB: ~1 ms, where
-        # 64 KiB reads and their join took ~2.5), and on to the end in case it grew.
+        # A regular file's size is known: all of it in one read, and on to the end in case it
+        # grew.
         size = max(_CHUNK, st.st_size + 1)
         while True:
             chunk = os.read(fd, size)
@@ -111,43 +109,3 @@ def decode(data: bytes) -> str:
         raise Refused(f"is not UTF-8 text (invalid byte 0x{data[exc.start]:02x} at line {line}, "
                       f"byte offset {exc.start})") from None
 
-
-def resolve(root: str, path: str, follow: bool = True) -> str:
-    """The real path of the host path `path` under `root`, symlinks followed inside the root.
-
-    Absolute link targets are re-rooted; a relative one that climbs above the root, or more
-    than 40 links, raise Refused. `follow=False` leaves a final symlink as it is. A missing
-    component ends the walk (the rest is taken as it is, for the caller's stat to report).
-    Host._resolve does the same with a cache; this one is for the import-cheap fast path.
-    """
-    root = root.rstrip("/")
-    if not root:
-        return path
-    pending = [c for c in path.split("/") if c]
-    parts: list[str] = []
-    links = 0
-    while pending:
-        name = pending.pop(0)
-        if name == ".":
-            continue
-        if name == "..":
-            if not parts:
-                raise Refused("a symlink climbs above the root")
-            parts.pop()
-            continue
-        candidate = root + "/" + "/".join([*parts, name])
-        if not pending and not follow:
-            parts.append(name)
-            break
-        try:
-            target = os.readlink(candidate)
-        except OSError:
-            parts.append(name)  # not a link, or not there: the name stands as it is
-            continue
-        links += 1
-        if links > _MAX_SYMLINKS:
-            raise Refused("too many levels of symbolic links")
-        if target.startswith("/"):
-            parts = []
-        pending[:0] = [c for c in target.split("/") if c]
-    return root + "/" + "/".join(parts)

@@ -4,26 +4,17 @@ leading '@' (systemd's src/libsystemd/sd-daemon/sd-daemon.c). Outside a Type=not
 is no $NOTIFY_SOCKET and nothing is sent.
 
 gpunode.service is Type=notify so that containerd starts as soon as gpunode's boot record is
-written (`ready`, from clirun.boot): the no-op stamp, the last log line and the process's
-exit come after, beside containerd's start instead of before it (docs/design.md, "The units").
-A boot that ends before its pipeline (the no-op and CPU-node boots of entry.py) says READY=1
-as it exits with 0: a notify unit whose process exits without it fails ("protocol").
-
-Only the standard library's _socket (socket.py and its enums are 17M more instructions, with
-re and enum already imported: `valgrind --tool=callgrind python -IS -c "import re, socket"`
-against "import re, _socket", a tenth of a boot) and no logging: entry.py sends it where the
-no-op and CPU-node boots have imported nothing else; callers log what `ready` returns.
-The watch's Notifier (gpunode/watch/notify.py) keeps its socket and logs its own failures.
+written (`ready`, from cli/commands.py boot): the last log line and the process's exit come
+after, beside containerd's start instead of before it (docs/design.md, "The units"). Callers log
+what `ready` returns; the watch's Notifier (gpunode/watch/notify.py) keeps its socket and logs
+its own failures.
 """
 
 from __future__ import annotations
 
-import _socket
 import os
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from collections.abc import Mapping
+import socket
+from collections.abc import Mapping
 
 _ready: list[bool] = []  # [True] once this process said READY=1
 
@@ -56,9 +47,9 @@ def ready(status: str, environ: Mapping[str, str] | None = None) -> str | None:
             if value else None
     _ready.append(True)
     try:
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_DGRAM | _socket.SOCK_CLOEXEC)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         try:  # never waits on the manager: a full queue (nobody reading) refuses it
-            sock.sendto(message(READY="1", STATUS=status), _socket.MSG_DONTWAIT, target)
+            sock.sendto(message(READY="1", STATUS=status), socket.MSG_DONTWAIT, target)
         finally:
             sock.close()
     except OSError as exc:

@@ -16,16 +16,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, Protocol
 
 from gpunode.errors import SystemdError, Unavailable
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
-    from typing import Any, ClassVar, NoReturn, Protocol
-
     from gpunode.dbus import Connection
-else:
-    Protocol = object  # the protocols below are plain base classes at run time
 
 
 @dataclass(frozen=True)

@@ -37,22 +37,6 @@ class UnitSettings:
     masked: bool = False
 
 
-def unit_inputs(host: Host, name: str) -> list[str]:
-    """Every file systemd would read for `name`, for the no-op stamp (gpunode.pipeline.fastpath): the
-    fragment's place in each unit directory, each drop-in directory by its listing (a drop-in
-    added or removed is a change) and each drop-in there now (an edit of one is)."""
-    places = [path for d in SYSTEM_UNIT_PATHS for path in (f"{d}/{name}", f"{d}/{name}.d/")]
-    return [*places, *_dropins(host, name)]
-
-
-def enablement_inputs(host: Host, name: str) -> list[str]:
-    """What enabled_by_links reads, for the no-op stamp: each unit directory by its listing (a
-    new .wants directory) and the unit's place in each .wants/.requires directory there now."""
-    return [*(f"{d}/" for d in SYSTEM_UNIT_PATHS),
-            *(f"{d}/{entry}/{name}" for d in SYSTEM_UNIT_PATHS for entry in host.list_dir(d)
-              if entry.endswith((".wants", ".requires")))]
-
-
 def enabled_by_links(host: Host, name: str) -> bool:
     """Enabled as the files say it, for a tree no systemd manages (--root): a `<target>.wants/`
     or `.requires/` link to the unit in any unit directory, and no mask (a link to /dev/null

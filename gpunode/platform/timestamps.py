@@ -1,5 +1,4 @@
-"""The one timestamp format of gpunode's records, log lines and Node conditions, in a module
-that imports only `time` (the CPU node's fast path writes a record and two log lines with it)."""
+"""The one timestamp format of gpunode's records, log lines and Node conditions."""
 
 from __future__ import annotations
 

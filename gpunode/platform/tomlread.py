@@ -1,19 +1,14 @@
-"""Small helpers for reading TOML (cheap to import at boot): gpunode.tomlsubset reads what it
-takes, tomllib the rest, and words every error."""
+"""Reading TOML the one way (tomllib), every error worded with the file and its line."""
 
 from __future__ import annotations
 
 import re
+import tomllib
 from collections.abc import Callable
+from typing import Any
 
-from gpunode import tomlsubset
 from gpunode.errors import FileError
 from gpunode.platform.records import TOO_DEEP, too_deep
-
-TYPE_CHECKING = False  # typing and tomllib: imported only for a document the subset leaves
-if TYPE_CHECKING:
-    import tomllib
-    from typing import Any
 
 _LINE = r"at line (\d+)"  # in tomllib's messages; compiled only for one
 
@@ -29,23 +24,15 @@ def loads_toml(text: str, file: str, error: FileErrorFactory = FileError) -> dic
     `file` and the line: not TOML, or nested too deeply for gpunode (tomllib recurses into
     inline arrays and tables, and so does everything that walks a document after it)."""
     text = text.removeprefix(BOM)
-    doc = tomlsubset.loads(text)
-    if doc is None:
-        doc = _tomllib_loads(text, file, error)
-    if too_deep(doc):
-        raise error(file, f"not valid for gpunode: {TOO_DEEP}", None)
-    return doc
-
-
-def _tomllib_loads(text: str, file: str, error: FileErrorFactory) -> dict[str, Any]:
-    import tomllib
-
     try:
-        return tomllib.loads(text)
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise error(file, f"not valid TOML: {exc}", error_line(exc)) from None
     except RecursionError:
         raise error(file, f"not valid for gpunode: {TOO_DEEP}", None) from None
+    if too_deep(doc):
+        raise error(file, f"not valid for gpunode: {TOO_DEEP}", None)
+    return doc
 
 
 def error_line(exc: tomllib.TOMLDecodeError) -> int | None:

@@ -7,6 +7,7 @@ kubelet's alike)."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from gpunode.config import AgentConfig
 from gpunode.containerd import discover
@@ -24,10 +25,6 @@ from gpunode.status.facts import (
     Failure,
     StatusFacts,
 )
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 
 def config_facts(host: Host, config: AgentConfig,
@@ -188,7 +185,7 @@ def pending_change(host: Host) -> bool | str:
         pending = True  # something is at the journal's path: not gpunode's to judge, not clean
     if not pending:
         return False
-    from gpunode.platform import nodelock  # only then: it names every file gpunode writes (~2 ms)
+    from gpunode.platform import nodelock  # only then: it names every file gpunode writes
 
     return nodelock.probe(host) or True
 

@@ -5,6 +5,7 @@ node check and `gpunode label`)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from gpunode.errors import GpunodeError
 from gpunode.gpu import driverinfo
@@ -12,10 +13,6 @@ from gpunode.gpu.detect import Detection, undecided_reason
 from gpunode.kube import labels, nodename
 from gpunode.pipeline.state import BootRecord
 from gpunode.platform.processes import ProcessFacts
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 

@@ -112,7 +112,7 @@ def _observe_node(host: Host, config: AgentConfig, node_name: nodename.NodeName)
     path = config.kubernetes.kubeconfig
     if not host.exists(path):
         return NodeFacts(name, None)
-    # Only a node that has joined pays for the client (http.client, ssl: ~25 ms to import).
+    # Only a node that has joined needs the client (http.client, ssl).
     from gpunode.kube.client import NodeApi, read_kubeconfig
 
     try:

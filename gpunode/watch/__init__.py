@@ -9,7 +9,8 @@ through notify.py.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
+from typing import TYPE_CHECKING
+
 if TYPE_CHECKING:
     import argparse
 

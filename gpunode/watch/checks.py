@@ -26,6 +26,7 @@ are only printed. `findings` in the watch's state keeps the latest of each (stat
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from gpunode import log
 from gpunode.config import AgentConfig
@@ -33,10 +34,6 @@ from gpunode.errors import GpunodeError
 from gpunode.pipeline import state as bootstate
 from gpunode.platform import processes, timestamps
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 SHIM = "containerd-shim"  # /proc/PID/comm of every container's shim (15 characters)
 NODE_LOCK_WAIT = 10.0  # another gpunode command changing the node: repair on a later pass

@@ -35,6 +35,7 @@ import signal
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from gpunode import log
 from gpunode.config import AgentConfig
@@ -42,10 +43,6 @@ from gpunode.errors import GpunodeError, UsageError
 from gpunode.platform.host import Host
 from gpunode.watch import kmsg, notify, once
 from gpunode.watch import state as watchstate
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 TICK_SECONDS = 30.0  # the periodic check (see above)
 BACKOFF_FIRST = 2.0  # seconds before the API server is tried again after a failure

@@ -8,11 +8,10 @@ $WATCHDOG_USEC (and $WATCHDOG_PID, the process meant) and kills the service when
 not come within that time; "it is recommended that a daemon sends a keep-alive notification
 message to the service manager every half of the time returned here" (sd_watchdog_enabled(3)).
 
-No libsystemd binding (pystemd's is C, and gpunode needs four messages): one socket, made when
-the first message is sent; the address and the datagram's text as gpunode/platform/sdnotify.py (boot's
-READY=1) makes them. Outside systemd (no $NOTIFY_SOCKET) every message is a no-op. A
-send that fails is logged once and the daemon goes on: the manager, not gpunode, decides what a
-missing watchdog ping means.
+One socket, made when the first message is sent; the address and the datagram's text as
+platform/sdnotify.py (boot's READY=1) makes them. Outside systemd (no $NOTIFY_SOCKET) every
+message is a no-op. A send that fails is logged once and the daemon goes on: the manager, not
+gpunode, decides what a missing watchdog ping means.
 """
 
 from __future__ import annotations

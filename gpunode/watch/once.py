@@ -17,6 +17,7 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpunode import log
 from gpunode.config import AgentConfig
@@ -29,10 +30,6 @@ from gpunode.platform.host import Host
 from gpunode.watch import checks, vmsize, xid
 from gpunode.watch import state as watchstate
 from gpunode.watch.state import Finding, WatchState
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 KMSG = "/dev/kmsg"
 KMSG_LIMIT = 32 << 20  # the kernel's largest ring buffer (CONFIG_LOG_BUF_SHIFT at most 25)

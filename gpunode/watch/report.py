@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from gpunode import log
 from gpunode.config import AgentConfig
@@ -16,10 +17,6 @@ from gpunode.kube import labels, nodename
 from gpunode.kube.client import NodeApi, read_kubeconfig, with_retries
 from gpunode.platform import timestamps
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 EVENT_NAMESPACE = "default"  # where the kubelet records its own Node's Events
 COMPONENT = "gpunode-watch"

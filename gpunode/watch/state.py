@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from gpunode.errors import HostError
 from gpunode.platform import records, timestamps
 from gpunode.platform.host import Host
-
-TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
-if TYPE_CHECKING:
-    from typing import Any
 
 WATCH_STATE = "/run/gpunode/watch.json"
 WATCH_LOCK = "/run/gpunode/watch.lock"  # held from reading the state to writing it

@@ -95,7 +95,7 @@ def make_cli(capsys: pytest.CaptureFixture[str]) -> Cli:
     return run
 
 
-# The node lock (gpunode/platform/nodelock.py, and the directories it is made in) is made by a command
+# The node lock (platform/nodelock.py, and the directories it is made in) is made by a command
 # that may change the node once it has started its work, refused there or not; it holds no
 # state, so it is not a change. A usage or agent-config refusal (exit 2) comes before any work
 # and takes no lock: check_refusal then counts the lock as a change like any other file.

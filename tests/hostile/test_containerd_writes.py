@@ -197,7 +197,6 @@ STALE_TEMPS = {  # what a kill inside host.Host's atomic writes leaves, in every
     "dev/.nvidiactl.9f8e7d6c5b4a.gpunode-tmp": "file",
     "dev/char/.195:0.0a1b2c3d4e5f.gpunode-tmp": "link",  # symlink's temp link
     "run/gpunode/.state.json.k2j_x9a1.gpunode-tmp": "file",
-    "run/gpunode/.inputs.json.q1w2e3r4.gpunode-tmp": "file",
     "etc/systemd/system/kubelet.service.d/.20-gpunode-registration.conf.ab12cd34.gpunode-tmp":
         "file",
     "etc/systemd/system/containerd.service.d/.10-gpunode.conf.ab12cd34.gpunode-tmp": "file",

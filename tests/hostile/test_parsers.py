@@ -1,9 +1,9 @@
 """Hostile inputs to gpunode's parsers: documents nested thousands deep, a byte order mark,
 configs over the size cap, an agent config as large as the node allows.
 
-Every JSON record and TOML config goes through one parser (gpunode.platform.records.loads_json,
-gpunode.platform.tomlread.loads_toml), so each case here is a command a user runs and the contract it
-keeps: one clear refusal (exit code, one JSON error event naming the file, every file as it
+Every JSON record and TOML config goes through one parser (platform/records.py loads_json,
+platform/tomlread.py loads_toml), so each case here is a command a user runs and the contract
+it keeps: one clear refusal (exit code, one JSON error event naming the file, every file as it
 was, no traceback), or for `boot` a record naming the failed step.
 """
 

@@ -14,22 +14,19 @@ import os
 import re
 import signal
 import stat
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from conftest import HostFactory
-from gpunode.cli import entry
+from gpunode.cli.main import main
 from gpunode.errors import HostError
-from gpunode.pipeline import fastpath
 from gpunode.platform.host import Host
 from hostile.support import Cli, assert_unchanged, check_refusal, snapshot
 
 CONFIG = "etc/gpunode/config.toml"
 VERSION = "proc/driver/nvidia/version"
-STAMP = "run/gpunode/inputs.json"
 RECORD = "run/gpunode/state.json"
 DMI = "sys/class/dmi/id/product_name"
 INFO = "proc/driver/nvidia/gpus/0001:00:00.0/information"
@@ -225,14 +222,12 @@ def test_a_root_that_is_no_directory_is_a_usage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
     root: str, message: str
 ) -> None:
-    """Through the real entry point (the no-op fast path looks at --root first), for `boot`."""
+    """For `boot`, whose CPU-node shortcut reads the root first."""
     (tmp_path / "FILE").write_text("x")
     (tmp_path / "LOOP").symlink_to("LOOP")
     value = str(tmp_path / root) if root else ""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["gpunode", f"--root={value}", "--log-format", "json",
-                                      "boot"])
-    code = run_bounded(entry.main)
+    code = run_bounded(lambda: main([f"--root={value}", "--log-format", "json", "boot"]))
     err = capsys.readouterr().err
     assert (code, "Traceback" in err) == (2, False)
     assert message in err
@@ -425,7 +420,6 @@ def test_boot_does_not_record_no_gpu_for_a_gpu_whose_vendor_cannot_be_read(
     assert (result.code, record["outcome"]) == (1, "failed")
     assert record["steps"][0]["name"] == "detect"
     assert "cannot tell whether 0001:00:00.0 is an NVIDIA GPU" in record["steps"][0]["error"]
-    assert not (host.root / STAMP).exists()
 
 
 def test_plan_refuses_to_decide_for_a_gpu_whose_vendor_cannot_be_read(
@@ -523,64 +517,6 @@ def test_a_valid_driver_step_still_tells_how_the_driver_was_loaded(
     result = cli("--root", str(host.root), "status", "--json")
     driver = next(c for c in json.loads(result.out)["checks"] if c["name"] == "driver")
     assert driver["detail"].endswith("; last boot: external, loaded nvidia in 412 ms")
-
-
-# -- the input stamp (the no-op fast path) -----------------------------------------------------
-
-
-def _stamp(node: Host, **changes: object) -> dict[str, object]:
-    from gpunode import __version__
-
-    stamp = fastpath.compute(str(node.root), ["/etc/gpunode/config.toml"], __version__, None)
-    stamp.update(changes)
-    return stamp
-
-
-BAD_STAMPS: dict[str, Callable[[Host, Path], None]] = {
-    "fifo": lambda n, p: os.mkfifo(p),
-    "directory": lambda n, p: p.mkdir(),
-    "non-utf8": lambda n, p: p.write_bytes(b'{"stamp_version": 1, "x": "\xff"}'),
-    "huge": lambda n, p: huge(p),
-    "proc-directory": lambda n, p: p.write_text(json.dumps(_stamp(n, inputs={"/proc/1": "x"}))),
-    "inputs-a-list": lambda n, p: p.write_text(json.dumps(_stamp(n, inputs=["/etc"]))),
-    "relative-input": lambda n, p: p.write_text(json.dumps(_stamp(n, inputs={"etc/x": None}))),
-    "unreadable-entry": lambda n, p: p.write_text(json.dumps(
-        _stamp(n, inputs={"/etc/x": {"unreadable": "x"}}))),
-    "version-a-string": lambda n, p: p.write_text(json.dumps(_stamp(n, stamp_version="1"))),
-    "deep": lambda n, p: p.write_text("[" * 100000 + "]" * 100000),
-}
-
-
-@pytest.mark.parametrize("bad", list(BAD_STAMPS))
-def test_a_bad_input_stamp_means_a_full_boot(
-    make_host: HostFactory, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], bad: str
-) -> None:
-    node = make_host("nc4as-t4-v3", "ready")
-    (node.root / "proc/1").mkdir()
-    path = node.root / STAMP
-    BAD_STAMPS[bad](node, path)
-    from gpunode import __version__
-
-    assert run_bounded(lambda: fastpath.unchanged(str(node.root), __version__, None)) is False
-    if path.is_file() and bad != "huge":
-        monkeypatch.setattr(sys, "argv", ["gpunode", "--root", str(node.root), "--log-format",
-                                          "json", "boot"])
-        code = run_bounded(entry.main)
-        err = capsys.readouterr().err
-        assert (code, "Traceback" in err) == (0, False)
-        assert json.loads(err.splitlines()[-1])["event"] == "boot.done"
-
-
-def test_an_input_that_became_a_fifo_is_a_change_not_a_hang(make_host: HostFactory) -> None:
-    node = make_host("nc4as-t4-v3", "ready")
-    from gpunode import __version__
-
-    stamp = fastpath.compute(str(node.root), ["/proc/driver/nvidia/version"], __version__, None)
-    (node.root / STAMP).write_text(json.dumps(stamp))
-    assert fastpath.unchanged(str(node.root), __version__, None)
-    _replace(node.root, VERSION, fifo)
-    assert run_bounded(lambda: fastpath.unchanged(str(node.root), __version__, None)) is False
 
 
 @pytest.mark.parametrize("odd", ["fifo", "directory"])

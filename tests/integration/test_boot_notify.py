@@ -1,5 +1,5 @@
-"""A boot's READY=1 as the process sends it (gpunode/platform/sdnotify.py, clirun.py, entry.py), to a
-real AF_UNIX socket; tests/integration/test_boot_systemd.py has systemd's own view."""
+"""A boot's READY=1 as the process sends it (gpunode/platform/sdnotify.py, cli/commands.py), to
+a real AF_UNIX socket; tests/integration/test_boot_systemd.py has systemd's own view."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def manager(tmp_path: Path) -> Iterator[socket.socket]:
     # the pipeline's, once its record is written, a failed boot's too (this fixture has no
     # nvidia-container-runtime: the containerd step fails); the unit then ends failed
     ("nc4as-t4-v3", "driver", "boot failed", 1),
-    ("azure-d4s-v5", "bare", "boot ok", 0),  # the CPU node's, as it exits (entry.run)
+    ("azure-d4s-v5", "bare", "boot no-gpu", 0),  # the CPU node's, once its record is written
 ])
 def test_a_boot_says_ready_exactly_once(make_host: HostFactory, tmp_path: Path,
                                         manager: socket.socket, machine: str, state: str,

@@ -1,6 +1,7 @@
-"""The command line as a process: the installed console script as systemd runs it, and what
-a second, no-change run imports (`python -X importtime` lists every module a process imported).
-In-process: tests/unit/test_cli.py, test_cli_pipeline.py and test_fastpath.py."""
+"""The command line as a process: the installed console script as systemd runs it, and which of
+the heavy modules a run imports (`python -X importtime` lists every module a process imported):
+each is imported only by a step that needs it. In-process: tests/unit/test_cli.py and
+test_cli_pipeline.py."""
 
 from __future__ import annotations
 
@@ -8,8 +9,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from conftest import HostFactory
 from gpunode.platform.host import Host
@@ -40,124 +39,59 @@ def test_installed_command_runs_as_a_process(make_host: HostFactory) -> None:
     assert version.stdout.strip().startswith("gpunode ")
 
 
-def test_configure_imports_neither_tomlkit_nor_the_bus(flatcar: Host) -> None:
-    """The first run's change only appends the runtime's tables, written by tomltext itself;
-    the no-change run decides from tomllib alone."""
+def test_configure_writes_with_tomlkit_and_a_run_without_change_reads_only(
+        flatcar: Host) -> None:
+    """The first run writes the runtime's tables (tomlkit); the no-change run decides from
+    tomllib alone; under --root no bus is asked."""
     command = [sys.executable, "-X", "importtime", "-m", "gpunode", "--root", str(flatcar.root),
                "containerd", "configure"]
     first = subprocess.run(command, capture_output=True, text=True, check=True)
     assert "nvidia-container-runtime" in (flatcar.root / "etc/containerd/config.toml").read_text()
     imported = {line.split("|")[-1].strip() for line in first.stderr.splitlines()
                 if line.startswith("import time:")}
-    assert "gpunode.containerd.edit" in imported  # the measurement sees gpunode's own modules
-    assert not {m for m in imported if m.split(".")[0] == "tomlkit" or m == "gpunode.dbus"}
+    assert {"gpunode.containerd.edit", "tomlkit"} <= imported
+    assert not {m for m in imported if m.split(".")[0] in ("jeepney", "pystemd")}
     imported, _ = imports_of_a_second_run("--root", str(flatcar.root), "containerd", "configure")
     assert "gpunode.containerd.edit" in imported
-    assert not {m for m in imported if m.split(".")[0] == "tomlkit" or m == "gpunode.dbus"}
+    assert not {m for m in imported if m.split(".")[0] in ("tomlkit", "jeepney", "pystemd")}
 
 
-def test_a_pipeline_that_changes_nothing_and_status_import_only_what_they_use(
-        make_host: HostFactory, tmp_path: Path) -> None:
-    """Neither runs a program, digests a file, nor makes a dataclass without a docstring:
-    no subprocess, no hashlib (OpenSSL), and `dataclasses` without `inspect`
-    (gpunode.dataclass_cache), each several ms of every boot; nor pathlib, which the host
-    boundary does without (with re, fnmatch, urllib.parse and ipaddress, ~4 ms). Nor typing,
-    tomllib, datetime or string (~15% of a boot): the agent config and containerd's are read
-    by gpunode.tomlsubset, and gpunode imports typing for type checkers only."""
-    node = make_host("nc4as-t4-v3", "ready")
-    config = tmp_path / "config.toml"  # --config: the whole pipeline, not the no-op boot
-    config.write_text('[detect]\nsource = "sysfs"\n\n[log]\nlevel = "info"\n')
-    unused = {"inspect", "ast", "dis", "subprocess", "hashlib", "_hashlib", "pathlib",
-              "typing", "tomllib", "datetime", "string",
-              "gpunode.kube.registration"}  # the default registers through the chart
-    imported, stderr = imports_of_a_second_run("--root", str(node.root), "--config",
-                                               str(config), "boot")
-    assert {"gpunode.pipeline.boot", "gpunode.containerd.step", "dataclasses"} <= imported
-    assert json.loads(stderr.splitlines()[-1])["event"] == "boot.done"
-    assert not imported & unused
-    imported, _ = imports_of_a_second_run("--root", str(node.root), "status", "--json")
-    assert {"gpunode.status.checks", "dataclasses"} <= imported
-    assert not imported & (unused | {"argparse", "gpunode.cli.main",  # clirun.plain
-                                     "gpunode.platform.nodelock"})  # no change is pending
+HEAVY = {"tomlkit", "structlog", "pyudev", "yaml", "jeepney", "pystemd", "http.client", "ssl",
+         "gpunode.kube.client"}
 
 
-def test_a_first_boot_records_its_change_without_openssl_base64_or_difflib(
-        flatcar: Host) -> None:
-    """The first boot writes containerd's config through the journal, which digests and keeps
-    what it replaces, and records its line changes in the ledger: with CPython's own SHA-256,
-    binascii and the one insert an append is, not hashlib (libcrypto, ~3 ms), base64 (~1 ms)
-    or difflib (~1.5 ms) on the boot every GPU node waits for."""
-    command = [sys.executable, "-X", "importtime", "-m", "gpunode", "--root", str(flatcar.root),
-               "boot"]
-    first = subprocess.run(command, capture_output=True, text=True, check=True)
-    names = [line.split("|")[-1].strip() for line in first.stderr.splitlines()
-             if line.startswith("import time:")]
-    imported = set(names)
-    assert "nvidia-container-runtime" in (flatcar.root / "etc/containerd/config.toml").read_text()
-    assert "gpunode.containerd.journal" in imported
-    assert not imported & {"hashlib", "_hashlib", "base64", "difflib", "typing", "tomllib"}
-    # looked for once (on 3.11 it is not there: each failed import searches all of sys.path)
-    assert names.count("_sha2") <= 1
+def heavy(imported: set[str]) -> set[str]:
+    return {m for m in imported if m in HEAVY or m.split(".")[0] in HEAVY}
 
 
-@pytest.mark.parametrize("state", ["ready", "driver"])
-@pytest.mark.parametrize("words", [["status"], ["status", "--json"]])
-def test_a_plain_status_answers_as_the_full_command_line_does(
-        make_host: HostFactory, state: str, words: list[str]) -> None:
-    """clirun.plain's `status` and argparse's (cli.main) print the same, exit the same."""
-    node = make_host("nc4as-t4-v3", state)
-    argv = ["--root", str(node.root), "--log-format", "json", *words]
-    plain = subprocess.run([sys.executable, "-m", "gpunode", *argv], capture_output=True,
-                           text=True, check=False)
-    full = subprocess.run([sys.executable, "-c", "import sys; from gpunode.cli.main import main; "
-                           "sys.exit(main(sys.argv[1:]))", *argv], capture_output=True,
-                          text=True, check=False)
-    assert plain.returncode == full.returncode == (0 if state == "ready" else 1)
-    assert plain.stdout == full.stdout and plain.stdout.strip()
-    events = [json.loads(line) for line in (plain.stderr + full.stderr).splitlines()]
-    assert [e["event"] for e in events] == ["step.done", "step.done"]
-    assert events[0]["verdict"] == events[1]["verdict"]
-
-
-def test_no_op_boot_imports_none_of_the_pipeline(make_host: HostFactory) -> None:
+def test_a_boot_that_changes_nothing_and_status_import_no_heavy_module(
+        make_host: HostFactory) -> None:
+    """Under --root, JSON logs, the chart registering the node: no TOML writer, no console
+    renderer, no udev, no YAML, no bus, no Kubernetes client."""
     node = make_host("nc4as-t4-v3", "ready")
     imported, stderr = imports_of_a_second_run("--root", str(node.root), "boot")
-    assert "gpunode.pipeline.fastpath" in imported
-    assert not imported & {"gpunode.cli.main", "argparse", "dataclasses", "tomllib", "psutil"}
-    assert json.loads(stderr.splitlines()[-1])["event"] == "boot.unchanged"
+    assert {"gpunode.pipeline.boot", "gpunode.containerd.step"} <= imported
+    assert json.loads(stderr.splitlines()[-1])["event"] == "boot.done"
+    assert heavy(imported) == set()
+    imported, _ = imports_of_a_second_run("--root", str(node.root), "status", "--json")
+    assert "gpunode.status.checks" in imported
+    assert heavy(imported) == set()
 
 
-def test_a_cpu_node_s_first_boot_imports_none_of_the_pipeline(make_host: HostFactory) -> None:
+def test_a_cpu_node_s_boot_imports_none_of_the_pipeline(make_host: HostFactory) -> None:
     node = make_host("azure-d4s-v5", "bare")
     command = [sys.executable, "-X", "importtime", "-m", "gpunode", "--root", str(node.root),
                "boot"]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
-    assert "gpunode.pipeline.fastpath" in imported
-    assert not imported & {"gpunode.cli.main", "gpunode.platform.host", "argparse", "dataclasses", "tomllib",
-                           "json", "re", "typing"}
+    assert "gpunode.pipeline.shortcut" in imported
+    assert not imported & {"gpunode.pipeline.boot", "gpunode.platform.systemd",
+                           "gpunode.driver.step", "gpunode.containerd.step"}
+    assert heavy(imported) == set()
     events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     assert [e["event"] for e in events] == ["step.done", "boot.done"]
     assert json.loads((node.root / "run/gpunode/state.json").read_text())["outcome"] == "no-gpu"
-
-
-def test_a_gpu_node_s_plain_boot_runs_without_the_command_line_parser(
-        make_host: HostFactory) -> None:
-    """`gpunode boot` with at most --root, --config and --log-format goes through
-    clirun.plain: the whole pipeline, none of argparse and the other commands."""
-    node = make_host("nc4as-t4-v3", "driver")
-    command = [sys.executable, "-X", "importtime", "-m", "gpunode", "--root", str(node.root),
-               "--log-format", "json", "boot"]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert {"gpunode.cli.run", "gpunode.pipeline.boot", "gpunode.containerd.step"} <= imported
-    assert not imported & {"argparse", "gpunode.cli.main", "gpunode.cli.args", "gpunode.delivery.ignition"}
-    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
-    assert events[-1]["event"] == "boot.done"
-    assert [e["step"] for e in events if e["event"] in ("step.done", "step.failed")] == [
-        "detect", "driver", "cdi", "containerd"]
 
 
 def test_status_of_a_node_that_has_not_joined_imports_no_kubernetes_client(
@@ -168,9 +102,9 @@ def test_status_of_a_node_that_has_not_joined_imports_no_kubernetes_client(
     assert not imported & {"gpunode.kube.client", "http.client", "ssl"}
 
 
-def test_the_fast_exit_keeps_exit_codes_and_every_byte(make_host: HostFactory) -> None:
-    """The command ends without Python's teardown (gpunode.cli.entry.run): what it printed
-    arrives whole through a pipe, the atexit handlers run, and the exit code is main()'s."""
+def test_the_exit_keeps_exit_codes_and_every_byte(make_host: HostFactory) -> None:
+    """What the command printed arrives whole through a pipe, the atexit handlers run, and the
+    exit code is main()'s (gpunode.cli.main.run)."""
     host = make_host("nd96amsr-a100-v4", "ready")
     gpunode = str(Path(sys.executable).with_name("gpunode"))
     listing = subprocess.run([gpunode, "--root", str(host.root), "cdi", "generate"],
@@ -185,7 +119,7 @@ def test_the_fast_exit_keeps_exit_codes_and_every_byte(make_host: HostFactory) -
     assert refused.returncode == 2
     atexit_runs = subprocess.run(
         [sys.executable, "-c", "import atexit, sys; atexit.register(print, 'atexit ran'); "
-         "sys.argv = ['gpunode', '--version']; from gpunode.cli.entry import run; run()"],
+         "sys.argv = ['gpunode', '--version']; from gpunode.cli.main import run; run()"],
         capture_output=True, text=True, check=False)
     assert (atexit_runs.returncode, atexit_runs.stdout) == (0, "gpunode 0.1.0\natexit ran\n")
     for closed in ("1", "2"):  # started with stdout or stderr closed: nothing to flush there
@@ -201,11 +135,10 @@ def test_the_fast_exit_keeps_exit_codes_and_every_byte(make_host: HostFactory) -
         == "command.refused"
 
 
-def test_a_plain_boot_resolves_root_and_config_as_the_full_command_line_does(
-        tmp_path: Path) -> None:
+def test_boot_and_plan_resolve_root_and_config_alike(tmp_path: Path) -> None:
     """`--root link/..` is the parent of where the link points, not the link's own directory
-    (clirun.host_for resolves it, whichever way in): the plain boot and `plan` name the same
-    tree, and refuse a root that is a file in the same words."""
+    (cli/common.py host_for): boot and `plan` name the same tree, and refuse a root that is a
+    file in the same words."""
     target = tmp_path / "elsewhere" / "node"
     target.mkdir(parents=True)
     (tmp_path / "cwd").mkdir()

@@ -98,61 +98,6 @@ def test_a_program_sees_gpunode_s_environment_path_and_default_signals(
     assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1))  # PIPE, XFSZ
 
 
-def test_variables_given_for_a_program_are_set_over_gpunode_s_environment(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("GPUNODE_PROBE", "seen")
-    monkeypatch.setenv("GOGC", "50")
-    started = Started(["sh", "-c", "echo $GPUNODE_PROBE $GOGC $GOMEMLIMIT"], 10,
-                      {"GOGC": "off", "GOMEMLIMIT": "512MiB"})
-    assert started.result() == "seen off 512MiB\n"
-    assert os.environ["GOGC"] == "50"  # gpunode's own is left as it was
-
-
-def test_containerd_is_probed_without_go_s_garbage_collector(tmp_path: Path) -> None:
-    """Both probes (containerd/probe.py PROBE_ENV): each only starts, answers and exits."""
-    from gpunode.containerd.probe import CommandProbe
-
-    fake = tmp_path / "containerd"
-    fake.write_text('#!/bin/sh\necho "$GOGC $GOMEMLIMIT $*" >> "${0%/*}/seen"\n'
-                    'echo "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6"\n')
-    fake.chmod(0o755)
-    probe = CommandProbe()
-    probe.prefetch(str(fake), "/etc/containerd/config.toml", version=False)
-    assert probe.version(str(fake)) == (1, 7)
-    probe.discard()
-    seen = sorted((tmp_path / "seen").read_text().splitlines())
-    assert seen == ["off 512MiB --config /etc/containerd/config.toml config dump",
-                    "off 512MiB --version"]
-
-
-def test_containerd_probes_run_in_a_session_of_their_own(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The early `--version` and the probe's `config dump` lead their own sessions (the
-    kernel's autogroup then schedules them apart from gpunode, early.started); any other
-    program stays in gpunode's."""
-    from gpunode.containerd import early
-    from gpunode.containerd.probe import CommandProbe
-
-    fake = tmp_path / "containerd"
-    fake.write_text('#!/bin/sh\nread -r pid comm state ppid pgrp session rest < /proc/$$/stat\n'
-                    'echo "$*: $([ "$session" = "$$" ] && echo own || echo $session)" '
-                    '>> "${0%/*}/seen"\n'
-                    '[ "$1" = --version ] && echo "containerd github.com/containerd/containerd '
-                    '1.7.24~ds1 1.7.24~ds1-6" || echo "version = 2"\n')
-    fake.chmod(0o755)
-    monkeypatch.setattr(early, "BINARY", str(fake))
-    early.start("/")
-    probe = CommandProbe()
-    probe.prefetch(str(fake), "/etc/containerd/config.toml", version=True)
-    assert probe.version(str(fake)) == (1, 7)
-    assert probe.dump(str(fake), "/etc/containerd/config.toml") == {"version": 2}
-    probe.discard()
-    run([str(fake), "plain"])
-    seen = sorted((tmp_path / "seen").read_text().splitlines())
-    assert seen == ["--config /etc/containerd/config.toml config dump: own", "--version: own",
-                    f"plain: {os.getsid(0)}"]
-
-
 def test_output_is_text_as_popen_gave_it_and_bad_bytes_are_one_error() -> None:
     assert run(["printf", "a\\r\\nb\\rc\\n"]) == "a\nb\nc\n"  # universal newlines
     assert run(["printf", "\\303\\251\\n"]) == "\u00e9\n"
@@ -167,19 +112,6 @@ def test_a_large_output_on_both_pipes_is_read_whole() -> None:
     out = run(["sh", "-c", "i=0; while [ $i -lt 3000 ]; do echo out-$i; echo err-$i >&2; "
                "i=$((i+1)); done"], timeout=30)
     assert out.splitlines()[-1] == "out-2999" and len(out.splitlines()) == 3000
-
-
-def test_running_a_program_imports_no_subprocess() -> None:
-    """A fresh interpreter runs one program through gpunode.platform.command: `subprocess` (with
-    selectors, threading and locale) is never imported."""
-    import subprocess
-    import sys
-
-    done = subprocess.run([sys.executable, "-c", "import sys; from gpunode.platform import command; "
-                           "print(command.run(['echo', 'ran']).strip(), "
-                           "'subprocess' in sys.modules, 'threading' in sys.modules)"],
-                          capture_output=True, text=True, check=True, timeout=60)
-    assert done.stdout.split() == ["ran", "False", "False"]
 
 
 @pytest.mark.parametrize(("line", "version"), [
@@ -211,19 +143,3 @@ def test_containerd_s_version_is_read_from_each_build_s_line(
     # a line without a version is said, not taken silently as "unknown"
     assert [(e["event"], e.get("output")) for e in events] == (
         [] if version else [("containerd.version_unknown", line)])
-
-
-def test_running_and_stopping_a_program_imports_neither_signal_nor_subprocess() -> None:
-    """A first boot runs containerd's probe on its critical path: `signal` (its enums, ~1 ms)
-    and `subprocess` stay out of it; what is used is _signal, which Python has at its start."""
-    import subprocess
-    import sys
-
-    code = ("import sys\n"
-            "from gpunode.platform.command import Started\n"
-            "assert Started(['sh', '-c', 'kill -PIPE $$'], 5).result  # default SIGPIPE\n"
-            "Started(['sleep', '5'], 10).discard()\n"
-            "print(sorted({'signal', 'subprocess', 'selectors'} & set(sys.modules)))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
-    assert done.stdout == "[]\n"

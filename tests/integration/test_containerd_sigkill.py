@@ -31,7 +31,8 @@ WARM_KILLS = 110  # half during configure, half during revert
 COLD_KILLS = 16
 WORKER = (
     "import sys\n"
-    "import gpunode.cli.main, gpunode.containerd.step, gpunode.containerd.edit, gpunode.platform.systemd\n"
+    "import gpunode.cli.main, gpunode.containerd.step, gpunode.containerd.edit\n"
+    "import gpunode.platform.systemd\n"
     "import tomlkit\n"
     "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
     "sys.stdin.readline()\n"
@@ -168,11 +169,11 @@ def kill_cold(root: Path, command: str, delay: float) -> None:
 
 
 BOOT_KILLS = 40
-RECORDS = ("run/gpunode/state.json", "run/gpunode/inputs.json")  # timestamps: compared by kind
+RECORDS = ("run/gpunode/state.json",)  # timestamps: compared by kind
 
 
 def booted_state(root: Path) -> dict[str, object]:
-    """The node after a boot: every entry, the boot record and stamp by presence only."""
+    """The node after a boot: every entry, the boot record by presence only."""
     return {path: (entry if path not in RECORDS else "present")
             for path, entry in snapshot(root).items()}
 

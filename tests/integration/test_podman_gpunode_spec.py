@@ -1,5 +1,5 @@
-"""The CDI spec gpunode itself generates (gpunode/cdi/spec.py, from a fixture T4 node with its driver
-loaded) is one podman accepts and applies: the container sees the GPU's device node with the
+"""The CDI spec gpunode itself generates (gpunode/cdi/spec.py, from a fixture T4 node with its
+driver loaded) is one podman accepts and applies: the container sees the GPU's device node with the
 driver's numbers, the driver's libraries at the paths CUDA images look in, nvidia-smi on the
 bin path, and the GPU by its UUID as well as its index. The spec is made for the node mounted
 at the fixture root, so its host paths are re-rooted there before podman reads it; nothing else

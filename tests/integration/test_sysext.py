@@ -42,11 +42,7 @@ EXPECTED_PATHS = {
     "usr/lib/gpunode/gpunode",
     "usr/lib/gpunode/bin/python3.11",
     "usr/lib/gpunode/lib/python3.11/os.py",
-    "usr/lib/gpunode/lib/python3.11/gpunode/cli/entry.py",
-    # the compiled code of gpunode's dataclass methods (gpunode/dataclass_cache.py)
-    "usr/lib/gpunode/lib/python3.11/gpunode/__pycache__/dataclasses.cpython-311.marshal",
-    # the code of the modules gpunode imports, in one file (gpunode/module_cache.py)
-    "usr/lib/gpunode/lib/python3.11/gpunode/__pycache__/modules.cpython-311.marshal",
+    "usr/lib/gpunode/lib/python3.11/gpunode/cli/main.py",
     "usr/lib/systemd/system/gpunode.service",
     "usr/lib/systemd/system/gpunode-label.service",
     "usr/lib/systemd/system/gpunode-watch.service",
@@ -68,7 +64,7 @@ def test_image_lists_the_bundle_the_units_the_drop_in_and_the_release_file(built
     assert paths >= EXPECTED_PATHS
     # Byte code beside every module, hash-based (no source stat at import): gpunode's own and
     # the standard library's.
-    for module in ("gpunode/cli/entry", "os", "json/decoder"):
+    for module in ("gpunode/cli/main", "os", "json/decoder"):
         assert f"usr/lib/gpunode/lib/python3.11/{Path(module).parent}/__pycache__/" \
             f"{Path(module).name}.cpython-311.pyc".replace("/./", "/") in paths, module
     # No test suite, Tk or site-packages of the build machine's Python.
@@ -88,7 +84,7 @@ def test_the_launchers_run_the_bundled_interpreter_isolated_and_relative_to_them
         path = built.tree / launcher
         assert os.access(path, os.X_OK) and not path.is_symlink()
         assert path.read_text().splitlines()[-1] == (
-            f'exec "$here/{python}" -IS -c \'from gpunode.cli.entry import run; run()\' "$@"')
+            f'exec "$here/{python}" -IS -c \'from gpunode.cli.main import run; run()\' "$@"')
         assert (path.parent / python).resolve() == \
             (built.tree / "usr/lib/gpunode/bin/python3.11").resolve()
 
@@ -259,7 +255,8 @@ def test_bundle_holds_gpunode_package_data_where_importlib_resources_finds_it(
                for name in names}
     assert shipped == set(load_build_script().PACKAGE_DATA) == {
         "gpunode/driver/build.sh", "gpunode/delivery/units/gpunode.service",
-        "gpunode/delivery/units/gpunode-label.service", "gpunode/delivery/units/gpunode-watch.service",
+        "gpunode/delivery/units/gpunode-label.service",
+        "gpunode/delivery/units/gpunode-watch.service",
         "gpunode/delivery/units/containerd-env.conf"}
     stdlib = built.tree / "usr/lib/gpunode/lib/python3.11"
     for data in shipped:
@@ -272,48 +269,6 @@ def test_bundled_gpunode_prints_its_version_without_a_virtualenv(built: Built) -
                               capture_output=True, text=True, timeout=60, check=False)
         assert (done.returncode, done.stdout) == (0, f"gpunode {gpunode.__version__}\n"), \
             done.stderr
-
-
-def test_the_bundled_python_uses_the_kept_dataclass_code(built: Built) -> None:
-    python = built.tree / "usr/lib/gpunode/bin/python3.11"
-    done = subprocess.run([str(python), "-IS", "-c", "from gpunode import dataclass_cache; "
-                           "print(dataclass_cache.install())"], env=NO_VENV,
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert (done.returncode, done.stdout) == (0, "True\n"), done.stderr
-
-
-def test_the_bundled_python_imports_gpunode_from_the_kept_module_code(built: Built) -> None:
-    """Unchecked, as the bundle's .pyc: the code says it lies where the node has the file."""
-    python = built.tree / "usr/lib/gpunode/bin/python3.11"
-    done = subprocess.run([str(python), "-IS", "-c", "from gpunode import module_cache; "
-                           "ok = module_cache.install(); import gpunode.pipeline.boot as b; "
-                           "print(ok, type(b.__spec__.loader).__name__, "
-                           "b.boot.__code__.co_filename)"], env=NO_VENV,
-                          capture_output=True, text=True, timeout=60, check=False)
-    stdlib = built.tree / "usr/lib/gpunode/lib/python3.11"
-    assert (done.returncode, done.stdout) == (0, f"True _Loader {stdlib}/gpunode/pipeline/boot.py\n"), \
-        done.stderr
-
-
-def test_the_bundled_code_keeps_lines_and_no_columns(built: Built) -> None:
-    """build_sysext.NO_COLUMNS: the kept module code, a .pyc and a kept dataclass method have
-    line numbers and no column positions (code compiled as usual, the venv's imported without
-    its kept code, has both)."""
-    python = built.tree / "usr/lib/gpunode/bin/python3.11"
-    kept = ("from gpunode import dataclass_cache, module_cache; module_cache.install(); "
-            "dataclass_cache.install(); ")
-    probe = ("import gpunode.pipeline.boot, json.decoder; "
-             "print([next(p[::2] for p in f.__code__.co_positions() if p[0]) for f in "
-             "(gpunode.pipeline.boot.boot, json.decoder.JSONDecoder.decode, gpunode.pipeline.boot.Problem.__init__)"
-             "])")
-    done = subprocess.run([str(python), "-IS", "-c", kept + probe], env=NO_VENV,
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    positions = ast.literal_eval(done.stdout)
-    assert all(isinstance(line, int) and column is None for line, column in positions), positions
-    usual = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                           timeout=60, check=False)
-    assert all(column is not None for _, column in ast.literal_eval(usual.stdout)), usual.stderr
 
 
 def test_bundled_gpunode_status_says_ready_on_a_ready_fixture_node(

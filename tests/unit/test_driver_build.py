@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from conftest import HostFactory
-from gpunode import cpushare, log
+from gpunode import log
 from gpunode.config import BuildConfig, DriverConfig
 from gpunode.driver import build as b
 from gpunode.driver import builders, cache
@@ -181,22 +181,6 @@ def test_a_second_build_of_the_same_inputs_is_a_cache_hit_that_runs_no_builder(
     assert second.cache_hit and builder.calls == 1 and fetcher.urls == []
     assert second.entry == first.entry
     assert cache.find_usable(host, KERNEL, DRIVER, "open") == first.entry
-
-
-def test_a_build_gives_back_the_boot_s_cpu_weight_and_a_cache_hit_keeps_it(
-        host: Host, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Minutes of compiling weigh as any service does; a cache hit is over in milliseconds and
-    the boot keeps its weight until READY=1 (gpunode/cpushare.py)."""
-    autogroup = tmp_path / "autogroup"  # the stand-in for /proc/self/autogroup
-    monkeypatch.setattr(cpushare, "AUTOGROUP", str(autogroup))
-    autogroup.write_text(str(cpushare.BOOST))
-    monkeypatch.setattr(cpushare, "_given", [0])  # as raise_for_boot leaves it
-    run_build(host, FakeBuilder())
-    assert autogroup.read_text() == "0" and cpushare._given == []
-    cpushare._given.append(0)
-    autogroup.write_text(str(cpushare.BOOST))
-    assert run_build(host, FakeBuilder()).cache_hit
-    assert autogroup.read_text() == str(cpushare.BOOST) and cpushare._given == [0]
 
 
 def test_a_cache_hit_needs_no_write_access_and_takes_no_lock(host: Host) -> None:

@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory, with_runtime_binary
-from gpunode import __version__
 from gpunode.config import AgentConfig
 from gpunode.driver import userspace
 from gpunode.errors import DriverError
-from gpunode.pipeline import boot, fastpath
+from gpunode.pipeline import boot
 from gpunode.platform.host import Host
 from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
@@ -174,13 +173,6 @@ def test_the_record_holds_the_root_and_counts_not_every_path(make_host: HostFact
     assert userspace.record_fields(found) == {
         "root": "/", "libraries": len(found.libraries), "binaries": 5, "firmware": 2,
         "persistenced_socket": False}
-    watched = userspace.watched(found)
-    # each library and binary looked up, there or not, and the firmware's directory: no
-    # listing of a library directory (a thousand files on a node)
-    assert [p for p in watched if p.endswith("/")] == [f"/lib/firmware/nvidia/{VERSION}/"]
-    assert {*found.libraries, *found.binaries} < set(watched)
-    assert {f"/usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}", "/usr/sbin/nvidia-smi",
-            f"/usr/lib64/libnvidia-tileiras.so.{VERSION}"} < set(watched)
 
 
 def test_every_gpu_has_a_distinct_uuid_in_the_drivers_format(make_host: HostFactory) -> None:
@@ -209,7 +201,7 @@ def _boot(host: Host) -> boot.BootRun:
     return boot.boot(host, AgentConfig(), boot.Adapters(systemd=NoSystemd(), kmod=NoKernel()))
 
 
-def test_boot_records_the_driver_root_and_a_removed_libcuda_makes_the_next_boot_run(
+def test_boot_records_the_driver_root_and_a_removed_libcuda_fails_the_next_boot(
         make_host: HostFactory) -> None:
     host = with_runtime_binary(make_host("nc24ads-a100-v4", "ready"))
     run = _boot(host)
@@ -217,9 +209,7 @@ def test_boot_records_the_driver_root_and_a_removed_libcuda_makes_the_next_boot_
     driver = next(s for s in run.steps if s["name"] == "driver")
     assert driver["driver_root"] == {"root": "/", "libraries": 10, "binaries": 5, "firmware": 2,
                                      "persistenced_socket": False}
-    assert fastpath.unchanged(str(host.root), __version__, None)
     (host.root / f"usr/lib64/libcuda.so.{VERSION}").unlink()
-    assert not fastpath.unchanged(str(host.root), __version__, None)
     again = _boot(host)
     driver = next(s for s in again.steps if s["name"] == "driver")
     assert (again.outcome, driver["code"]) == ("failed", "driver-unavailable")
@@ -227,17 +217,15 @@ def test_boot_records_the_driver_root_and_a_removed_libcuda_makes_the_next_boot_
 
 
 @pytest.mark.parametrize("change", ["replaced", "installed"])
-def test_a_driver_library_replaced_or_newly_installed_makes_the_next_boot_run(
+def test_a_driver_library_replaced_or_newly_installed_is_seen_by_the_next_boot(
         make_host: HostFactory, change: str) -> None:
     host = with_runtime_binary(make_host("nc24ads-a100-v4", "ready"))
     assert _boot(host).outcome == "ok"
-    assert fastpath.unchanged(str(host.root), __version__, None)
     name = "libcuda" if change == "replaced" else "libnvidia-nscq"
     library = host.root / f"usr/lib64/{name}.so.{VERSION}"
     assert library.exists() == (change == "replaced")
     library.unlink(missing_ok=True)
     library.write_bytes(ELF64_LIBRARY + b"another build")
-    assert not fastpath.unchanged(str(host.root), __version__, None)
     again = _boot(host)
     driver = next(s for s in again.steps if s["name"] == "driver")
     assert (again.outcome, str(library).removeprefix(str(host.root))) == (

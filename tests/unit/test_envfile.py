@@ -1,5 +1,5 @@
-"""KEY=VALUE files are read one way (gpunode/platform/envfile.py), whoever reads them: os-release and
-Flatcar's release files, systemd EnvironmentFile= files, the kubelet's kubeadm-flags.env."""
+"""KEY=VALUE files are read one way (gpunode/platform/envfile.py), whoever reads them: os-release
+and Flatcar's release files, systemd EnvironmentFile= files, the kubelet's kubeadm-flags.env."""
 
 from __future__ import annotations
 

@@ -173,16 +173,6 @@ def test_links_and_device_nodes_made_at_once_by_many_callers_all_succeed(root: P
                 stat.S_IMODE(st.st_mode)) == (True, 195, 255, 0o666)
 
 
-def test_resolving_for_the_fast_path_matches_the_host(root: Path) -> None:
-    (root / "etc/containerd").symlink_to("/usr/share/containerd")
-    assert safeio.resolve(str(root), "/etc/containerd/config.toml") == str(
-        Host(root).path("/etc/containerd/config.toml"))
-    assert safeio.resolve(str(root), "/etc/containerd", follow=False) == f"{root}/etc/containerd"
-    (root / "etc/up").symlink_to("../../..")
-    with pytest.raises(safeio.Refused, match="climbs above the root"):
-        safeio.resolve(str(root), "/etc/up/x")
-
-
 def test_an_entry_of_no_known_kind_is_named_not_a_regular_file_once() -> None:
     assert safeio.kind(0) == "is not a regular file"
     assert safeio.kind(stat.S_IFIFO) == "is a FIFO, not a regular file"

@@ -1,6 +1,6 @@
-"""The package keeps the shape docs/design.md shows: small modules (none over ~450 lines unless
-its docstring says why it is longer), every module listed there with what lives in it, and
-every dataclass with a docstring of its own."""
+"""The package keeps the shape docs/design.md shows: a package per concern, a handful of modules
+at the top, no module over 500 lines, and the design's module tree made from the code
+(gpunode_testing.layout)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,27 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from gpunode_testing import layout
 
 PACKAGE = REPO / "gpunode"
 TEST_SUPPORT = REPO / "testing" / "gpunode_testing"
-LIMIT = 460  # "~450": a few lines of slack, not a second budget
+LIMIT = 500
+TOP_LEVEL_LIMIT = 20
 REASON = re.compile(r"longer than .*(because|on purpose)", re.IGNORECASE | re.DOTALL)
-DESIGN = REPO / "docs" / "design.md"
 
 
 def modules(package: Path = PACKAGE) -> list[Path]:
     return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-@pytest.mark.parametrize("path", modules() + modules(TEST_SUPPORT),
-                         ids=lambda p: str(p.relative_to(REPO)))
-def test_a_module_is_small_or_says_why_not(path: Path) -> None:
+@pytest.mark.parametrize("path", modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_of_the_package_is_over_500_lines(path: Path) -> None:
+    lines = path.read_text().count("\n")
+    assert lines <= LIMIT, f"{path.relative_to(REPO)} has {lines} lines: split it by concern"
+
+
+@pytest.mark.parametrize("path", modules(TEST_SUPPORT), ids=lambda p: str(p.relative_to(REPO)))
+def test_a_test_support_module_is_small_or_says_why_not(path: Path) -> None:
     text = path.read_text()
     lines = text.count("\n")
     docstring = ast.get_docstring(ast.parse(text)) or ""
@@ -34,37 +40,17 @@ def test_a_module_is_small_or_says_why_not(path: Path) -> None:
         "('longer than … because …') in its docstring")
 
 
-def listed_in_design() -> set[str]:
-    """The tree in docs/design.md as paths: '  driver/' opens a package, '    step.py' is in it."""
-    section = DESIGN.read_text().split("## The package, module by module", 1)[1].split("\n## ")[0]
-    listed, package = set(), ""
-    for line in section.splitlines():
-        if match := re.match(r"^  (\w+)/\s*$", line):
-            package = match.group(1) + "/"
-        elif match := re.match(r"^(  |    )(\w+\.py)\s", line):
-            listed.add((package if match.group(1) == "    " else "") + match.group(2))
-    return listed
+def test_the_top_of_the_package_holds_only_what_every_part_uses() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= TOP_LEVEL_LIMIT, top
 
 
-def test_design_md_lists_every_module_of_the_package() -> None:
-    listed = listed_in_design()
-    present = {str(p.relative_to(PACKAGE)) for p in modules()
-               if p.name not in ("__init__.py", "__main__.py")}
-    assert present - listed == set(), "add them to docs/design.md's module list"
-    assert listed - present == set(), "docs/design.md lists modules that are gone"
-
-
-def _is_dataclass_decorator(node: ast.expr) -> bool:
-    target = node.func if isinstance(node, ast.Call) else node
-    return (isinstance(target, ast.Name) and target.id == "dataclass") or (
-        isinstance(target, ast.Attribute) and target.attr == "dataclass")
-
-
-def test_every_dataclass_has_a_docstring_of_its_own() -> None:
-    """Python 3.11's dataclasses writes one for a class without, with `inspect` (~8 ms of
-    every command, which gpunode.dataclass_cache keeps from loading)."""
-    missing = [f"{path.relative_to(REPO)}:{node.lineno} {node.name}"
-               for path in modules() for node in ast.walk(ast.parse(path.read_text()))
-               if isinstance(node, ast.ClassDef) and ast.get_docstring(node) is None
-               and any(_is_dataclass_decorator(d) for d in node.decorator_list)]
+def test_every_module_and_package_says_what_it_is_for() -> None:
+    missing = [str(p.relative_to(REPO)) for p in modules()
+               if p.name != "__main__.py" and not layout.summary(p)]
     assert missing == []
+
+
+def test_design_md_shows_the_module_tree_made_from_the_code() -> None:
+    """`python -m gpunode_testing.layout --write` remakes it."""
+    assert layout.documented() == layout.tree()

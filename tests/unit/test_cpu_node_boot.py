@@ -1,7 +1,6 @@
-"""The CPU node's boot decided from sysfs alone (gpunode/pipeline/fastpath.py no_gpu_boot): the same
-record and events as the whole pipeline writes on that node, and the whole pipeline wherever
-anything is not plain. Run through gpunode.cli.entry, the console script's entry point (the `cli`
-fixture runs gpunode.cli.main, which always takes the whole pipeline)."""
+"""The CPU node's boot decided from sysfs alone (gpunode/pipeline/shortcut.py): the same record
+and events as the whole pipeline writes on that node, and the whole pipeline wherever anything
+is not plain."""
 
 from __future__ import annotations
 
@@ -13,19 +12,17 @@ from pathlib import Path
 import pytest
 
 from conftest import HostFactory
-from gpunode.cli import entry
+from gpunode.cli.main import main
+from gpunode.pipeline import shortcut
 from gpunode.platform.host import Host
-from hostile.support import Cli
 
 RECORD = "run/gpunode/state.json"
 STEADY = ("started_at", "finished_at")
 
 
-def boot(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], host: Host,
+def boot(capsys: pytest.CaptureFixture[str], host: Host,
          log_format: str = "json") -> tuple[int, list[str]]:
-    monkeypatch.setattr(sys, "argv", ["gpunode", "--root", str(host.root), "--log-format",
-                                      log_format, "boot"])
-    code = entry.main()
+    code = main(["--root", str(host.root), "--log-format", log_format, "boot"])
     return code, capsys.readouterr().err.splitlines()
 
 
@@ -36,29 +33,45 @@ def steady(record: dict[str, object]) -> dict[str, object]:
     return {**{k: v for k, v in record.items() if k not in STEADY}, "steps": steps}
 
 
-def test_the_fast_record_and_events_are_the_whole_pipeline_s(
+def test_the_shortcut_s_record_and_events_are_the_whole_pipeline_s(
         make_host: HostFactory, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str], cli: Cli) -> None:
+        capsys: pytest.CaptureFixture[str]) -> None:
     fast, whole = make_host("azure-d4s-v5", "bare"), make_host("azure-d4s-v5", "bare")
-    code, lines = boot(monkeypatch, capsys, fast)
+    code, fast_lines = boot(capsys, fast)
     assert code == 0
-    result = cli("--root", str(whole.root), "boot")
-    assert result.code == 0, result.err
+    taken: list[bool] = []
+    real = shortcut.boot_without_gpu
+    monkeypatch.setattr(shortcut, "boot_without_gpu",
+                        lambda *args: taken.append(real(*args)) or False)
+    code, whole_lines = boot(capsys, make_host("azure-d4s-v5", "bare"))
+    assert code == 0 and taken == [True]  # it would have answered: the pipeline answered again
+    monkeypatch.setattr(shortcut, "boot_without_gpu", lambda *args: False)
+    code, whole_lines = boot(capsys, whole)
+    assert code == 0
     assert steady(json.loads((fast.root / RECORD).read_text())) == \
         steady(json.loads((whole.root / RECORD).read_text()))
     fast_events = [{k: v for k, v in json.loads(line).items()
-                    if k not in ("timestamp", "duration_ms")} for line in lines]
+                    if k not in ("timestamp", "duration_ms")} for line in fast_lines]
     whole_events = [{k: v for k, v in json.loads(line).items()
-                     if k not in ("timestamp", "duration_ms")} for line in result.err.splitlines()]
+                     if k not in ("timestamp", "duration_ms")} for line in whole_lines]
     assert fast_events == whole_events
+
+
+def test_the_shortcut_answers_a_cpu_node_without_the_pipeline(
+        make_host: HostFactory, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Neither the pipeline nor systemd is asked on a plain CPU node."""
+    monkeypatch.delitem(sys.modules, "gpunode.pipeline.boot", raising=False)
+    code, _ = boot(capsys, make_host("azure-d4s-v5", "bare"))
+    assert code == 0 and "gpunode.pipeline.boot" not in sys.modules
 
 
 def test_the_console_lines_say_the_same(make_host: HostFactory, monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    code, lines = boot(monkeypatch, capsys, make_host("azure-d4s-v5", "bare"), "console")
+    code, lines = boot(capsys, make_host("azure-d4s-v5", "bare"), "console")
     assert code == 0
-    assert "[info     ] step.done       step=detect" in lines[0]
-    assert "boot.done       outcome=no-gpu steps=['detect']" in lines[1]
+    assert "step.done" in lines[0] and "step=detect" in lines[0] and "gpus=0" in lines[0]
+    assert "boot.done" in lines[1] and "outcome=no-gpu" in lines[1]
 
 
 def _gpu(root: Path) -> None:
@@ -103,7 +116,7 @@ def test_anything_not_plain_goes_through_the_whole_pipeline(
         events: list[tuple[str, str | None]], says: str) -> None:
     host = make_host("azure-d4s-v5", "bare")
     change(host.root)  # type: ignore[operator]
-    got, lines = boot(monkeypatch, capsys, host)
+    got, lines = boot(capsys, host)
     logged = [json.loads(line) for line in lines if line.startswith("{")]
     assert (got, [(e["event"], e.get("step")) for e in logged]) == (code, events)
     assert says in " ".join(str(e.get("error", "")) for e in logged)
@@ -119,29 +132,6 @@ def test_a_record_link_pointing_out_of_the_root_stays_inside_it(
     outside.mkdir()
     (host.root / "run").mkdir(exist_ok=True)
     (host.root / "run/gpunode").symlink_to(outside)  # absolute: re-rooted under --root
-    code, _ = boot(monkeypatch, capsys, host)
+    code, _ = boot(capsys, host)
     assert code == 0
     assert list(outside.iterdir()) == []
-
-
-@pytest.mark.parametrize("duration", [0.0, 0.1, 1.0, 12.34, 250.07])
-def test_the_record_template_gives_render_s_bytes(duration: float) -> None:
-    from gpunode.pipeline import bootrecord
-
-    started, finished = "2026-12-01T17:00:00Z", "2026-12-01T17:00:01Z"
-    assert bootrecord.no_gpu(started, finished, duration) == bootrecord.render(
-        started, finished, "no-gpu", [bootrecord.no_gpu_detect_step(duration)])
-
-
-@pytest.mark.parametrize("duration", [0.0, 0.1, 12.34])
-def test_the_event_lines_are_json_dumps_s(duration: float) -> None:
-    from gpunode.pipeline import fastpath
-
-    stamp = "2026-12-01T17:00:00Z"
-    step, done = fastpath.no_gpu_events(duration, "json", stamp)
-    assert step == json.dumps({"event": "step.done", "step": "detect", "duration_ms": duration,
-                               "gpus": 0, "functions": 0, "changed": False, "level": "info",
-                               "timestamp": stamp}, separators=(",", ":")) + "\n"
-    assert done == json.dumps({"event": "boot.done", "outcome": "no-gpu", "steps": ["detect"],
-                               "level": "info", "timestamp": stamp},
-                              separators=(",", ":")) + "\n"
