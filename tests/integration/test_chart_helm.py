@@ -86,8 +86,9 @@ def patched_azure(workdir: Path) -> Path:
     copy.chmod(0o755)
     for path in copy.rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)  # shared/ may come without write bits
-    subprocess.run(["git", "apply", "-p3", str(PATCH)], cwd=copy, check=True,
-                   capture_output=True, text=True)
+    # A repository of its own, so that git applies the patch here wherever tmp lies.
+    for command in (["git", "init", "--quiet"], ["git", "apply", "-p3", str(PATCH)]):
+        subprocess.run(command, cwd=copy, check=True, capture_output=True, text=True)
     return copy
 
 
