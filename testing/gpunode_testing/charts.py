@@ -1,148 +1,196 @@
-"""Giant Swarm's charts where gpunode's values meet them, for the tests: the released values and
-schemas (tests/data/charts/, each with its source commit), Helm's merge of a values file over a
-chart's defaults, and the cluster chart's template that writes a structured unit back as the
-unit file a node gets.
+"""Giant Swarm's cluster charts rendered by a real helm, read back as Cluster API objects.
 
-No Helm runs here, so the two pieces of Helm the values depend on are restated, small:
+The charts are test data at pinned commits in `../shared/charts/` beside the checkout (never
+copied into the project): cluster-azure 8.0.0 and cluster-aws 9.0.0, each with its `cluster`
+7.0.0 subchart under `charts/cluster`. `helm template` renders them with the values files given
+(helm itself merges them over the charts' defaults and checks both charts' schemas), and the
+output is read with a YAML loader that refuses a duplicate key, so a document holding two
+objects is an error rather than the last object silently winning.
 
-- `coalesce`: Helm 3's CoalesceValues. Maps merge key by key, the given value wins; anything
-  else (a list!) replaces the default whole; a null deletes the key. A subchart gets the
-  parent's `<subchart>:` map coalesced over its own defaults, and the parent's `global` over
-  its own `global`.
-- `unit_text`: `cluster.internal.kubeadm.ignition.containerLinuxConfig.additionalConfig.
-  systemd.units` of giantswarm/cluster@ad135475ddd1ab0f2eb2bca6e63bbd72d879b6e3 (v7.0.0),
-  helm/cluster/templates/clusterapi/_helpers_flatcar.tpl, line for line: the keys in the
-  template's order, one line per list item, `additionalFields` verbatim after `tpl` (which
-  changes nothing in a text without `{{`).
+What helm cannot tell, and so stays in the tests: what Cluster API's kubeadm bootstrap and
+Flatcar's config transpiler make of a pool's Container Linux Config (no transpiler is packaged
+by a registry the tests reach: docs/delivery.md), and what a node does with it
+(tests/integration/test_chart_bootstrap.py runs the rendered units in a real systemd).
+`settings` reads a unit file as systemd does, to compare the rendered units with units/.
 """
 
 from __future__ import annotations
 
-import copy
-import json
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-DATA = Path(__file__).resolve().parents[2] / "tests" / "data" / "charts"
-PROVIDERS = {"cluster-azure": "cluster-azure-8.0.0", "cluster-aws": "cluster-aws-9.0.0"}
-CLUSTER = "cluster-7.0.0"
+CHECKOUT = Path(__file__).resolve().parents[2]
+SHARED_CHARTS = CHECKOUT.parent / "shared" / "charts"
+RELEASE = "test-wc"  # the charts' own CI clusters are named so
+NAMESPACE = "org-giantswarm"
+CLC_LIMIT = 32768  # Cluster API's ContainerLinuxConfig.additionalConfig maxLength
+RENDER_TIMEOUT_S = 120
 
 
-def chart_values(directory: str) -> dict[str, Any]:
-    return dict(yaml.safe_load((DATA / directory / "values.yaml").read_text()))
+@dataclass(frozen=True)
+class Chart:
+    """One provider chart as the tests render it."""
+
+    name: str
+    directory: str  # under SHARED_CHARTS
+    commit: str
+
+    @property
+    def path(self) -> Path:
+        return SHARED_CHARTS / self.directory
+
+    @property
+    def ci_values(self) -> Path:
+        """The chart's own CI cluster: the values a real cluster brings beside gpunode's."""
+        return self.path / "ci" / "ci-values.yaml"
 
 
-def chart_schema(directory: str) -> dict[str, Any]:
-    return dict(json.loads((DATA / directory / "values.schema.json").read_text()))
+CHARTS = {
+    "cluster-azure": Chart("cluster-azure", "azure-v8.0.0",
+                           "d5bdf6ae61ca69df9b8b28235e84f7392ad7d2c2"),
+    "cluster-aws": Chart("cluster-aws", "aws-v9.0.0", "371a1cac60e76c45f84d08c1bacd1d6aa3b6afa7"),
+}
+POOL_KINDS = ("MachineDeployment", "MachinePool")
 
 
-def coalesce(defaults: Any, given: Any) -> Any:
-    """Helm's merge of `given` over `defaults` (module docstring); neither is changed."""
-    if not (isinstance(defaults, dict) and isinstance(given, dict)):
-        return copy.deepcopy(given)
-    out = copy.deepcopy(defaults)
-    for key, value in given.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = coalesce(out.get(key), value)
-    return out
+def missing() -> str | None:
+    """Why the charts cannot be rendered here, or None when every one is in place."""
+    absent = [str(c.path) for c in CHARTS.values() if not (c.path / "Chart.yaml").is_file()]
+    if absent:
+        return (f"the Giant Swarm charts are test data in ../shared/charts beside the checkout "
+                f"(shared/charts/README.md), absent here: {', '.join(absent)}")
+    return None
 
 
-def provider_values(fmt: str, values: dict[str, Any]) -> dict[str, Any]:
-    """What the provider chart (cluster-azure, cluster-aws) sees: `values` over its defaults."""
-    return dict(coalesce(chart_values(PROVIDERS[fmt]), values))
+def ci_values_without_pools(fmt: str, directory: Path) -> Path:
+    """The chart's CI cluster without its `global.nodePools` (so the chart's default pools, or
+    only the values' pools where those list some), written into `directory`."""
+    values = yaml.safe_load(CHARTS[fmt].ci_values.read_text())
+    del values["global"]["nodePools"]
+    path = directory / f"{fmt}-ci-without-pools.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
 
 
-def cluster_values(merged: dict[str, Any]) -> dict[str, Any]:
-    """What the `cluster` subchart sees of the provider chart's merged values."""
-    own = chart_values(CLUSTER)
-    sub = dict(coalesce(own, merged.get("cluster", {})))
-    sub["global"] = coalesce(own.get("global", {}), merged.get("global", {}))
-    return sub
+class HelmFailed(RuntimeError):
+    """`helm template` exited non-zero; carries the command and what helm printed."""
+
+    def __init__(self, command: Sequence[str], returncode: int, stderr: str) -> None:
+        self.command, self.returncode, self.stderr = list(command), returncode, stderr
+        super().__init__(f"{' '.join(command)} exited {returncode}:\n{stderr.strip()}")
 
 
-def schema_errors(fmt: str, values: dict[str, Any]) -> list[str]:
-    """Every complaint of the provider chart's schema and the cluster chart's schema (each on
-    the values that chart sees), as 'path: message'; [] when both accept the values."""
-    import jsonschema
-
-    merged = provider_values(fmt, values)
-    errors = []
-    for directory, document in ((PROVIDERS[fmt], merged), (CLUSTER, cluster_values(merged))):
-        validator = jsonschema.Draft202012Validator(chart_schema(directory))
-        errors += [f"{directory}: {'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
-                   for e in validator.iter_errors(document)]
-    return errors
+def template(helm: Path, chart: Path, values: Iterable[Path]) -> str:
+    """`helm template` of `chart` with the values files, later ones over earlier ones."""
+    command = [str(helm), "template", RELEASE, str(chart), "--namespace", NAMESPACE]
+    for path in values:
+        command += ["--values", str(path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=RENDER_TIMEOUT_S)
+    if result.returncode != 0:
+        raise HelmFailed(command, result.returncode, result.stderr)
+    return result.stdout
 
 
-def dig(document: Any, *path: str) -> Any:
-    for key in path:
-        document = (document or {}).get(key)
-    return document
+class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """PyYAML's safe loader (with libyaml's parser where PyYAML has it), refusing a mapping
+    that repeats a key (YAML says keys are unique; PyYAML and Go's non-strict decoders keep
+    the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found duplicate key {key!r} (first at line {seen[key].start_mark.line + 1})",
+                    key_node.start_mark)
+            seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
 
-ADDITIONAL = ("ignition", "containerLinuxConfig", "additionalConfig")
+def strict_load_all(text: str) -> list[Any]:
+    """Every YAML document of `text`; a duplicate key raises yaml's ConstructorError."""
+    return list(yaml.load_all(text, Loader=_StrictLoader))
 
 
-def worker_units(sub: dict[str, Any]) -> list[dict[str, Any]]:
-    """The units the chart adds to every worker from values (after its own defaults): those for
-    all nodes, then those for workers (workers/_helpers_flatcar.tpl)."""
-    pi = sub["providerIntegration"]
-    return [*(dig(pi, "kubeadmConfig", *ADDITIONAL, "systemd", "units") or []),
-            *(dig(pi, "workers", "kubeadmConfig", *ADDITIONAL, "systemd", "units") or [])]
+def strict_load(text: str) -> Any:
+    return yaml.load(text, Loader=_StrictLoader)
 
 
-def worker_directories(sub: dict[str, Any]) -> list[dict[str, Any]]:
-    pi = sub["providerIntegration"]
-    return [*(dig(pi, "kubeadmConfig", *ADDITIONAL, "storage", "directories") or []),
-            *(dig(pi, "workers", "kubeadmConfig", *ADDITIONAL, "storage", "directories")
-              or [])]
+class NotOneObject(ValueError):
+    """A rendered document that is not exactly one Kubernetes object."""
 
 
-def worker_files(sub: dict[str, Any]) -> list[dict[str, Any]]:
-    """The Secret-backed files of workers that come from values (workers/_helpers_files.tpl;
-    the chart's own files aside)."""
-    return [*(dig(sub, "providerIntegration", "kubeadmConfig", "files") or []),
-            *(dig(sub, "internal", "advancedConfiguration", "files") or []),
-            *(dig(sub, "providerIntegration", "workers", "kubeadmConfig", "files") or []),
-            *(dig(sub, "internal", "advancedConfiguration", "workers", "files") or [])]
+@dataclass(frozen=True)
+class Pool:
+    """A worker pool as the chart renders it: the MachineDeployment or MachinePool and the
+    references it makes to its bootstrap config and its infrastructure template."""
+
+    name: str  # the pool's key in global.nodePools, e.g. "def00"
+    kind: str
+    bootstrap: tuple[str, str]  # (kind, name)
+    infrastructure: tuple[str, str]
 
 
-def unit_text(contents: dict[str, Any]) -> str:
-    """The unit file the chart writes for a structured `contents` (module docstring)."""
-    lines: list[str] = []
-    unit, service = contents.get("unit"), contents.get("service")
-    if unit:
-        lines += ["[Unit]", f"Description={unit.get('description', '')}"]
-        if "defaultDependencies" in unit:
-            lines.append(f"DefaultDependencies={'yes' if unit['defaultDependencies'] else 'no'}")
-        for key in ("after", "before", "partOf", "requires", "upholds", "wants"):
-            lines += [f"{key[0].upper()}{key[1:]}={v}" for v in unit.get(key) or []]
-        if unit.get("bindsTo"):
-            lines.append(f"BindsTo={unit['bindsTo']}")
-    if service:
-        lines.append("[Service]")
-        lines += [f"Environment={v}" for v in service.get("environment") or []]
-        lines += [f"EnvironmentFile={v}" for v in service.get("environmentFile") or []]
-        lines += [f"Type={service.get('type')}", f"RemainAfterExit={service['remainAfterExit']}"]
-        if service.get("restart"):
-            lines.append(f"Restart={service['restart']}")
-        lines += [f"ExecStart={v}" for v in service.get("execStart") or []]
-        if service.get("additionalFields"):
-            fields = service["additionalFields"]
-            assert "{{" not in fields, "Helm's tpl would evaluate it"
-            lines += fields.splitlines()
-    mount = contents.get("mount")
-    if mount:
-        lines += ["[Mount]", f"What={mount['what']}", f"Where={mount['where']}"]
-        if mount.get("type"):
-            lines.append(f"Type={mount['type']}")
-    if contents.get("install"):
-        lines += ["[Install]", *(f"WantedBy={w}" for w in contents["install"]["wantedBy"])]
-    return "\n".join(lines) + "\n"
+class Manifests:
+    """A render's objects, each document exactly one object with a kind and a name."""
+
+    def __init__(self, text: str) -> None:
+        self.objects: list[dict[str, Any]] = []
+        for index, document in enumerate(strict_load_all(text)):
+            if document is None:
+                continue  # an empty document (a template that rendered nothing)
+            if not (isinstance(document, dict) and document.get("kind")
+                    and (document.get("metadata") or {}).get("name")):
+                raise NotOneObject(f"document {index} is not one object with a kind and a "
+                                   f"name: {str(document)[:200]}")
+            self.objects.append(document)
+        self.by_key = {(o["kind"], o["metadata"]["name"]): o for o in self.objects}
+
+    def get(self, kind: str, name: str) -> dict[str, Any] | None:
+        return self.by_key.get((kind, name))
+
+    def named(self, kind: str) -> list[str]:
+        return sorted(name for k, name in self.by_key if k == kind)
+
+    def pools(self) -> dict[str, Pool]:
+        pools = {}
+        for obj in self.objects:
+            if obj["kind"] not in POOL_KINDS:
+                continue
+            spec = obj["spec"]["template"]["spec"]
+            name = obj["metadata"]["name"].removeprefix(f"{RELEASE}-")
+            boot, infra = spec["bootstrap"]["configRef"], spec["infrastructureRef"]
+            pools[name] = Pool(name, obj["kind"], (boot["kind"], boot["name"]),
+                               (infra["kind"], infra["name"]))
+        return pools
+
+    def bootstrap(self, pool: str) -> dict[str, Any]:
+        """The pool's KubeadmConfigTemplate (MachineDeployment) or KubeadmConfig (MachinePool)
+        spec, as CAPI's kubeadm bootstrap reads it."""
+        obj = self.get(*self.pools()[pool].bootstrap)
+        assert obj is not None, f"pool {pool}'s bootstrap config was not rendered"
+        spec: dict[str, Any] = obj["spec"]
+        return spec["template"]["spec"] if obj["kind"] == "KubeadmConfigTemplate" else spec
+
+    def clc_text(self, pool: str) -> str:
+        """The pool's ignition.containerLinuxConfig.additionalConfig, the text CAPBK transpiles."""
+        text: str = self.bootstrap(pool)["ignition"]["containerLinuxConfig"]["additionalConfig"]
+        return text
+
+    def clc(self, pool: str) -> dict[str, Any]:
+        document = strict_load(self.clc_text(pool))
+        assert isinstance(document, dict), f"pool {pool}'s additionalConfig is not a mapping"
+        return document
+
+    def units(self, pool: str) -> dict[str, dict[str, Any]]:
+        return {u["name"]: u for u in self.clc(pool)["systemd"]["units"]}
 
 
 def settings(text: str) -> dict[tuple[str, str], list[str]]:
@@ -160,21 +208,4 @@ def settings(text: str) -> dict[tuple[str, str], list[str]]:
         key, _, value = line.partition("=")
         split = key in ("After", "Before", "Wants", "Requires", "WantedBy", "PartOf")
         out.setdefault((section, key), []).extend(value.split() if split else [value])
-    return out
-
-
-def ci_cluster(fmt: str, with_pools: bool = True) -> dict[str, Any]:
-    """The chart's own CI cluster (tests/data/charts/*/ci-values.yaml): the values a real
-    cluster brings beside gpunode's; without its `global.nodePools` when not with_pools."""
-    values = dict(yaml.safe_load((DATA / PROVIDERS[fmt] / "ci-values.yaml").read_text()))
-    if not with_pools:
-        del values["global"]["nodePools"]
-    return values
-
-
-def values_files(*documents: dict[str, Any]) -> dict[str, Any]:
-    """Several `-f` values files, later ones over earlier ones, as Helm merges them."""
-    out: dict[str, Any] = {}
-    for document in documents:
-        out = dict(coalesce(out, document))
     return out

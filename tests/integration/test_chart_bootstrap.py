@@ -1,8 +1,9 @@
 """The cluster-azure path on a node, in a real systemd (PID+mount namespace): the units exactly
-as the cluster chart writes them from `gpunode ignition --format cluster-azure`
-(gpunode_testing.charts.unit_text), the directories and Secret-backed files as Ignition leaves
-them, Flatcar's containerd.service, and an HTTP server on the namespace's 127.0.0.1 serving an
-`ID=_any` system extension whose /usr/bin/gpunode runs this checkout's gpunode.
+as a real helm renders them from `gpunode ignition --format cluster-azure` over the pinned
+chart (the GPU pool's Container Linux Config; gpunode_testing.charts), the directories and
+Secret-backed files of that render as Ignition leaves them, Flatcar's containerd.service, and
+an HTTP server on the namespace's 127.0.0.1 serving an `ID=_any` system extension whose
+/usr/bin/gpunode runs this checkout's gpunode.
 
 On the GPU fixture the bootstrap unit fetches the image, verifies it, merges it, gpunode runs
 from it and containerd starts once after it; a wrong sha512 merges nothing and fails loudly;
@@ -11,7 +12,10 @@ condition itself against fixture sysfs trees.
 
 What is not real: the image is a minimal one (the release file and a /usr/bin/gpunode that
 execs this virtualenv's gpunode; the real image's merge is tests/integration/test_sysext.py),
-and the GPU is a fixture (gpunode_testing.boot_harness)."""
+the GPU is a fixture (gpunode_testing.boot_harness), and the step from the Container Linux
+Config to Ignition (Cluster API's kubeadm bootstrap runs Flatcar's transpiler, which no
+registry the tests reach packages: the units, masks, directories and files are placed as it
+would place them)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,8 +42,9 @@ from gpunode_testing.boot_harness import (
     node_prepare,
 )
 from gpunode_testing.systemd_ns import MACHINE_PATHS, SystemdNamespace
+from real.helm_bins import ensure_helm
 
-pytestmark = pytest.mark.allow_paths(*MACHINE_PATHS)
+pytestmark = pytest.mark.allow_paths(*MACHINE_PATHS, str(charts.SHARED_CHARTS.resolve()))
 
 PORT = 8642
 IMAGE = f"gpunode-{__version__}-x86-64.raw"
@@ -87,6 +93,29 @@ def build_image(workdir: Path) -> Path:
     return image
 
 
+def gpu_pool(workdir: Path, snippet: ignition.Snippet) -> tuple[
+        list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """gpunode's units, directories and Secret-backed files in the GPU pool's bootstrap config
+    as helm v3 renders the pinned cluster-azure with the snippet's values (the GPU pool alone:
+    with a second pool the pinned chart loses that pool's machine template, which is beside
+    the point here; tests/integration/test_chart_helm.py)."""
+    reason = charts.missing()
+    if reason:
+        pytest.skip(reason)
+    given = workdir / "gpunode-values.yaml"
+    given.write_text(chart.render(snippet, "cluster-azure", chart.Pool(default_pool=False)))
+    text = charts.template(ensure_helm("3").helm, charts.CHARTS["cluster-azure"].path,
+                           [charts.ci_values_without_pools("cluster-azure", workdir), given])
+    manifests = charts.Manifests(text)
+    ours = {u["name"] for u in chart.units(snippet)}
+    paths = {d["path"] for d in chart.directories(snippet)}
+    clc = manifests.clc(chart.DEFAULT_POOL)
+    return ([u for u in clc["systemd"]["units"] if u["name"] in ours],
+            [d for d in clc["storage"]["directories"] if d["path"] in paths],
+            [f for f in manifests.bootstrap(chart.DEFAULT_POOL)["files"]
+             if (f.get("contentFrom") or {}).get("secret", {}).get("name") == chart.SECRET_NAME])
+
+
 def node(workdir: Path, machine: str, state: str, sha512: str | None = None
          ) -> SystemdNamespace:
     """A node the chart made from gpunode's cluster-azure values: units as the chart writes
@@ -95,10 +124,8 @@ def node(workdir: Path, machine: str, state: str, sha512: str | None = None
     image = build_image(workdir)
     sha512 = sha512 or hashlib.sha512(image.read_bytes()).hexdigest()
     snippet = ignition.snippet(f"http://127.0.0.1:{PORT}/{IMAGE}", sha512, AGENT, UNITS)
-    values = chart.values(snippet, "cluster-azure")
-    sub = charts.cluster_values(charts.provider_values("cluster-azure", values))
-    rendered = [u for u in charts.worker_units(sub) if "contents" in u or u.get("mask")]
-    units = {u["name"]: charts.unit_text(u["contents"]) for u in rendered if "contents" in u}
+    rendered, directories, files = gpu_pool(workdir, snippet)
+    units = {u["name"]: u["contents"] for u in rendered if "contents" in u}
     (workdir / "server.py").write_text(SERVER)
     units["sysext-server.service"] = (
         "[Unit]\nBefore=gpunode-sysext.service\n[Service]\nType=notify\nNotifyAccess=main\n"
@@ -117,9 +144,9 @@ def node(workdir: Path, machine: str, state: str, sha512: str | None = None
                "mount -n --make-rshared /",
                *(f"ln -sf /dev/null /etc/systemd/system/{u['name']}" for u in rendered
                  if u.get("mask"))]
-    for d in charts.worker_directories(sub):
+    for d in directories:
         prepare.append(f"mkdir -p -m {d['mode']:o} {d['path']}")
-    for f in charts.worker_files(sub):
+    for f in files:
         source = workdir / "files" / f["contentFrom"]["secret"]["key"]
         source.write_text(secret[f["contentFrom"]["secret"]["key"]])
         prepare += [f"mkdir -p {Path(f['path']).parent}", f"cp {source} {f['path']}",

@@ -1,7 +1,8 @@
-"""The cluster-azure and cluster-aws values: accepted by the real charts' schemas over a real
-cluster's values, merged as Helm merges them (every pool and every list of the chart's kept),
-the units in the chart's structured form and as the node gets them back, and the Secret. The
-bootstrap unit in a real systemd: tests/integration/test_chart_bootstrap.py."""
+"""The cluster-azure and cluster-aws values as gpunode prints them: the pools, the units in the
+chart's structured form, the directories, the files and the Secret they come from, and every
+unit or option the charts cannot take refused. What the charts make of the values, rendered by
+a real helm: tests/integration/test_chart_helm.py; the bootstrap unit in a real systemd:
+tests/integration/test_chart_bootstrap.py."""
 
 from __future__ import annotations
 
@@ -13,14 +14,11 @@ import yaml
 from conftest import REPO
 from gpunode.delivery import chart, chartunit, ignition
 from gpunode.errors import InputRefused, UsageError
-from gpunode_testing import charts
-from helpers.ignition_example import AGENT, SHA512, UNITS, URL, chart_rendered, snippet
+from helpers.ignition_example import AGENT, SHA512, UNITS, chart_rendered, snippet
 
 PROVIDERS = ("cluster-azure", "cluster-aws")
 GPU_UNITS = (chartunit.SYSEXT_UNIT, "gpunode.service", "gpunode-label.service",
              "gpunode-watch.service")
-jsonschema = pytest.importorskip("jsonschema", reason="jsonschema (a test dependency) is "
-                                 "needed to check the values against the charts' schemas")
 
 
 def values(fmt: str, pool: chart.Pool | None = None) -> dict[str, Any]:
@@ -28,59 +26,15 @@ def values(fmt: str, pool: chart.Pool | None = None) -> dict[str, Any]:
     return dict(yaml.safe_load(chart_rendered(fmt, pool)))
 
 
-def on_cluster(fmt: str, pool: chart.Pool | None = None, own_pools: bool = False
-               ) -> dict[str, Any]:
-    """The chart's CI cluster values (pools or not), then gpunode's, merged as `-f a -f b`."""
-    return charts.values_files(charts.ci_cluster(fmt, own_pools), values(fmt, pool))
-
-
-def subchart(fmt: str, pool: chart.Pool | None = None, own_pools: bool = False
-             ) -> dict[str, Any]:
-    return charts.cluster_values(charts.provider_values(fmt, on_cluster(fmt, pool, own_pools)))
+def additional(fmt: str) -> dict[str, Any]:
+    document: Any = values(fmt)
+    for key in chart.UNITS_PATH:
+        document = document[key]
+    return dict(document)
 
 
 def ours(fmt: str) -> dict[str, dict[str, Any]]:
-    return {u["name"]: u for u in charts.worker_units(subchart(fmt))}
-
-
-@pytest.mark.parametrize("fmt", PROVIDERS)
-def test_both_charts_schemas_accept_the_values_on_a_cluster_without_pools(fmt: str) -> None:
-    assert charts.schema_errors(fmt, on_cluster(fmt)) == []
-
-
-@pytest.mark.parametrize("fmt", PROVIDERS)
-def test_both_schemas_accept_the_values_beside_a_clusters_own_pools(fmt: str) -> None:
-    pool = chart.Pool(default_pool=False)
-    assert charts.schema_errors(fmt, on_cluster(fmt, pool, own_pools=True)) == []
-
-
-def test_the_schema_check_refuses_what_the_old_values_file_did() -> None:
-    """The values shipped before: subchart values at the top, a taint without `value`."""
-    old = {"global": {"nodePools": {"gpu-t4": {
-        "instanceType": "Standard_NC4as_T4_v3",
-        "customNodeTaints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]}}},
-           "providerIntegration": {"workers": {}}}
-    errors = charts.schema_errors("cluster-azure", charts.values_files(
-        charts.ci_cluster("cluster-azure", False), old))
-    assert any("'providerIntegration' was unexpected" in e for e in errors), errors
-    assert any("customNodeTaints.0: 'value' is a required property" in e for e in errors)
-
-
-@pytest.mark.parametrize("fmt", PROVIDERS)
-def test_the_charts_default_pool_is_kept_unchanged_beside_the_gpu_pool(fmt: str) -> None:
-    defaults = charts.chart_values(charts.PROVIDERS[fmt])["cluster"]["providerIntegration"][
-        "workers"]["defaultNodePools"]
-    pools = subchart(fmt)["global"]["nodePools"]
-    assert set(pools) == {*defaults, chart.DEFAULT_POOL}
-    assert {name: pools[name] for name in defaults} == defaults
-
-
-@pytest.mark.parametrize("fmt", PROVIDERS)
-def test_with_no_default_pool_the_clusters_own_pools_stay_as_they_were(fmt: str) -> None:
-    own = charts.ci_cluster(fmt)["global"]["nodePools"]
-    pools = subchart(fmt, chart.Pool(default_pool=False), own_pools=True)["global"]["nodePools"]
-    assert set(pools) == {*own, chart.DEFAULT_POOL}
-    assert {name: pools[name] for name in own} == own
+    return {u["name"]: u for u in additional(fmt)["systemd"]["units"]}
 
 
 @pytest.mark.parametrize(("fmt", "sizing"), [
@@ -89,36 +43,20 @@ def test_with_no_default_pool_the_clusters_own_pools_stay_as_they_were(fmt: str)
 ])
 def test_the_gpu_pool_registers_with_the_taint_and_label_and_is_sized(
         fmt: str, sizing: dict[str, Any]) -> None:
-    pool = subchart(fmt, chart.Pool(nodes=3))["global"]["nodePools"][chart.DEFAULT_POOL]
+    pool = values(fmt, chart.Pool(nodes=3))["global"]["nodePools"][chart.DEFAULT_POOL]
     assert pool == {**sizing, "customNodeLabels": ["nvidia.com/gpu.present=true"],
                     "customNodeTaints": [{"key": "nvidia.com/gpu", "value": "present",
                                           "effect": "NoSchedule"}]}
 
 
-def _lists(document: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], list[Any]]:
-    if isinstance(document, dict):
-        return {p: v for key, value in document.items()
-                for p, v in _lists(value, (*path, key)).items()}
-    return {path: document} if isinstance(document, list) else {}
-
-
 @pytest.mark.parametrize("fmt", PROVIDERS)
-def test_no_list_of_the_charts_own_defaults_is_lost_where_the_values_replace_it(
-        fmt: str) -> None:
-    """Helm replaces a list: every list gpunode's values set keeps every item the provider
-    chart's or the cluster chart's defaults had there (cluster-aws: its /var/lib and /var/log
-    mounts)."""
-    rendered = values(fmt)
-    provider = charts.chart_values(charts.PROVIDERS[fmt])
-    cluster = {"cluster": charts.chart_values(charts.CLUSTER)}
-    replaced = 0
-    for defaults in (provider, cluster):
-        default_lists = _lists(defaults)
-        for path, ours_list in _lists(rendered).items():
-            if path in default_lists:
-                replaced += 1
-                assert [i for i in default_lists[path] if i not in ours_list] == [], path
-    assert replaced >= (1 if fmt == "cluster-aws" else 0)  # cluster-aws: the units
+def test_the_charts_default_pool_rides_along_unless_the_cluster_has_pools(fmt: str) -> None:
+    """By default the chart's own default pool is listed beside the GPU pool (a nodePools map
+    replaces the chart's defaults); with --no-default-pool only the GPU pool is."""
+    name, default = chart.CHARTS[fmt].default_pool
+    assert values(fmt)["global"]["nodePools"][name] == default
+    assert set(values(fmt, chart.Pool(default_pool=False))["global"]["nodePools"]) == {
+        chart.DEFAULT_POOL}
 
 
 @pytest.mark.parametrize("fmt", PROVIDERS)
@@ -127,13 +65,8 @@ def test_nothing_goes_where_the_chart_drops_it_or_replaces_its_own(fmt: str) -> 
     preKubeadmCommands (they would replace the chart's)."""
     text = chart_rendered(fmt)
     assert "preKubeadmCommands" not in text and "postKubeadmCommands" not in text
-    additional = charts.dig(values(fmt), *chart.UNITS_PATH)
-    assert set(additional) == {"systemd", "storage"}
-    assert set(additional["storage"]) == {"directories"}
-    kept = charts.chart_values(charts.PROVIDERS[fmt])["cluster"]["providerIntegration"][
-        "workers"]["kubeadmConfig"].get("preKubeadmCommands")
-    merged = subchart(fmt)["providerIntegration"]["workers"]["kubeadmConfig"]
-    assert merged.get("preKubeadmCommands") == kept
+    assert set(additional(fmt)) == {"systemd", "storage"}
+    assert set(additional(fmt)["storage"]) == {"directories"}
 
 
 @pytest.mark.parametrize("fmt", PROVIDERS)
@@ -153,40 +86,12 @@ def test_the_units_are_the_mask_the_bootstrap_and_gpunodes_own_in_the_structured
     assert list(units)[-5:] == ["nvidia.service", *GPU_UNITS]
 
 
-@pytest.mark.parametrize("name", ["gpunode.service", "gpunode-label.service",
-                                  "gpunode-watch.service"])
-def test_the_unit_the_chart_writes_is_the_one_of_units_plus_the_gpu_condition(
-        name: str) -> None:
-    written = charts.settings(charts.unit_text(ours("cluster-azure")[name]["contents"]))
-    source = charts.settings((UNITS / name).read_text())
-    source.setdefault(("Service", "RemainAfterExit"), ["no"])  # systemd's default, spelled
-    added = {("Service", "ExecCondition"): [chartunit.GPU_CONDITION.partition("=")[2]]}
-    if name == "gpunode.service":
-        source[("Unit", "After")].append(chartunit.SYSEXT_UNIT)
-    assert written == {**source, **added}
-
-
-def test_the_bootstrap_unit_runs_before_gpunode_containerd_and_the_kubelet() -> None:
-    unit = ours("cluster-azure")[chartunit.SYSEXT_UNIT]["contents"]
-    written = charts.settings(charts.unit_text(unit))
-    assert written[("Service", "Type")] == ["oneshot"]
-    assert written[("Service", "RemainAfterExit")] == ["yes"]
-    assert set(written[("Unit", "Before")]) == {"gpunode.service", "containerd.service",
-                                                "kubelet.service", "kubeadm.service"}
-    assert {"systemd-sysext.service", "ensure-sysext.service"} <= set(
-        written[("Unit", "After")])
-    # Wanted, not waited for: on a CPU node the ordering alone would delay containerd.
-    assert written[("Unit", "Wants")] == ["network-online.target"]
-    assert "network-online.target" not in written[("Unit", "After")]
-    image = "/opt/extensions/gpunode/gpunode-0.1.0-x86-64.raw"
-    assert written[("Service", "Environment")] == [
-        f"GPUNODE_SYSEXT_URL={URL}", f"GPUNODE_SYSEXT_SHA512={SHA512}",
-        f"GPUNODE_SYSEXT_IMAGE={image}"]
-    fetch, merge = written[("Service", "ExecStart")]
-    assert "sha512sum --check" in fetch and "--retry" in fetch and "rm -f" in fetch
-    assert "/etc/extensions/gpunode.raw" in merge and merge.endswith("systemd-sysext refresh'")
-    assert not any(k in written for k in (("Service", "PrivateTmp"),
-                                          ("Service", "ProtectHome")))
+def test_cluster_aws_values_carry_the_charts_own_worker_units_first() -> None:
+    """Helm replaces a list: cluster-aws's own /var/lib and /var/log mounts, at the very path
+    gpunode's units go, are carried unchanged (the render proves the chart keeps them:
+    test_chart_helm.py's CPU pool comparison)."""
+    assert list(ours("cluster-aws"))[:2] == ["var-lib.mount", "var-log.mount"]
+    assert next(iter(ours("cluster-azure"))) == "nvidia.service"
 
 
 def test_a_percent_escape_in_the_url_reaches_curl_as_written() -> None:
@@ -204,8 +109,7 @@ def test_a_url_the_unit_could_not_quote_is_refused(url: str) -> None:
 
 
 def test_the_directories_are_those_the_bootstrap_unit_writes_into() -> None:
-    additional = charts.dig(values("cluster-azure"), *chart.UNITS_PATH)
-    assert additional["storage"]["directories"] == [
+    assert additional("cluster-azure")["storage"]["directories"] == [
         {"path": "/opt/extensions/gpunode", "mode": 0o755},
         {"path": "/etc/extensions", "mode": 0o755}]
 
@@ -214,7 +118,9 @@ def test_every_file_comes_from_the_secret_that_is_rendered_beside_the_values() -
     secret = yaml.safe_load(chart_rendered("cluster-secret"))
     assert (secret["apiVersion"], secret["kind"], secret["metadata"]["name"]) == (
         "v1", "Secret", chart.SECRET_NAME)
-    files = charts.worker_files(subchart("cluster-azure"))
+    files: Any = values("cluster-azure")
+    for key in chart.FILES_PATH:
+        files = files[key]
     assert {f["path"]: (f["permissions"], f["contentFrom"]["secret"]) for f in files} == {
         "/etc/gpunode/config.toml": ("0644", {"name": chart.SECRET_NAME, "key": "config.toml"}),
         "/etc/modprobe.d/blacklist-nouveau.conf": (
@@ -227,13 +133,6 @@ def test_without_an_agent_config_the_secret_carries_only_the_blacklist() -> None
     assert set(chart.secret(snippet(None))["stringData"]) == {"blacklist-nouveau.conf"}
     assert [f["path"] for f in chart.files(snippet(None))] == [
         "/etc/modprobe.d/blacklist-nouveau.conf"]
-
-
-def test_the_units_leave_most_of_cluster_apis_additional_config_to_the_chart() -> None:
-    """The chart's own units share the 32768 characters of additionalConfig."""
-    written = sum(len(charts.unit_text(u["contents"])) for u in ours("cluster-azure").values()
-                  if "contents" in u)
-    assert written < ignition.CLC_LIMIT // 4
 
 
 @pytest.mark.parametrize(("name", "fmt"), [("cluster-azure-values.yaml", "cluster-azure"),

@@ -184,7 +184,7 @@ def test_every_gpu_has_a_distinct_uuid_in_the_drivers_format(make_host: HostFact
     assert all(len(u) == 40 and u.startswith("GPU-") and u.count("-") == 5 for u in uuids)
 
 
-# -- the driver step, the boot record, the no-op stamp, driver status ---------------------------
+# -- the driver step, the boot record, driver status ----------------------------------------
 
 
 class NoKernel:
