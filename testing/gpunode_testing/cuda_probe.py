@@ -53,6 +53,9 @@ NVCC_WHEEL = ("nvidia-cuda-nvcc-cu12", "12.9.86")
 RUNTIME_VERSION = 12090  # what cudaRuntimeGetVersion answers for CUDA 12.9
 DEFAULT_CACHE = Path("/var/cache/gpunode-tests")
 BUSYBOX = Path("/bin/busybox")  # busybox-static's
+# What make_rootfs reads of this machine (for the tests' allow_paths): busybox and glibc.
+MACHINE_PATHS = (str(BUSYBOX), "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64",
+                 "/usr/lib64")
 IMAGE = "localhost/gpunode-test/cuda-probe:1"
 PROBE_PATH = "/usr/local/bin/cuda-probe"
 CUDART_DIR = "/usr/local/cuda/lib64"

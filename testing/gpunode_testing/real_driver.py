@@ -135,7 +135,8 @@ def read_source(root: Path, version: str) -> DriverSource:
             if (root / directory / name).is_file():
                 binaries[name] = root / directory / name
                 break
-    firmware = tuple(sorted((root / "usr/lib/firmware/nvidia" / version).glob("gsp_*.bin")))
+    firmware = tuple(sorted(path for directory in ("usr/lib/firmware", "lib/firmware")
+                            for path in (root / directory / "nvidia" / version).glob("gsp_*.bin")))
     x_drivers = sorted(root.glob(f"usr/lib/**/{X_DRIVER}"))
     return DriverSource(root, version, tuple(libraries), binaries, firmware,
                         x_drivers[0] if x_drivers else None)
@@ -179,7 +180,7 @@ def install_sysext(root: Path, source: DriverSource, *, kernel: str,
     if capabilities is None:
         without_x = ("libGLX_nvidia", "libglxserver_nvidia", "libnvidia-fbc", "libvdpau_nvidia")
         libraries = tuple(lib for lib in libraries if lib.stem not in without_x)
-    _install_libraries(root / "usr/lib64", libraries, dev_link=True)
+    install_libraries(root / "usr/lib64", libraries, dev_link=True)
     _install_binaries(root / "usr/bin", source, BINARIES)
     _install_firmware(_merged_lib(root) / "firmware/nvidia" / source.version, source)
     _write(root / "usr/lib/extension-release.d" / f"extension-release.{name}",
@@ -208,7 +209,7 @@ def install_nvidia_service(root: Path, source: DriverSource, *, kernel: str,
     /opt/nvidia/current link; no firmware (it copies none)."""
     base = root / "opt/nvidia" / source.version / kernel
     lib64 = base / "usr/lib64"
-    _install_libraries(lib64, source.select(ALL), dev_link=False)
+    install_libraries(lib64, source.select(ALL), dev_link=False)
     _install_binaries(root / "opt/bin", source, BINARIES)
     if modules is not None:
         _install_modules(base / "usr/lib/modules" / kernel / "video", modules)
@@ -230,7 +231,7 @@ def install_prebuilt(root: Path, source: DriverSource, *, kernel: str, modules: 
     firmware/nvidia/<version>/."""
     base = root / directory.lstrip("/") / kernel
     _install_modules(base, modules)
-    _install_libraries(base / "lib", source.select(capabilities), dev_link=False)
+    install_libraries(base / "lib", source.select(capabilities), dev_link=False)
     _install_binaries(base / "bin", source, BINARIES)
     _install_firmware(base / "firmware/nvidia" / source.version, source)
     return base
@@ -248,7 +249,7 @@ def install_build_entry(root: Path, source: DriverSource, *, kernel: str, flavou
     entry = root / BUILD_CACHE.lstrip("/") / kernel / f"{source.version}-{flavour}"
     started = time.time()
     _install_modules(entry, modules)
-    _install_libraries(entry / "lib", source.select(capabilities), dev_link=False)
+    install_libraries(entry / "lib", source.select(capabilities), dev_link=False)
     _install_binaries(entry / "bin", source, BINARIES)
     _install_firmware(entry / "firmware/nvidia" / source.version, source)
     files = {path.relative_to(entry).as_posix(): _sha256(path)
@@ -312,7 +313,10 @@ WantedBy=multi-user.target
 # -- helpers -------------------------------------------------------------------------------------
 
 
-def _install_libraries(directory: Path, libraries: Iterable[Library], *, dev_link: bool) -> None:
+def install_libraries(directory: Path, libraries: Iterable[Library], *,
+                      dev_link: bool = False) -> None:
+    """The libraries in `directory` with the SONAME links `ldconfig -n` makes (and the
+    libcuda.so link an install adds, with `dev_link`)."""
     directory.mkdir(parents=True, exist_ok=True)
     for lib in libraries:
         _place(lib.path, directory / lib.name)
