@@ -399,12 +399,13 @@ LAYOUTS = ("sysext", "nvidia.service", "prebuilt", "build")
 
 def build_node(machine_name: str, root: Path, source: DriverSource, layout: str, *,
                state: str = "driver", modules: Path | None = None, flavour: str = "open",
-               kernel: str | None = None) -> Path:
+               kernel: str | None = None, options: fixtures.Options | None = None) -> Path:
     """A fixture node (gpunode_testing.fixtures) whose driver is `source`'s real files in
     `layout` instead of driver_files' stand-ins: its /proc names the real version (and the
     modules' flavour), the stand-in libraries, binaries and firmware are gone. `kernel` is
     the node's running kernel (default: the fixtures' Flatcar kernel); `modules` (a directory
-    of .ko files) is required by the prebuilt and build layouts."""
+    of .ko files) is required by the prebuilt and build layouts. `options` (fixtures.Options)
+    override `state`; their `extra` files are written too."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     if layout in ("prebuilt", "build") and modules is None:
@@ -412,8 +413,9 @@ def build_node(machine_name: str, root: Path, source: DriverSource, layout: str,
     machine = _replace(fixtures.MACHINES[machine_name], driver_version=source.version,
                       open_modules=flavour == "open")
     kernel = kernel or fixtures.KERNEL
-    fixtures.build(machine, root, fixtures.Options(
-        state=state, extra={"/proc/sys/kernel/osrelease": kernel + "\n"}))
+    options = options or fixtures.Options(state=state)
+    osrelease = {"/proc/sys/kernel/osrelease": kernel + "\n"}
+    fixtures.build(machine, root, _replace(options, extra={**options.extra, **osrelease}))
     _remove_stand_ins(root, source.version)
     if layout == "sysext":
         install_sysext(root, source, kernel=kernel, modules=modules, flavour=flavour)
