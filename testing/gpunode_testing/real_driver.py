@@ -71,8 +71,9 @@ BINARIES = {  # nvc_info.c utility_bins, compute_bins
 }
 X_DRIVER = "nvidia_drv.so"  # display: the X server's driver module, no version in its name
 # Where Debian's packages put the driver's files (its alternatives directories among them).
-SOURCE_LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/nvidia/current")
-SOURCE_BIN_DIRS = ("usr/bin", "usr/sbin", "usr/lib/nvidia/current")
+# (/usr/lib/nvidia/<flavour>: "current", or the branch of an infixed package, "tesla-535").
+SOURCE_LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/nvidia")
+SOURCE_BIN_DIRS = ("usr/bin", "usr/sbin", "usr/lib/nvidia/*")
 KO_NAMES = ("nvidia.ko", "nvidia-uvm.ko", "nvidia-modeset.ko", "nvidia-drm.ko",
             "nvidia-peermem.ko")
 BUILD_CACHE = "/opt/gpunode/drivers"  # gpunode/driver/cache.py CACHE_ROOT
@@ -131,10 +132,10 @@ def read_source(root: Path, version: str) -> DriverSource:
                 libraries.append(Library(path, soname(path), capability))
     binaries = {}
     for name in BINARIES:
-        for directory in SOURCE_BIN_DIRS:
-            if (root / directory / name).is_file():
-                binaries[name] = root / directory / name
-                break
+        found = [path for pattern in SOURCE_BIN_DIRS for path in sorted(root.glob(pattern))
+                 if (path / name).is_file()]
+        if found:
+            binaries[name] = found[0] / name
     firmware = tuple(sorted(path for directory in ("usr/lib/firmware", "lib/firmware")
                             for path in (root / directory / "nvidia" / version).glob("gsp_*.bin")))
     x_drivers = sorted(root.glob(f"usr/lib/**/{X_DRIVER}"))

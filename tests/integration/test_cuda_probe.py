@@ -69,7 +69,8 @@ def test_without_libcuda_the_runtime_reports_an_insufficient_driver(
     assert answer.devices_error == "cudaErrorInsufficientDriver"
 
 
-@pytest.mark.parametrize(("release", "cuda"), [("550", CUDA_12_4), ("535", CUDA_12_2)])
+@pytest.mark.parametrize(("release", "cuda"), [("550", CUDA_12_4), ("535", CUDA_12_2),
+                                               ("535-tesla", CUDA_12_2)])
 def test_the_real_libcuda_answers_its_cuda_version_and_finds_no_gpu_here(
         probe: cuda_probe.Probe, tmp_path: Path, release: str, cuda: int) -> None:
     """With the real libcuda on the library path the runtime loads it: the driver answers its

@@ -1,8 +1,9 @@
 """What NVIDIA's real driver files are, as Debian ships them and as they compile here.
 
 These pin down the facts gpunode's driver handling is built on, read from the real files
-(tests/real/nvidia_driver.py fetches Debian's 550 and 535 packages; tests/real/nvidia_modules.py
-compiles the 550 module sources against the kmod tree's kernel): which libraries a full install
+(tests/real/nvidia_driver.py fetches Debian's 550 and 535 packages, Tesla 535 too;
+tests/real/nvidia_modules.py compiles the 550 module sources against the kmod tree's kernel):
+which libraries a full install
 has per NVIDIA_DRIVER_CAPABILITIES set, their SONAMEs (the names the dynamic loader asks for),
 the GSP firmware the modules name, and what modinfo, depmod and modprobe read from the modules.
 CI fetches and compiles beforehand (make fetch-nvidia); a failed fetch fails these tests.
@@ -121,10 +122,12 @@ def test_libcuda_asks_the_loader_for_its_helpers_by_their_sonames(
         assert libs[helper].soname in strings, helper
 
 
-def test_the_535_branch_has_libcuda_nvml_and_nvidia_smi() -> None:
-    """Debian bookworm's 535 gives a second branch: libcuda, NVML, nvidia-smi and its GSP
-    firmware, all of one 535 version."""
-    driver = ensure_driver("535")
+@pytest.mark.parametrize("release", ["535", "535-tesla"])
+def test_the_535_branch_has_libcuda_nvml_and_nvidia_smi(release: str) -> None:
+    """Debian's 535 gives a second branch, as bookworm's driver and as trixie's Tesla 535
+    (packages with a tesla-535 infix): libcuda, NVML, nvidia-smi and the GSP firmware, all of
+    one 535 version."""
+    driver = ensure_driver(release)
     source = real_driver.read_source(driver.root, driver.version)
     assert driver.version.startswith("535.")
     stems = {lib.stem: lib.soname for lib in source.libraries}

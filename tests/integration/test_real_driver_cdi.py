@@ -123,10 +123,11 @@ def test_every_host_path_the_spec_names_exists_on_the_node(
     assert any(Path(m["hostPath"]).name == f"libcuda.so.{source.version}" for m in mounts(spec))
 
 
-def test_the_535_branch_is_found_and_mounted_too(tmp_path: Path) -> None:
-    """A node on Debian's 535 files in the sysext layout: driver status reports 535 and the
-    spec mounts its libcuda and nvidia-smi."""
-    driver = ensure_driver("535")
+@pytest.mark.parametrize("release", ["535", "535-tesla"])
+def test_the_535_branch_is_found_and_mounted_too(tmp_path: Path, release: str) -> None:
+    """A node on Debian's 535 files (bookworm's, trixie's Tesla 535) in the sysext layout:
+    driver status reports that version and the spec mounts its libcuda and nvidia-smi."""
+    driver = ensure_driver(release)
     source = real_driver.read_source(driver.root, driver.version)
     root = real_driver.build_node(T4, tmp_path / "535", source, "sysext", flavour="proprietary")
     done = gpunode(root, "driver", "status", "--json")

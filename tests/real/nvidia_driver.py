@@ -17,8 +17,9 @@ touched), unpacked with `dpkg -x` into one tree, the documentation left out:
   firmware, nvidia-persistenced, and both kernel module sources (`/usr/src/nvidia-kernel.tar.xz`,
   `/usr/src/nvidia-open-kernel.tar.xz`: nvidia_modules compiles them).
 - "535": the previous data-centre branch, from bookworm (Debian 12's own driver, package
-  names without an infix; trixie and sid carry the Tesla 535 branch as
-  `libnvidia-tesla-535-cuda1`, `nvidia-tesla-535-smi`, …): compute, utility and the firmware.
+  names without an infix): compute, utility and the firmware.
+- "535-tesla": the same from trixie (else sid), whose 535 is the Tesla branch, every package
+  named with a `tesla-535` infix (`libnvidia-tesla-535-cuda1`, `nvidia-tesla-535-smi`, …).
 
 Debian puts most libraries in /usr/lib/x86_64-linux-gnu/nvidia/current (its alternatives
 directory), some in /usr/lib/x86_64-linux-gnu, nvidia-smi and nvidia-debugdump in
@@ -69,6 +70,14 @@ NGX = ("libnvidia-ngx1",)
 DISPLAY = ("xserver-xorg-video-nvidia",)
 FIRMWARE = ("firmware-nvidia-gsp",)
 KERNEL_SOURCES = ("nvidia-kernel-source", "nvidia-open-kernel-source")
+# Debian's Tesla 535 branch (trixie, sid): the same files under an infixed package name, in
+# /usr/lib/x86_64-linux-gnu/nvidia/tesla-535 and /usr/lib/nvidia/tesla-535.
+TESLA_535 = ("libnvidia-tesla-535-cuda1", "libnvidia-tesla-535-cudadebugger1",
+             "libnvidia-tesla-535-ptxjitcompiler1", "libnvidia-tesla-535-nvvm4",
+             "libnvidia-tesla-535-pkcs11-openssl3", "libnvidia-tesla-535-allocator1",
+             "nvidia-tesla-535-opencl-icd", "libnvidia-tesla-535-ml1", "libnvidia-tesla-535-cfg1",
+             "nvidia-tesla-535-smi", "nvidia-tesla-535-driver-bin", "nvidia-persistenced",
+             "firmware-nvidia-tesla-535-gsp")
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,7 @@ RELEASES = {
                    COMPUTE + UTILITY + VIDEO + GRAPHICS + NGX + DISPLAY + FIRMWARE
                    + KERNEL_SOURCES),
     "535": Release("535", "535", ("bookworm",), COMPUTE + UTILITY + FIRMWARE),
+    "535-tesla": Release("535-tesla", "535", ("trixie", "sid"), TESLA_535),
 }
 
 # Left out of the unpacked tree: documentation, and what only dpkg's own bookkeeping reads.
