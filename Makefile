@@ -67,9 +67,9 @@ fetch-cri-api: setup
 	$(BIN)/python -m gpunode_testing.cri_api
 
 # NVIDIA's real driver from Debian (550 from trixie: the whole user-space, GSP firmware, module
-# sources; 535 from bookworm: compute and utility), ~390 MB of packages, and the 550 kernel
-# modules, open and proprietary, compiled against the kmod tree's kernel headers and stripped
-# (~2 + ~2 min of compiling on 2 cores, once per cache; tests/real/nvidia_modules.py).
+# sources; 535 from bookworm and Tesla 535 from trixie: compute, utility, firmware), ~465 MB of
+# packages, and the 550 kernel modules, open and proprietary, compiled against the kmod tree's
+# kernel headers and stripped (~4 min of CPU each, once per cache; tests/real/nvidia_modules.py).
 fetch-nvidia: setup fetch-kmod-tree
 	$(BIN)/python tests/real/fetch_nvidia.py --flavour open --flavour proprietary
 
