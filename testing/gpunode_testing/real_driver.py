@@ -193,8 +193,8 @@ def install_sysext(root: Path, source: DriverSource, *, kernel: str,
         helper = f"/usr/libexec/_{name}_modprobe_helper"
         _write(root / helper.lstrip("/"), "#!/bin/bash\n# stand-in: the real helper mounts an "
                "overlay with the sysext's modules over /usr/lib/modules and runs depmod\n", 0o755)
-        lines = [f"install {ko[:-3].replace('-', '_')} {helper} {ko[:-3].replace('-', '_')}\n"
-                 f"remove {ko[:-3].replace('-', '_')} {helper} -r {ko[:-3].replace('-', '_')}\n"
+        # one pair per .ko file, named as the file is (sysext_mangle_kmod: `%f` less `.ko`)
+        lines = [f"install {ko[:-3]} {helper} {ko[:-3]}\nremove {ko[:-3]} {helper} -r {ko[:-3]}\n"
                  for ko in KO_NAMES if (video / ko).exists()]
         _write(root / "usr/lib/modprobe.d" / f"10-{name}-kmod-sysext.conf", "".join(lines))
     return root / "usr/lib64"
