@@ -7,13 +7,16 @@ BIN    := $(VENV)/bin
 DEMO   ?= demo-host
 APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 pci.ids \
                 systemd dbus containerd kmod binutils ignition squashfs-tools openssl shellcheck \
-                podman crun busybox-static e2fsprogs util-linux patchelf
+                podman crun busybox-static e2fsprogs util-linux patchelf xz-utils libelf1
 
-.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm bench clean
+.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm fetch-nvidia \
+        fetch-cuda bench clean
 
 # pystemd (the systemd harness's own D-Bus check) builds from source against libsystemd; pci.ids gives detect real product names;
 # shellcheck checks gpunode/driver/build.sh in the tests; podman (run by crun) starts containers
-# from a busybox-static root file system as a second CDI consumer (gpunode_testing.podman).
+# from a busybox-static root file system as a second CDI consumer (gpunode_testing.podman);
+# xz-utils and libelf1: NVIDIA's module sources are .tar.xz, and the kernel's kbuild tools that
+# compile them (tests/real/nvidia_modules.py) link libelf.
 $(VENV)/.apt-done:
 	@if command -v dpkg >/dev/null && ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
@@ -64,7 +67,19 @@ fetch-cri-api: setup
 fetch-helm: setup
 	$(BIN)/python tests/real/fetch_helm.py 3 4
 
-test: lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm
+# NVIDIA's real driver from Debian (550 from trixie: the whole user-space, GSP firmware, module
+# sources; 535 from bookworm and Tesla 535 from trixie: compute, utility, firmware), ~465 MB of
+# packages, and the 550 kernel modules, open and proprietary, compiled against the kmod tree's
+# kernel headers and stripped (~4 min of CPU each, once per cache; tests/real/nvidia_modules.py).
+fetch-nvidia: setup fetch-kmod-tree
+	$(BIN)/python tests/real/fetch_nvidia.py --flavour open --flavour proprietary
+
+# A CUDA 12.9 runtime program (host code only) compiled with gcc against PyPI's
+# nvidia-cuda-runtime-cu12 (+ the crt headers of nvidia-cuda-nvcc-cu12), ~44 MB of wheels.
+fetch-cuda: setup
+	$(BIN)/python -m gpunode_testing.cuda_probe
+
+test: lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm fetch-nvidia fetch-cuda
 	$(BIN)/python -m pytest -q
 
 # run.py runs boot_path.py's real-systemd figures too (as root) and prints one JSON line last.

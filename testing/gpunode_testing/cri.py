@@ -54,7 +54,7 @@ import shlex
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,7 +265,8 @@ class CriClient:
                          answer.status.runtime_handler, info)
 
     def run(self, pod: Pod, name: str, script: str, *, cdi_devices: Iterable[str] = (),
-            annotations: Mapping[str, str] | None = None, timeout: float = 30.0) -> Ran:
+            annotations: Mapping[str, str] | None = None, timeout: float = 30.0,
+            image: str = IMAGE) -> Ran:
         """`/bin/sh -c script` in a new container of `pod` (CDI devices through CRI's
         CDIDevices field, or `cdi.k8s.io/…` annotations): create, start, wait for its exit,
         and its log. A last line the script cannot print marks the log complete (the shim
@@ -273,7 +274,8 @@ class CriClient:
         end = f"gpunode-cri-end-{secrets.token_hex(4)}"
         wrapped = f"( {script}\n)\ncode=$?\necho {end}\nexit $code"
         container = self.start_container(pod, name, ["/bin/sh", "-c", wrapped],
-                                         cdi_devices=cdi_devices, annotations=annotations)
+                                         cdi_devices=cdi_devices, annotations=annotations,
+                                         image=image)
         code = self.wait_exited(container, timeout)
         deadline = time.monotonic() + 5
         while (end + "\n") not in (output := self.log(pod, name)):
@@ -285,10 +287,11 @@ class CriClient:
 
     def start_container(self, pod: Pod, name: str, command: Sequence[str], *,
                         cdi_devices: Iterable[str] = (),
-                        annotations: Mapping[str, str] | None = None) -> str:
+                        annotations: Mapping[str, str] | None = None,
+                        image: str = IMAGE) -> str:
         pb2 = self.pb2
         config = pb2.ContainerConfig(
-            metadata=pb2.ContainerMetadata(name=name), image=pb2.ImageSpec(image=IMAGE),
+            metadata=pb2.ContainerMetadata(name=name), image=pb2.ImageSpec(image=image),
             command=list(command), log_path=f"{name}.log",
             annotations=dict(annotations or {}),
             CDI_devices=[pb2.CDIDevice(name=device) for device in cdi_devices])
@@ -358,15 +361,22 @@ class CriNode:
 
 
 @contextlib.contextmanager
-def cri_node(workdir: Path, machine: str, containerd: Path, *,
-             state: str = "driver") -> Iterator[CriNode]:
+def cri_node(workdir: Path, machine: str, containerd: Path, *, state: str = "driver",
+             build: Callable[[Path, fixtures.Options], object] | None = None,
+             images: Sequence[Path] = ()) -> Iterator[CriNode]:
     """Boot `machine` with `containerd` (a binary from the test cache) and yield it with CRI
     ready and the image imported; the namespace goes away on exit. workdir: a fresh
-    directory outside /tmp, /var/tmp and /run (boot_harness.WORK_PARENT/…)."""
+    directory outside /tmp, /var/tmp and /run (boot_harness.WORK_PARENT/…). `build` makes the
+    fixture instead of fixtures.build (e.g. with the driver's real files: real_driver), given
+    the directory and the options the namespace needs; `images`: more OCI image tars (under
+    workdir) to import."""
     spec = fixtures.MACHINES[machine]
     fixture = workdir / "fixture"
-    fixtures.build(spec, fixture, fixtures.Options(state=state, flat_sysfs=True,
-                                                   dev_nodes="plain"))
+    options = fixtures.Options(state=state, flat_sysfs=True, dev_nodes="plain")
+    if build is None:
+        fixtures.build(spec, fixture, options)
+    else:
+        build(fixture, options)
     build_image(workdir / "image.tar")
     units = {"gpunode.service": (boot_harness.UNITS / "gpunode.service").read_text(),
              "containerd.service": boot_harness.CONTAINERD_UNIT,
@@ -378,8 +388,9 @@ def cri_node(workdir: Path, machine: str, containerd: Path, *,
         ns.wait_active("containerd.service")
         # --no-unpack: CRI unpacks into its own snapshotter ("native") when it needs the
         # image; ctr (1.6, the machine's) would unpack into overlayfs, impossible here.
-        ns.run(["ctr", "-a", SOCKET, "-n", "k8s.io", "images", "import", "--no-unpack",
-                str(workdir / "image.tar")])
+        for tar in (workdir / "image.tar", *images):
+            ns.run(["ctr", "-a", SOCKET, "-n", "k8s.io", "images", "import", "--no-unpack",
+                    str(tar)])
         with CriClient(f"/proc/{ns.pid}/root{SOCKET}") as client:
             client.wait_ready()
             yield CriNode(ns, client, workdir, spec)

@@ -168,8 +168,10 @@ def _fetch(version: str, directory: Path) -> None:
         (tmp / "containerd").replace(directory / "bin" / "containerd")
 
 
-def _private_apt(tmp: Path, suite: str) -> list[str]:
-    """An apt-get command line whose sources, lists, cache, status and pins are all under tmp.
+def _private_apt(tmp: Path, suite: str, components: str = "main") -> list[str]:
+    """An apt-get command line whose sources, lists, cache, status and pins are all under tmp;
+    its one source is the suite's `components` (NVIDIA's driver is in contrib, non-free and
+    non-free-firmware).
 
     The machine's apt.conf.d still applies (proxies, Check-Valid-Until and the like), but no
     file of the machine's apt state is read for packages or written: no lock is taken either,
@@ -177,7 +179,7 @@ def _private_apt(tmp: Path, suite: str) -> list[str]:
     """
     mirror = os.environ.get(MIRROR_ENV) or _system_mirror()
     signed_by = f"[signed-by={DEBIAN_KEYRING}] " if DEBIAN_KEYRING.exists() else ""
-    (tmp / "sources.list").write_text(f"deb {signed_by}{mirror} {suite} main\n")
+    (tmp / "sources.list").write_text(f"deb {signed_by}{mirror} {suite} {components}\n")
     (tmp / "lists" / "partial").mkdir(parents=True)
     (tmp / "cache" / "archives" / "partial").mkdir(parents=True)
     (tmp / "status").touch()
