@@ -21,9 +21,10 @@ Where things go, and why:
 - The bake manifest `/etc/gpunode/baked.json`: what was baked, its version, sha512 and source.
 
 Everything is checked before anything is written: the bake config, the image's os-release,
-each artifact (fetched into a temporary name beside its place and verified there). Only then
-are the artifacts renamed into place, the small files and links written (each only when its
-bytes or target differ) and the manifest last. A second bake with the same inputs fetches
+every path the bake will write (gpunode/bake/place.py), each artifact (fetched into a temporary
+name beside its place and verified there). Only then are the artifacts renamed into place, the
+small files and links written (each only when its bytes or target differ) and the manifest
+last; a change that fails there undoes the ones before it. A second bake with the same inputs fetches
 nothing and writes nothing. No process runs (but the builder of a `[build]`, in its own
 container) and no service is asked: the build host's kernel and services are never touched,
 whatever the root. The optional artifacts (toolkit sysext, prebuilt modules, a build):
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 
 from gpunode import __version__, envfile, flatcar, log, nodelock
 from gpunode.bake import config as bake_config
-from gpunode.bake import extras, fetch, optional
+from gpunode.bake import extras, fetch, optional, place
 from gpunode.bake.manifest import MANIFEST, OS_RELEASES, SCHEMA_VERSION
 from gpunode.config import DEFAULT_CONFIG_PATH
 from gpunode.driver import branches, nouveau
@@ -190,9 +191,21 @@ def _agent_config(config: bake_config.BakeConfig, host: Host) -> bytes | None:
 
 def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: list[Placed],
           agent_text: bytes | None, more: optional.Plan | None = None) -> list[str]:
-    """Fetch and verify every artifact that must be, then place them all; what changed.
-    `more`: the optional artifacts (gpunode/bake/optional.py), staged last, placed first."""
+    """Check every path the bake will write, fetch and verify every artifact that must be,
+    then place them all; what changed. `more`: the optional artifacts
+    (gpunode/bake/optional.py), staged last, placed first. A refusal before the placement
+    leaves nothing; one during it is undone (gpunode/bake/place.py)."""
     more = more or optional.Plan()
+    previous = _previous(host)
+    files, links = _small_files(host, artifacts, previous, agent_text)
+    stale = _stale(previous, artifacts)
+    for path in [*files, MANIFEST]:
+        place.check_file(host, path)
+    for path in [*links, *optional.links(more)]:
+        place.check_link(host, path)
+    for path in [a.path for a in artifacts] + optional.targets(more) + stale + \
+            optional.stale(more):
+        place.check_rename(host, path)
     staged: list[Placed] = []
     made: list[str] = []  # directories made for the stages: removed again when one fails
     try:
@@ -204,17 +217,51 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
                 staged.append(a)
         optional.stage(host, config, more)  # removes what it made itself when it fails
     except BaseException:
-        for a in staged:
-            host.remove(a.stage)
-        for directory in reversed(made):
-            host.remove_dir(directory)
+        _remove_stages(host, staged, made)
         raise
-    changed = []
+    placement = place.Placement(host)
+    changed: list[str] = []
+    try:
+        for a in staged:
+            placement.rename(a.stage, a.path)
+            changed.append(host.display(a.path))
+        changed += optional.place(host, more, placement)
+        for path, data in files.items():
+            if host.read_optional_bytes(path) != data:
+                placement.write(path, data)
+                changed.append(host.display(path))
+        for path, target in links.items():
+            if host.read_link(path) != target:
+                placement.link(path, target)
+                changed.append(host.display(path))
+        for old in stale:
+            placement.remove(old)
+            changed.append(f"removed {host.display(old)}")
+        manifest = render_manifest(image, artifacts, agent_text, config,
+                                   optional.entries(host, more))
+        if host.read_optional_bytes(MANIFEST) != manifest:
+            placement.write(MANIFEST, manifest)
+            changed.append(host.display(MANIFEST))
+    except BaseException:
+        placement.rollback()
+        optional.unstage(host, more)
+        _remove_stages(host, staged, made)
+        raise
+    placement.commit()
+    return changed
+
+
+def _remove_stages(host: Host, staged: list[Placed], made: list[str]) -> None:
     for a in staged:
-        host.rename(a.stage, a.path)
-        changed.append(host.display(a.path))
-    changed += optional.place(host, more)
-    previous = _previous(host)
+        host.remove(a.stage)
+    for directory in reversed(made):
+        host.remove_dir(directory)
+
+
+def _small_files(host: Host, artifacts: list[Placed], previous: dict[str, Any],
+                 agent_text: bytes | None) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The small files (path → bytes) and links (path → target) the bake writes, from what
+    the image holds now (read here, before anything is fetched)."""
     links = {EXTENSION_LINK: artifacts[0].path, f"{UNIT_DIR}/{flatcar.NVIDIA_UNIT}": "/dev/null",
              **{f"{WANTS_DIR}/{unit}": f"{SYSEXT_UNITS}/{unit}" for unit in UNIT_NAMES},
              **{a.extra["link"]: a.path for a in artifacts[1:] if a.extra["link"]}}
@@ -227,23 +274,7 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
         files[flatcar.ENABLED_SYSEXT] = enabled
     if agent_text is not None:
         files[AGENT_CONFIG] = agent_text
-    for path, data in files.items():
-        if host.read_optional_bytes(path) != data:
-            host.write_atomic(path, data, make_parents=True)
-            changed.append(host.display(path))
-    for path, target in links.items():
-        if host.read_link(path) != target:
-            host.symlink(path, target)
-            changed.append(host.display(path))
-    for old in _stale(previous, artifacts):
-        host.remove(old)
-        changed.append(f"removed {host.display(old)}")
-    manifest = render_manifest(image, artifacts, agent_text, config,
-                               optional.entries(host, more))
-    if host.read_optional_bytes(MANIFEST) != manifest:
-        host.write_atomic(MANIFEST, manifest, make_parents=True)
-        changed.append(host.display(MANIFEST))
-    return changed
+    return files, links
 
 
 def _previous(host: Host) -> dict[str, Any]:

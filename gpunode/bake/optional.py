@@ -52,6 +52,8 @@ TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot
 if TYPE_CHECKING:
     from typing import Any
 
+    from gpunode.bake.place import Placement
+
 EXTENSIONS_DIR = "/opt/extensions"
 EXTENSIONS = "/etc/extensions"
 TOOLKIT, PREBUILT, BUILD = "toolkit-sysext", "prebuilt-modules", "driver-build"
@@ -349,33 +351,58 @@ def make_dirs(host: Host, directory: str) -> list[str]:
 # -- place ---------------------------------------------------------------------------------------
 
 
-def place(host: Host, the_plan: Plan) -> list[str]:
+def links(the_plan: Plan) -> list[str]:
+    """The links place() writes (checked before anything is fetched)."""
+    return [the_plan.toolkit.link] if the_plan.toolkit is not None else []
+
+
+def targets(the_plan: Plan) -> list[str]:
+    """The paths place() renames something into."""
+    return [p for p in ([the_plan.toolkit.path] if the_plan.toolkit else [])] + \
+        [s.path for s in the_plan.prebuilt] + [b.plan.entry for b in the_plan.builds]
+
+
+def stale(the_plan: Plan) -> list[str]:
+    """The paths place() removes: what an earlier bake placed that this one does not."""
+    return _stale(the_plan)
+
+
+def place(host: Host, the_plan: Plan, placement: Placement) -> list[str]:
     """Rename what was staged into place, link the toolkit, remove what an earlier bake
-    placed that this one no longer bakes; what changed."""
+    placed that this one no longer bakes, each through `placement` (gpunode/bake/place.py:
+    undone when a later change fails); what changed."""
     changed = []
     t = the_plan.toolkit
     if t is not None:
         if t.fetch:
-            host.rename(t.stage, t.path)
+            placement.rename(t.stage, t.path)
             changed.append(host.display(t.path))
         if host.read_link(t.link) != t.path:
-            host.symlink(t.link, t.path)
+            placement.link(t.link, t.path)
             changed.append(host.display(t.link))
     for s in the_plan.prebuilt:
         if s.fetch:
-            if host.lstat(s.path) is not None:
-                host.rename(s.path, s.aside)
-            host.rename(s.staged, s.path)
-            host.remove_tree(s.aside)
+            placement.rename(s.staged, s.path)
             changed.append(host.display(s.path))
-    changed += [host.display(b.plan.entry) for b in the_plan.builds if b.build and not b.hit]
+    for b in the_plan.builds:
+        if b.build and not b.hit:
+            placement.built(b.plan.entry)  # published by driver/build.py while staging
+            changed.append(host.display(b.plan.entry))
     for path in _stale(the_plan):
-        host.remove_tree(path)
+        placement.remove(path)
         changed.append(f"removed {host.display(path)}")
         parent = path.rpartition("/")[0]
         if parent.startswith((f"{EXTENSIONS_DIR}/", f"{cache.CACHE_ROOT}/")):
-            host.remove_dir(parent)  # the old toolkit's or kernel's directory, when empty
+            placement.remove_dir(parent)  # the old toolkit's or kernel's directory, if empty
     return changed
+
+
+def unstage(host: Host, the_plan: Plan) -> None:
+    """What stage() left that place() did not take: removed after a refused placement."""
+    if the_plan.toolkit is not None:
+        host.remove(the_plan.toolkit.stage)
+    for s in the_plan.prebuilt:
+        host.remove_tree(s.staged)
 
 
 def _stale(the_plan: Plan) -> list[str]:
