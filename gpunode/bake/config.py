@@ -45,6 +45,10 @@ MAX_BAKE_CONFIG = 1 << 20
 PLACEHOLDERS = ("version", "board", "group", "name")
 _SHA512 = re.compile(r"[0-9a-f]{128}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.raw")
+# What the image's os-release and update.conf values must look like to fill a placeholder (and
+# name a file): one plain name (Flatcar's are "4459.2.1", "amd64-usr", "stable"), never a path.
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+_VALUE_KEYS = {"version": "VERSION", "board": "FLATCAR_BOARD", "group": "GROUP"}
 _SECTIONS = {"gpunode": ("source", "sha512"), "driver": ("name", "source", "sha512"),
              "agent": ("config",), "download": ("timeout", "attempts")}
 # The optional artifacts' sections: read and checked by gpunode/bake/extras.py.
@@ -163,6 +167,12 @@ def source(config: BakeConfig, artifact: Artifact, values: dict[str, str]) -> So
     key = f"{artifact.key}.source"
     text = artifact.source
     if artifact.key != "gpunode":
+        stray = re.sub(r"\{[^{}]*\}", "", text)
+        if "{" in stray or "}" in stray:
+            raise BakeConfigError(config.file, key, f"{text!r}: a '{{' or '}}' that opens or "
+                                  "closes no placeholder; placeholders are "
+                                  f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)} (a brace "
+                                  "in a URL is written %7B, %7D)", config.line(key))
         for name in re.findall(r"\{([^{}]*)\}", text):
             if name not in PLACEHOLDERS:
                 raise BakeConfigError(config.file, key, f"unknown placeholder {{{name}}}; "
@@ -171,9 +181,19 @@ def source(config: BakeConfig, artifact: Artifact, values: dict[str, str]) -> So
             if name not in values and values:
                 raise BakeConfigError(config.file, key, f"{{{name}}} cannot be filled: the "
                                       "image's os-release does not say it", config.line(key))
+            if name in values and not is_plain_value(values[name]):
+                raise BakeConfigError(config.file, key, f"{{{name}}} cannot be filled: the "
+                                      f"image says {_VALUE_KEYS.get(name, name)}="
+                                      f"{values[name]!r}, which is no plain name (letters, "
+                                      "digits, '.', '_', '+', '-')", config.line(key))
         for name, value in values.items():
             text = text.replace(f"{{{name}}}", value)
     return _parse_source(text, config, key)
+
+
+def is_plain_value(value: str) -> bool:
+    """Whether an os-release or update.conf value may fill a placeholder or name a file."""
+    return _PLAIN_VALUE.fullmatch(value) is not None and ".." not in value
 
 
 def _parse_source(text: str, config: BakeConfig, key: str) -> Source:

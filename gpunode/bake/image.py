@@ -24,10 +24,10 @@ Everything is checked before anything is written: the bake config, the image's o
 every path the bake will write (gpunode/bake/place.py), each artifact (fetched into a temporary
 name beside its place and verified there). Only then are the artifacts renamed into place, the
 small files and links written (each only when its bytes or target differ) and the manifest
-last; a change that fails there undoes the ones before it. A second bake with the same inputs fetches
-nothing and writes nothing. No process runs (but the builder of a `[build]`, in its own
-container) and no service is asked: the build host's kernel and services are never touched,
-whatever the root. The optional artifacts (toolkit sysext, prebuilt modules, a build):
+last; a change that fails there undoes the ones before it. A second bake with the same
+inputs fetches nothing and writes nothing. No process runs (but the builder of a `[build]`,
+in its own container) and no service is asked: the build host's kernel and services are never
+touched, whatever the root. The optional artifacts (toolkit sysext, prebuilt modules, a build):
 gpunode/bake/optional.py.
 """
 
@@ -44,7 +44,7 @@ from gpunode.bake.manifest import MANIFEST, OS_RELEASES, SCHEMA_VERSION
 from gpunode.config import DEFAULT_CONFIG_PATH
 from gpunode.driver import branches, nouveau
 from gpunode.driver.branches import SYSEXT_DIR, driver_path
-from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, UsageError
+from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, HostError, UsageError
 from gpunode.host import TEMP_SUFFIX, Host
 from gpunode.ignition import EXTENSION_LINK, EXTENSIONS_DIR, UNIT_NAMES
 
@@ -117,20 +117,53 @@ def command(host: Host, args: argparse.Namespace) -> int:
 
 
 def read_image(host: Host) -> Image:
-    text = next((t for p in OS_RELEASES if (t := host.read_optional(p)) is not None), None)
+    """The image's facts; a root without a readable os-release, or a Flatcar one whose
+    VERSION, FLATCAR_BOARD or update GROUP is no plain name, is a UsageError (exit 2)."""
+    release_path, text = _first_readable(host, OS_RELEASES)
     if text is None:
         raise UsageError(f"--root {host.root}: no os-release ({' or '.join(OS_RELEASES)}): "
                          "not the root of an OS image", "name the image's root directory (/ "
                          "inside the image-build machine)")
     release = envfile.values(text)
-    update = next((envfile.values(t) for p in UPDATE_CONFS
-                   if (t := host.read_optional(p)) is not None and "GROUP" in envfile.values(t)),
-                  {})
+    update_path, update = None, {}
+    for path in UPDATE_CONFS:
+        found = _first_readable(host, (path,))[1]
+        if found is not None and "GROUP" in envfile.values(found):
+            update_path, update = path, envfile.values(found)
+            break
     kernels = [k for k in host.list_dir("/usr/lib/modules") if host.exists(
         f"/usr/lib/modules/{k}/modules.dep") or host.exists(f"/usr/lib/modules/{k}/kernel")]
-    return Image(release.get("ID", ""), release.get("VERSION") or None,
-                 release.get("FLATCAR_BOARD") or None, update.get("GROUP") or None,
-                 kernels[0] if len(kernels) == 1 else None)
+    image = Image(release.get("ID", ""), release.get("VERSION") or None,
+                  release.get("FLATCAR_BOARD") or None, update.get("GROUP") or None,
+                  kernels[0] if len(kernels) == 1 else None)
+    if image.os_id == "flatcar":
+        for key, noun, value, where in (
+                ("VERSION", "version", image.version, release_path),
+                ("FLATCAR_BOARD", "board", image.board, release_path),
+                ("GROUP", "update group", image.group, update_path)):
+            if value is not None and not bake_config.is_plain_value(value):
+                raise UsageError(f"--root {host.root}: {host.display(str(where))} says "
+                                 f"{key}={value!r}, which is not a Flatcar {noun} "
+                                 "(letters, digits, '.', '_', '+', '-'): it would name files "
+                                 "and URLs", "check the image's root: a Flatcar image's own "
+                                 "files say e.g. VERSION=4459.2.1, FLATCAR_BOARD=amd64-usr, "
+                                 "GROUP=stable")
+    return image
+
+
+def _first_readable(host: Host, paths: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """The first of `paths` that exists, and its text; one that exists but cannot be read
+    (a FIFO, a directory, not UTF-8) is a UsageError naming it: the root is not an image."""
+    for path in paths:
+        try:
+            text = host.read_optional(path)
+        except HostError as exc:
+            raise UsageError(f"--root {host.root}: {exc.path}: {exc.reason}", "name the "
+                             "image's root directory; its os-release and update.conf are "
+                             "small UTF-8 files") from None
+        if text is not None:
+            return path, text
+    return None, None
 
 
 def plan(host: Host, config: bake_config.BakeConfig, image: Image) -> list[Placed]:

@@ -94,3 +94,76 @@ def test_a_bake_refused_while_placing_puts_back_everything_it_changed(
     monkeypatch.setattr(image, "render_manifest", full_disk)
     check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config", str(config)],
                   1, r"baked\.json.*No space left")
+
+
+# An image file whose values would go into file names and URLs → the refusal (exit 2): the
+# root is not a Flatcar image gpunode can bake. VERSION="../../../../tmp/x" used to place the
+# driver at R/etc/tmp/x.raw, and "1\n2" a name with a literal backslash-n.
+BAD_IMAGE_VALUES: dict[str, tuple[str, str, str]] = {
+    "version-climbs": ("etc/os-release", 'VERSION="../../../../tmp/x"',
+                       r"VERSION='\.\./\.\./\.\./\.\./tmp/x', which is not a Flatcar version"),
+    "version-backslash-n": ("etc/os-release", 'VERSION="1\\n2"', r"VERSION='1\\\\n2'"),
+    "version-with-a-tab": ("etc/os-release", 'VERSION="4459\t2"', r"VERSION='4459\\t2'"),
+    "version-with-a-slash": ("etc/os-release", "VERSION=4459/2", r"VERSION='4459/2'"),
+    "board-climbs": ("etc/os-release", 'FLATCAR_BOARD="../amd64-usr"',
+                     r"FLATCAR_BOARD='\.\./amd64-usr', which is not a Flatcar board"),
+    "group-with-a-query": ("etc/flatcar/update.conf", "GROUP=stable?x=1",
+                           r"update\.conf says GROUP='stable\?x=1'"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_IMAGE_VALUES, ids=BAD_IMAGE_VALUES.keys())
+def test_an_image_value_that_is_no_plain_name_is_refused(
+        make_host: HostFactory, tmp_path: Path, cli: Cli, case: str) -> None:
+    where, line, pattern = BAD_IMAGE_VALUES[case]
+    root = make_host("nc4as-t4-v3", "driver").root
+    path = root / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = line.partition("=")[0]
+    kept = [x for x in (path.read_text().splitlines() if path.exists() else [])
+            if not x.startswith(f"{key}=")]
+    path.write_text("\n".join([*kept, line]) + "\n")
+    config = make_inputs(tmp_path / "in").config()
+    check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config", str(config)],
+                  2, pattern)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "not-utf8"])
+def test_an_unreadable_os_release_is_refused_as_a_missing_one_is(
+        make_host: HostFactory, tmp_path: Path, cli: Cli, kind: str) -> None:
+    """The same exit code (2) as a root without an os-release; it used to be 1."""
+    root = make_host("nc4as-t4-v3", "driver").root
+    path = root / "etc/os-release"
+    path.unlink()
+    {"fifo": _fifo, "directory": _directory, "not-utf8": _not_utf8}[kind](path)
+    config = make_inputs(tmp_path / "in").config()
+    check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config", str(config)],
+                  2, r"os-release: .*(FIFO|directory|UTF-8)")
+
+
+def test_a_version_placeholder_of_an_image_that_is_not_flatcar_names_the_key(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    """Debian's VERSION="12 (bookworm)" cannot fill {version} of a toolkit source."""
+    from helpers.bake_extras import TOOLKIT_FILE
+
+    root = make_host("nc4as-t4-v3", "driver").root
+    (root / "etc/os-release").write_text('ID=debian\nVERSION="12 (bookworm)"\n')
+    config = make_inputs(tmp_path / "in").config(
+        driver=None, extra=f'\n[toolkit]\nsource = "https://h/{{version}}/{TOOLKIT_FILE}"\n'
+        f'sha512 = "{"0" * 128}"\n')
+    check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config", str(config)],
+                  2, r"key 'toolkit.source': \{version\} cannot be filled: the image says "
+                  r"VERSION='12 \(bookworm\)', which is no plain name")
+
+
+@pytest.mark.parametrize("source", ["flatcar-{name.raw", "flatcar-name}.raw",
+                                    "https://h/{version/flatcar-{name}.raw"])
+def test_a_brace_that_opens_no_placeholder_is_a_usage_error(
+        make_host: HostFactory, tmp_path: Path, cli: Cli, source: str) -> None:
+    """It used to be taken literally (exit 1, 'No such file')."""
+    root = make_host("nc4as-t4-v3", "driver").root
+    config = make_inputs(tmp_path / "in").config(driver=source, driver_sha="0" * 128)
+    result = check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config",
+                                       str(config)], 2,
+                           r"key 'driver\[1\].source'.*opens or closes no placeholder")
+    assert result.errors[0]["error_code"] == "bake-config-invalid"
