@@ -246,7 +246,7 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
             if a.fetch:
                 made += optional.make_dirs(host, a.path.rpartition("/")[0])
                 fetch.stage(host, a.stage, a.source, a.sha512, f"{a.what} {a.name}",
-                            config.timeout, config.attempts)
+                            config.timeout, config.attempts, config.deadline)
                 staged.append(a)
         optional.stage(host, config, more)  # removes what it made itself when it fails
     except BaseException:

@@ -292,7 +292,7 @@ def stage(host: Host, config: bake_config.BakeConfig, the_plan: Plan) -> None:
             made += make_dirs(host, t.path.rpartition("/")[0])
             _sweep(host, t.path)
             fetch.stage(host, t.stage, t.source, t.sha512, f"{TOOLKIT} {t.name}",
-                        config.timeout, config.attempts)
+                        config.timeout, config.attempts, config.deadline)
         for s in the_plan.prebuilt:
             if s.fetch:
                 made += make_dirs(host, s.path.rpartition("/")[0])
@@ -318,7 +318,8 @@ def stage(host: Host, config: bake_config.BakeConfig, the_plan: Plan) -> None:
 
 def _unpack(host: Host, config: bake_config.BakeConfig, s: ModuleSet) -> None:
     what = f"{PREBUILT} {s.kernel}"
-    fetch.stage(host, s.archive, s.source, s.sha512, what, config.timeout, config.attempts)
+    fetch.stage(host, s.archive, s.source, s.sha512, what, config.timeout, config.attempts,
+                config.deadline)
     host.make_dirs(s.staged)
     s.files = archive.unpack(host, s.archive, s.staged, what, s.source.shown)
     host.remove(s.archive)

@@ -5,7 +5,11 @@ written. Each is refused before anything is placed: the image root stays exactly
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -167,3 +171,152 @@ def test_a_brace_that_opens_no_placeholder_is_a_usage_error(
                                        str(config)], 2,
                            r"key 'driver\[1\].source'.*opens or closes no placeholder")
     assert result.errors[0]["error_code"] == "bake-config-invalid"
+
+
+# -- sources the bake cannot fetch as written (exit 2, before anything is fetched) -----------
+
+BAD_URLS: dict[str, tuple[str, str]] = {
+    # used to pass config validation, then http.client.InvalidURL (a traceback)
+    "space-in-path": ("https://h/a b/gpunode-0.2.0-x86-64.raw", r"holds ' '.*%20"),
+    # used to be "cannot connect: ordinal not in range(128) (tried 3 times)"
+    "non-ascii-path": ("https://h/é/gpunode-0.2.0-x86-64.raw", r"holds 'é'.*percent-encode"),
+    "idna-host": ("https://bücher.example/gpunode-0.2.0-x86-64.raw",
+                  r"host holds 'ü'.*xn--"),
+    # used to be "Name or service not known": urllib takes no credentials from a URL
+    "credentials": ("http://user:secret@h/gpunode-0.2.0-x86-64.raw",
+                    r"a user or password in the URL: gpunode sends no credentials"),
+    "user-only": ("http://user@h/gpunode-0.2.0-x86-64.raw", r"a user or password in the URL"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_URLS, ids=BAD_URLS.keys())
+def test_a_source_url_that_cannot_be_fetched_as_written_is_refused_clearly(
+        make_host: HostFactory, tmp_path: Path, cli: Cli, case: str) -> None:
+    url, pattern = BAD_URLS[case]
+    root = make_host("nc4as-t4-v3", "driver").root
+    config = make_inputs(tmp_path / "in").config(gpunode=url, gpunode_sha="0" * 128)
+    result = check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config",
+                                       str(config)], 2, rf"key 'gpunode.source'.*{pattern}")
+    assert "secret" not in result.err + result.out
+
+
+def test_a_build_url_with_credentials_is_refused(make_host: HostFactory, tmp_path: Path,
+                                                 cli: Cli) -> None:
+    root = make_host("nc4as-t4-v3", "driver").root
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in/pinned.toml").write_text('[driver]\nflavour = "open"\n')
+    config = make_inputs(tmp_path / "in").config(
+        driver=None, extra='\n[agent]\nconfig = "pinned.toml"\n[build]\nenabled = true\n'
+        f'driver_sha256 = "{"0" * 64}"\ndev_container_sha512 = "{"0" * 128}"\n'
+        'driver_url = "https://u:secret@h/NVIDIA-{driver}.run"\n')
+    result = check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config",
+                                       str(config)], 2,
+                           r"key 'build.driver_url'.*a user or password in the URL")
+    assert "secret" not in result.err + result.out
+
+
+# -- servers that answer badly or slowly (a socket on 127.0.0.1) ------------------------------
+
+Answer = Callable[[socket.socket], None]
+
+
+@contextmanager
+def raw_server(answer: Answer) -> Iterator[str]:
+    """An HTTP 'server' on 127.0.0.1 that reads a request and then runs `answer` on the
+    connection; its base URL."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with connection:
+                connection.settimeout(5)
+                try:
+                    connection.recv(65536)
+                    answer(connection)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def _drip(head: bytes, body: bytes, every: float) -> Answer:
+    def answer(connection: socket.socket) -> None:
+        connection.sendall(head)
+        for byte in body:
+            connection.sendall(bytes([byte]))
+            time.sleep(every)
+
+    return answer
+
+
+def _send(data: bytes) -> Answer:
+    return lambda connection: connection.sendall(data)
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n"
+# A server's answer → the refusal (exit 1, bake-failed). The drips never trip the stall
+# timeout of 2 s: only the deadline of 2 s ends them (they used to hang for ever).
+BAD_SERVERS: dict[str, tuple[Answer, str]] = {
+    "drips-the-body": (_drip(HEAD, b"x" * 100000, 0.3),
+                       r"not fetched within the deadline of 2 s \(\[download\] deadline"),
+    "drips-a-header": (_drip(b"HTTP/1.1 200 OK\r\nX-Slow: ", b"y" * 100000, 0.3),
+                       r"not fetched within the deadline of 2 s"),
+    # http.client's errors, which used to escape as tracebacks
+    "bad-status-line": (_send(b"garbage\r\n\r\n"),
+                        r"the server's answer is not HTTP.*bad status line 'garbage"),
+    "header-line-too-long": (_send(b"HTTP/1.1 200 OK\r\nX-Long: " + b"z" * 70000 + b"\r\n\r\n"),
+                             r"the server's answer is not HTTP.*line"),
+    "more-than-100-headers": (_send(b"HTTP/1.1 200 OK\r\n" + b"X-A: 1\r\n" * 101 + b"\r\n"),
+                              r"the server's answer is not HTTP.*more than 100 headers"),
+    "redirect-to-ftp": (_send(b"HTTP/1.1 302 Found\r\nLocation: ftp://h/x.raw\r\n"
+                              b"Content-Length: 0\r\n\r\n"),
+                        r"HTTP 302: a redirect to 'ftp://h/x\.raw' that is not followed"),
+    "redirect-with-a-space": (_send(b"HTTP/1.1 302 Found\r\nLocation: /a b\r\n"
+                                    b"Content-Length: 0\r\n\r\n"),
+                              r"HTTP 302: a redirect to '/a b' that is not followed \(.*loop"),
+}
+
+
+@pytest.mark.integration  # a socket on 127.0.0.1
+@pytest.mark.parametrize("case", BAD_SERVERS, ids=BAD_SERVERS.keys())
+def test_a_server_that_answers_badly_or_slowly_is_refused_within_the_deadline(
+        make_host: HostFactory, tmp_path: Path, cli: Cli, case: str) -> None:
+    answer, pattern = BAD_SERVERS[case]
+    root = make_host("nc4as-t4-v3", "driver").root
+    inputs = make_inputs(tmp_path / "in")
+    with raw_server(answer) as url:
+        config = inputs.config(base=url, driver=None, extra="\n[download]\nattempts = 2\n"
+                               "timeout = 2\ndeadline = 2\n")
+        started = time.monotonic()
+        result = check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config",
+                                           str(config)], 1, pattern)
+    assert time.monotonic() - started < 6
+    assert result.errors[0]["error_code"] == "bake-failed"
+
+
+@pytest.mark.integration  # a socket on 127.0.0.1
+def test_a_build_download_that_drips_ends_at_its_deadline(tmp_path: Path) -> None:
+    """driver.build's fetcher (a [build] and a node's own build): it used to check its
+    deadline between 64 KiB reads, which a dripping server never completes."""
+    from gpunode.driver.builders import UrlFetcher
+    from gpunode.errors import DriverBuildError
+
+    with raw_server(_drip(HEAD, b"x" * 100000, 0.3)) as url:
+        started = time.monotonic()
+        with pytest.raises(DriverBuildError, match="not complete within the deadline of 2 s"):
+            UrlFetcher(timeout=2, deadline=2).fetch(url + "NVIDIA.run", tmp_path / "out")
+    assert time.monotonic() - started < 5
+    assert list(tmp_path.iterdir()) == []
