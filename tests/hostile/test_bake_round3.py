@@ -320,3 +320,16 @@ def test_a_build_download_that_drips_ends_at_its_deadline(tmp_path: Path) -> Non
             UrlFetcher(timeout=2, deadline=2).fetch(url + "NVIDIA.run", tmp_path / "out")
     assert time.monotonic() - started < 5
     assert list(tmp_path.iterdir()) == []
+
+
+LONG_NAME = "nvidia-drivers-" + "5" * 5000  # past int()'s conversion limit of 4300 digits
+
+
+def test_a_driver_name_of_5000_digits_is_refused_not_a_traceback(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    root = make_host("nc4as-t4-v3", "driver").root
+    config = make_inputs(tmp_path / "in").config()
+    config.write_text(config.read_text().replace('name = "nvidia-drivers-570-open"',
+                                                 f'name = "{LONG_NAME}"'))
+    check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config", str(config)],
+                  2, r"key 'driver\[1\].name': 'nvidia-drivers-5+' is not a Flatcar driver")
