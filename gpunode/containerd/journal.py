@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from gpunode import records
 from gpunode.errors import ContainerdStepError, GpunodeError, JournalError
-from gpunode.host import Host
+from gpunode.host import TEMP_SUFFIX, Host
 
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
@@ -148,8 +148,7 @@ def commit(host: Host, writes: Sequence[Write], target: str,
         "created_dirs": created,
         "removed_dirs": [d for d in remove_dirs if host.exists(d)],
     }
-    host.write_atomic(JOURNAL, json.dumps(record).encode(),
-                      attrs=(0o600, os.getuid(), os.getgid()), make_parents=True)
+    _write_journal(host, json.dumps(record).encode(), created)
     try:
         for directory in created:
             host.make_dirs(directory)
@@ -174,6 +173,44 @@ def commit(host: Host, writes: Sequence[Write], target: str,
     own = [d for d in record["removed_dirs"] if JOURNAL.startswith(d.rstrip("/") + "/")]
     _remove_empty(host, [*created, *own])
     return Committed(undo, target, [d for d in created if host.exists(d)])
+
+
+def _write_journal(host: Host, data: bytes, created: Sequence[str]) -> None:
+    """Write the journal; on a tree without its directory (/var/lib, a fresh image root), in
+    that directory made under a temporary name and renamed into place with the journal in
+    it: a kill in between leaves only the temporary name (sweep_stage), never a /var/lib that
+    no record says gpunode made (the next run would take it for the tree's own)."""
+    attrs = (0o600, os.getuid(), os.getgid())
+    outer = next((d for d in created if JOURNAL.startswith(d.rstrip("/") + "/")), None)
+    if outer is None:
+        host.write_atomic(JOURNAL, data, attrs=attrs)
+        return
+    stage = _stage_of(outer)
+    host.remove_tree(stage)
+    inside = stage + JOURNAL[len(outer):]
+    host.make_dirs(inside.rpartition("/")[0])
+    host.write_atomic(inside, data, attrs=attrs)
+    host.rename(stage, outer)
+
+
+def _stage_of(directory: str) -> str:
+    parent, _, name = directory.rpartition("/")
+    return f"{parent}/.{name}.journal{TEMP_SUFFIX}"
+
+
+def sweep_stage(host: Host) -> list[str]:
+    """Remove what a kill inside _write_journal left (a temporary directory); those removed.
+    Called with the node lock held (gpunode.nodelock), before any change."""
+    removed = []
+    directory = JOURNAL.rpartition("/")[0]
+    while directory not in ("", "/"):
+        stage = _stage_of(directory)
+        st = host.lstat(stage)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            host.remove_tree(stage)
+            removed.append(stage)
+        directory = directory.rpartition("/")[0]
+    return removed
 
 
 def _remove_empty(host: Host, directories: Sequence[str]) -> list[str]:
