@@ -95,3 +95,42 @@ def test_a_configure_killed_before_its_journal_is_written_leaves_no_var_lib(
     assert reverted.code == 0, reverted.err
     assert not (host.root / "var").exists()
     assert_unchanged(host.root, before)
+
+
+def test_a_revert_killed_right_after_its_journal_is_gone_leaves_no_var_lib(
+        make_host: HostFactory, cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The other end: the journal removed (the commit), the directories it kept from being
+    removed still there, no record left to name them."""
+    import shutil
+
+    from gpunode.containerd.journal import JOURNAL
+    from gpunode.host import Host
+
+    host = make_host("nc4as-t4-v3", "driver", extra={CONFIG: "version = 2\n" + RUNC})
+    shutil.rmtree(host.root / "var", ignore_errors=True)
+    before = snapshot(host.root)
+    argv = ["--root", str(host.root), "containerd"]
+    assert cli(*argv, "configure", "--config", CONFIG, "--force").code == 0
+    journal = host.root / JOURNAL.lstrip("/")
+
+    def dies_once_the_journal_is_gone(name: str) -> None:
+        original = getattr(Host, name)
+
+        def call(self: Host, *args: object, **kwargs: object) -> object:
+            had = journal.exists()
+            result = original(self, *args, **kwargs)
+            if had and not journal.exists():
+                raise Killed
+            return result
+
+        monkeypatch.setattr(Host, name, call)
+
+    with monkeypatch.context():
+        for name in ("remove", "rename", "remove_dir", "remove_tree"):
+            dies_once_the_journal_is_gone(name)
+        with pytest.raises(Killed):
+            cli(*argv, "revert")
+    monkeypatch.undo()
+    assert cli(*argv, "revert").code == 0
+    assert not (host.root / "var").exists()
+    assert_unchanged(host.root, before)
