@@ -25,7 +25,23 @@ is who its certificate says (CN user, O groups); the rules, from the Kubernetes 
   * Users in system:masters may do anything; users or groups named in `node_readers` may get
     and list nodes (a ClusterRole with those verbs bound to them); other users get RBAC's 403.
   * Authentication: a client certificate, else a bearer token from `tokens` (an unknown one:
-    401), else the anonymous user (system:anonymous, whom RBAC then refuses: 403).
+    401), else the anonymous user (system:anonymous, whom RBAC then refuses: 403). A client
+    certificate the cluster CA did not sign is 401 Unauthorized, as the real server answers
+    (it requests a certificate at the handshake and verifies it in its x509 authenticator):
+    the TLS layer here also trusts `foreign_cas` (default: the PKI's untrusted CA, which
+    stands for any other cluster's) so that the handshake completes and the request is
+    refused as the real one is. (Python's ssl cannot request a certificate without verifying
+    it: one of a CA not in either list still aborts the handshake.)
+  * TaintNodesByCondition admission: a Node stored (created) without Ready=True gets
+    node.kubernetes.io/not-ready:NoSchedule, as a new Node gets until the node lifecycle
+    controller sees it Ready.
+  * Events (POST /api/v1/namespaces/NS/events): 404 when NS is not one of `namespaces`
+    (default, kube-system, kube-public, kube-node-lease); 422 when involvedObject.namespace
+    does not fit (pkg/apis/core/validation/events.go: an object of no namespace only in
+    default, else its own namespace).
+  * A patched object that does not decode (a label value that is a number): 422 whose
+    message quotes the whole patched Node (apiserver's patch handler: `"" is invalid: patch:
+    Invalid value: "<object>": json: cannot unmarshal …`).
   * LIST /api/v1/nodes with labelSelector (equality-based: `k`, `!k`, `k=v`, `k==v`, `k!=v`,
     comma-separated; set-based ones are 400 here), limit and continue (apimachinery's chunked
     lists: items in name order, metadata.continue until the last page, remainingItemCount only
@@ -65,7 +81,6 @@ from gpunode_testing.kube_objects import (
     admit_node,
     authorize,
     bad_request,
-    check_string_map,
     label_errors,
     list_page,
     make_node,
@@ -73,6 +88,8 @@ from gpunode_testing.kube_objects import (
     record_event,
     status_object,
     strategic_merge_patch,
+    string_map_problem,
+    taint_not_ready,
 )
 from gpunode_testing.pki import Pki
 
@@ -116,8 +133,10 @@ class FakeApiServer:
 
     def __init__(self, pki: Pki, nodes: Iterable[dict[str, Any]] | None = None,
                  tokens: dict[str, tuple[str, tuple[str, ...]]] | None = None,
-                 node_readers: Iterable[str] = ()) -> None:
+                 node_readers: Iterable[str] = (),
+                 foreign_cas: Iterable[Path] | None = None) -> None:
         self.pki = pki
+        self.namespaces = {"default", "kube-system", "kube-public", "kube-node-lease"}
         self.tokens = dict(tokens or {})  # bearer token → (user, groups)
         self.node_readers = frozenset(node_readers)
         self._epoch = 0  # continue tokens of an older epoch are expired (compact())
@@ -137,6 +156,11 @@ class FakeApiServer:
         context.load_cert_chain(pki.server_cert, pki.server_key)
         context.verify_mode = ssl.CERT_OPTIONAL  # a bearer token needs no certificate
         context.load_verify_locations(cadata=pki.ca_pem.decode())
+        self._ca_subject = _subject_of(pki.ca_cert)
+        for foreign in [pki.untrusted_ca_cert] if foreign_cas is None else foreign_cas:
+            if _subject_of(foreign) == self._ca_subject:  # told apart by the issuer's name
+                raise ValueError(f"{foreign}: a foreign CA needs a subject of its own")
+            context.load_verify_locations(cafile=str(foreign))  # refused later: 401
         self._server = _TlsServer(self, context)
         self.port: int = self._server.server_address[1]
         self.url = f"https://127.0.0.1:{self.port}"
@@ -161,12 +185,15 @@ class FakeApiServer:
 
     def set_node(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Store a Node (as an admin would); gives it a uid if it has none, and a new
-        resourceVersion. Returns the stored copy."""
+        resourceVersion. A new Node without Ready=True gets the not-ready taint
+        (TaintNodesByCondition). Returns the stored copy."""
         node = copy.deepcopy(obj)
         meta = node.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         with self._lock:
+            if meta.get("name") not in self._nodes:
+                taint_not_ready(node)
             self._store(node)
             return copy.deepcopy(node)
 
@@ -230,7 +257,8 @@ class FakeApiServer:
     def _handle(self, method: str, path: str, content_type: str, body: bytes,
                 user: _User, query: str = "") -> tuple[int, dict[str, Any] | str]:
         if method == "POST" and re.fullmatch(r"/api/v1/namespaces/[^/]+/events", path):
-            return record_event(self.events, self._lock, user, path, content_type, body)
+            return record_event(self.events, self._lock, user, path, content_type, body,
+                                self.namespaces)
         match = re.fullmatch(r"/api/v1/nodes(?:/([^/]+)(/status)?)?", path)
         if not match:
             return 404, "404 page not found\n"
@@ -307,8 +335,14 @@ class FakeApiServer:
         for key in ("uid", "resourceVersion", "creationTimestamp"):
             meta[key] = old_meta[key]
         new["kind"], new["apiVersion"] = old.get("kind", "Node"), old.get("apiVersion", "v1")
-        check_string_map(meta, "labels")
-        check_string_map(meta, "annotations")
+        for field_name in ("labels", "annotations"):
+            problem = string_map_problem(meta, field_name)
+            if problem and content_type == MERGE_PATCH:  # the patched object does not decode
+                quoted = json.dumps(json.dumps(new, separators=(",", ":")))
+                raise Refused(422, status_object(422, "Invalid", f'"" is invalid: patch: '
+                                                  f"Invalid value: {quoted}: {problem}"))
+            if problem:
+                raise bad_request(problem)
         return new
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -342,7 +376,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     groups.append(value)
         authorization = self.headers.get("Authorization") or ""
         unauthorized = False
-        if cn is None and authorization.startswith("Bearer "):
+        peer = self.connection.getpeercert() or {}
+        if cn is not None and tuple(peer.get("issuer", ())) != api._ca_subject:
+            cn, groups, unauthorized = None, [], True  # x509: signed by unknown authority
+        elif cn is None and authorization.startswith("Bearer "):
             known = api.tokens.get(authorization.removeprefix("Bearer "))
             if known is None:
                 unauthorized = True
@@ -442,6 +479,13 @@ class _TlsServer(http.server.ThreadingHTTPServer):
             for connection in list(self.connections):
                 with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RDWR)
+
+
+def _subject_of(cert: Path) -> tuple[Any, ...]:
+    """A CA certificate's subject, as getpeercert() gives a peer certificate's issuer."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cafile=str(cert))
+    return tuple(context.get_ca_certs()[0]["subject"])
 
 
 # Where a kubeadm-joined kubelet keeps its kubeconfig and rotated client credential.

@@ -182,3 +182,71 @@ def test_credentials_in_the_server_url_are_refused_and_never_shown(
                            r"holds a user or password, which gpunode never sends")
     assert "hunter2" not in result.err + result.out
     assert api.requests == []
+
+
+# -- what gpunode says about what a real kube-apiserver answers ------------------------------
+
+@integration
+def test_a_certificate_of_another_ca_is_401_at_once_with_both_causes_named(
+        registered: Host, api: FakeApiServer, pki: Pki, cli: Cli) -> None:
+    """The real server answers 401 (the test server used to abort the handshake, which
+    gpunode retried as 'unreachable' for wait_seconds); the hint used to ask only about
+    expiry."""
+    client = registered.root / "var/lib/kubelet/pki/kubelet-client-current.pem"
+    client.write_bytes(pki.untrusted_client_cert.read_bytes()
+                       + pki.untrusted_client_key.read_bytes())
+    check_refusal(cli, registered.root, ["--root", str(registered.root), "label"], 1,
+                  rf"get node {NODE}: HTTP 401: Unauthorized .*expired, or signed by another "
+                  r"CA than the cluster's")
+    assert [r.status for r in api.requests] == [401]  # not retried
+
+
+@integration
+def test_another_nodes_object_is_the_node_authorizers_refusal(
+        make_host: HostFactory, api: FakeApiServer, pki: Pki, cli: Cli) -> None:
+    """The first GET is refused by the Node authorizer, never reaching NodeRestriction."""
+    from gpunode_testing.kube_objects import make_node
+
+    api.set_node(make_node("other-node", gpus=1))
+    host = make_host("nc4as-t4-v3", "ready", extra={
+        "/etc/gpunode/config.toml": FAST + 'node_name = "other-node"\n'})
+    join(host.root, api, pki)
+    result = check_refusal(cli, host.root, ["--root", str(host.root), "label"], 1,
+                           r"get node other-node: HTTP 403: .*cannot read 'other-node'.*"
+                           r"Node authorizer refused it: a kubelet may read only its own Node")
+    assert "NodeRestriction" not in str(result.errors[0]["hint"])
+
+
+@integration
+@pytest.mark.parametrize("also", ["nothing-else", "gone-from-the-driver"])
+def test_a_gpu_that_fell_off_the_bus_stays_the_headline_when_label_runs_later(
+        registered: Host, api: FakeApiServer, tmp_path: Path, pki: Pki, cli: Cli,
+        also: str) -> None:
+    """watch --once sets GPUReady=False GPUFellOffBus; a later `gpunode label` (the unit
+    restarted, the node rebooted into the same boot's state) used to replace the reason with
+    the first failing check (ContainerdRuntimeNotReady), the Xid only in the message.
+    gone-from-the-driver: the GPU has left /proc/driver/nvidia/gpus too, so driver_gpus and
+    cdi_spec fail before the watch's check in status's order."""
+    import json
+    import shutil
+
+    (registered.root / "dev/kmsg").write_text(
+        "6,1,100,-;Linux version 6.6.95-flatcar\n"
+        "4,2,6000000,-;NVRM: Xid (PCI:0001:00:00): 79, pid=1122, GPU has fallen off the bus.\n")
+    if also == "gone-from-the-driver":
+        shutil.rmtree(registered.root / "proc/driver/nvidia/gpus/0001:00:00.0")
+    assert cli("--root", str(registered.root), "watch", "--once").code == 0
+    result = cli("--root", str(registered.root), "label")
+    assert result.code == 0, result.err
+    ready = {c["type"]: c for c in api.node(NODE)["status"]["conditions"]}["GPUReady"]
+    assert (ready["status"], ready["reason"]) == ("False", "GPUFellOffBus")
+    assert ready["message"].startswith("gpunode: watch: fatal Xid this boot: Xid 79 on GPU "
+                                       "0001:00:00.0")
+    kubeconfig = api.write_kubeconfig(tmp_path / "admin.conf", pki.kubelet_client_current,
+                                      pki.kubelet_client_current)
+    api.node_readers = frozenset({f"system:node:{pki.node_name}"})
+    listed = cli("nodes", "--kubeconfig", str(kubeconfig), "--json")
+    assert listed.code == 1, listed.err
+    [row] = json.loads(listed.out)["nodes"]
+    assert row["gpu_ready"]["reason"] == "GPUFellOffBus"
+    assert row["problem"].startswith("GPUReady=False (GPUFellOffBus): gpunode: watch: fatal Xid")
