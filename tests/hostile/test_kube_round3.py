@@ -21,7 +21,7 @@ from conftest import HostFactory
 from gpunode.host import Host
 from gpunode_testing.kube_api import KUBELET_KUBECONFIG, FakeApiServer, join
 from gpunode_testing.pki import Pki
-from hostile.support import Cli, check_refusal
+from hostile.support import Cli, assert_refused, check_refusal
 
 NODE = "nc4as-t4-v3-vmss000000"  # the fixture's hostname
 integration = pytest.mark.integration
@@ -250,3 +250,22 @@ def test_a_gpu_that_fell_off_the_bus_stays_the_headline_when_label_runs_later(
     [row] = json.loads(listed.out)["nodes"]
     assert row["gpu_ready"]["reason"] == "GPUFellOffBus"
     assert row["problem"].startswith("GPUReady=False (GPUFellOffBus): gpunode: watch: fatal Xid")
+
+
+@integration
+def test_an_event_the_api_server_refuses_for_its_namespace_is_one_error(
+        registered: Host, api: FakeApiServer, cli: Cli) -> None:
+    """A cluster without the default namespace answers the watch's Event with 404, as the
+    real server does: one error naming it, exit 1, and the finding reported again later."""
+    (registered.root / "dev/kmsg").write_text(
+        "6,1,100,-;Linux version 6.6.95-flatcar\n"
+        "4,2,5000000,-;NVRM: Xid (PCI:0001:00:00): 94, pid=9, name=a.out, Contained ECC error.\n")
+    api.namespaces.discard("default")
+    result = cli("--root", str(registered.root), "watch", "--once")
+    assert_refused(result, 1, r"create an Event in namespace default: HTTP 404: namespaces "
+                   r"\"default\" not found")
+    assert not (registered.root / "run/gpunode/watch.json").exists()
+    api.namespaces.add("default")
+    assert cli("--root", str(registered.root), "watch", "--once").code == 0
+    assert [e["reason"] for e in api.events] == ["GPUXid"]
+    assert result.out == ""
