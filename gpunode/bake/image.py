@@ -232,19 +232,19 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
     previous = _previous(host)
     files, links = _small_files(host, artifacts, previous, agent_text)
     stale = _stale(previous, artifacts)
+    more_links, more_paths = optional.touched(more)
     for path in [*files, MANIFEST]:
         place.check_file(host, path)
-    for path in [*links, *optional.links(more)]:
+    for path in [*links, *more_links]:
         place.check_link(host, path)
-    for path in [a.path for a in artifacts] + optional.targets(more) + stale + \
-            optional.stale(more):
+    for path in [a.path for a in artifacts] + stale + more_paths:
         place.check_rename(host, path)
     staged: list[Placed] = []
     made: list[str] = []  # directories made for the stages: removed again when one fails
     try:
         for a in artifacts:
             if a.fetch:
-                made += optional.make_dirs(host, a.path.rpartition("/")[0])
+                made += place.make_dirs(host, a.path.rpartition("/")[0])
                 fetch.stage(host, a.stage, a.source, a.sha512, f"{a.what} {a.name}",
                             config.timeout, config.attempts, config.deadline)
                 staged.append(a)

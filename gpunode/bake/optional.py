@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from gpunode.bake import archive, fetch
 from gpunode.bake import config as bake_config
 from gpunode.bake.extras import Extras, toolkit_version
+from gpunode.bake.place import Placement, make_dirs
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig, BuildConfig, DriverConfig
 from gpunode.driver import build as driver_build
 from gpunode.driver import cache, modules
@@ -51,8 +52,6 @@ from gpunode.host import TEMP_SUFFIX, Host
 TYPE_CHECKING = False  # typing for type checkers only (docs/design.md, the boot path)
 if TYPE_CHECKING:
     from typing import Any
-
-    from gpunode.bake.place import Placement
 
 EXTENSIONS_DIR = "/opt/extensions"
 EXTENSIONS = "/etc/extensions"
@@ -103,10 +102,6 @@ class ModuleSet:
     @property
     def staged(self) -> str:
         return self._beside("bake")
-
-    @property
-    def aside(self) -> str:
-        return self._beside("old")
 
     @property
     def version(self) -> str | None:
@@ -337,35 +332,16 @@ def _sweep(host: Host, path: str) -> None:
             host.remove_tree(f"{directory}/{entry}")
 
 
-def make_dirs(host: Host, directory: str) -> list[str]:
-    """Make `directory` and its missing parents; those it made, outermost first (for a failed
-    bake to remove again)."""
-    missing = []
-    while directory not in ("", "/") and host.lstat(directory) is None:
-        missing.insert(0, directory)
-        directory = directory.rpartition("/")[0]
-    for path in missing:
-        host.make_dirs(path)
-    return missing
-
-
 # -- place ---------------------------------------------------------------------------------------
 
 
-def links(the_plan: Plan) -> list[str]:
-    """The links place() writes (checked before anything is fetched)."""
-    return [the_plan.toolkit.link] if the_plan.toolkit is not None else []
-
-
-def targets(the_plan: Plan) -> list[str]:
-    """The paths place() renames something into."""
-    return [p for p in ([the_plan.toolkit.path] if the_plan.toolkit else [])] + \
-        [s.path for s in the_plan.prebuilt] + [b.plan.entry for b in the_plan.builds]
-
-
-def stale(the_plan: Plan) -> list[str]:
-    """The paths place() removes: what an earlier bake placed that this one does not."""
-    return _stale(the_plan)
+def touched(the_plan: Plan) -> tuple[list[str], list[str]]:
+    """What place() will write — (links, paths renamed into place or removed) — for the bake
+    to check before anything is fetched (gpunode/bake/place.py)."""
+    t = the_plan.toolkit
+    paths = ([t.path] if t else []) + [s.path for s in the_plan.prebuilt] + \
+        [b.plan.entry for b in the_plan.builds] + _stale(the_plan)
+    return ([t.link] if t else []), paths
 
 
 def place(host: Host, the_plan: Plan, placement: Placement) -> list[str]:
@@ -400,8 +376,8 @@ def place(host: Host, the_plan: Plan, placement: Placement) -> list[str]:
 
 def unstage(host: Host, the_plan: Plan) -> None:
     """What stage() left that place() did not take: removed after a refused placement."""
-    if the_plan.toolkit is not None:
-        host.remove(the_plan.toolkit.stage)
+    for path in [the_plan.toolkit.stage] if the_plan.toolkit else []:
+        host.remove(path)
     for s in the_plan.prebuilt:
         host.remove_tree(s.staged)
 

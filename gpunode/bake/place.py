@@ -78,6 +78,18 @@ def check_rename(host: Host, path: str) -> None:
     _check_parents(host, path, "place")
 
 
+def make_dirs(host: Host, directory: str) -> list[str]:
+    """Make `directory` and its missing parents; those it made, outermost first (for a failed
+    bake to remove again)."""
+    missing = []
+    while directory not in ("", "/") and host.lstat(directory) is None:
+        missing.insert(0, directory)
+        directory = directory.rpartition("/")[0]
+    for path in missing:
+        host.make_dirs(path)
+    return missing
+
+
 class Placement:
     """The bake's changes as they are made, and how to undo each."""
 
@@ -102,12 +114,7 @@ class Placement:
         self._undo.append(lambda: (host.remove_tree(path), host.rename(aside, path)))
 
     def make_dirs(self, directory: str) -> None:
-        missing = []
-        while directory not in ("", "/") and self.host.lstat(directory) is None:
-            missing.insert(0, directory)
-            directory = directory.rpartition("/")[0]
-        for path in missing:
-            self.host.make_dirs(path)
+        for path in make_dirs(self.host, directory):
             self._undo.append(lambda path=path: self.host.remove_dir(path))  # type: ignore[misc]
 
     def rename(self, source: str, path: str) -> None:

@@ -26,32 +26,21 @@ is who its certificate says (CN user, O groups); the rules, from the Kubernetes 
     and list nodes (a ClusterRole with those verbs bound to them); other users get RBAC's 403.
   * Authentication: a client certificate, else a bearer token from `tokens` (an unknown one:
     401), else the anonymous user (system:anonymous, whom RBAC then refuses: 403). A client
-    certificate the cluster CA did not sign is 401 Unauthorized, as the real server answers
-    (it requests a certificate at the handshake and verifies it in its x509 authenticator):
-    the TLS layer here also trusts `foreign_cas` (default: the PKI's untrusted CA, which
-    stands for any other cluster's) so that the handshake completes and the request is
-    refused as the real one is. (Python's ssl cannot request a certificate without verifying
-    it: one of a CA not in either list still aborts the handshake.)
-  * TaintNodesByCondition admission: a Node stored (created) without Ready=True gets
-    node.kubernetes.io/not-ready:NoSchedule, as a new Node gets until the node lifecycle
-    controller sees it Ready.
-  * Events (POST /api/v1/namespaces/NS/events): 404 when NS is not one of `namespaces`
-    (default, kube-system, kube-public, kube-node-lease); 422 when involvedObject.namespace
-    does not fit (pkg/apis/core/validation/events.go: an object of no namespace only in
-    default, else its own namespace).
-  * A patched object that does not decode (a label value that is a number): 422 whose
-    message quotes the whole patched Node (apiserver's patch handler: `"" is invalid: patch:
-    Invalid value: "<object>": json: cannot unmarshal …`).
+    certificate of another CA is 401, as the real x509 authenticator answers: the TLS layer
+    trusts `foreign_cas` (default: the PKI's untrusted CA) beside the cluster's, so that the
+    handshake completes (Python's ssl verifies any certificate it asks for).
+  * TaintNodesByCondition: a Node created without Ready=True is tainted not-ready. Events:
+    404 in a namespace not in `namespaces`, 422 for an involvedObject.namespace that does not
+    fit. A patched Node that does not decode is 422 quoting it whole (kube_objects says how).
   * LIST /api/v1/nodes with labelSelector (equality-based: `k`, `!k`, `k=v`, `k==v`, `k!=v`,
     comma-separated; set-based ones are 400 here), limit and continue (apimachinery's chunked
     lists: items in name order, metadata.continue until the last page, remainingItemCount only
     without a selector; a token from before compact() is 410 Expired).
 
-Not modelled: watches, the list's snapshot (a page reads the current nodes),
-PUT/POST/DELETE (405), JSON patch and apply patch (415), managed fields, list order from
-$setElementOrder (accepted, ignored), strategic-merge directives other than `$patch: delete` in
-keyed lists (400), strategic merge of metadata.finalizers / ownerReferences (replaced).
-Harness bugs are answered 500 and fail __exit__ (FakeApiServer.errors).
+Not modelled: watches, the list's snapshot, PUT, DELETE and POST but of Events (405), JSON and
+apply patch (415), managed fields, $setElementOrder (ignored), strategic-merge directives but
+`$patch: delete` in keyed lists (400), strategic merge of metadata.finalizers / ownerReferences
+(replaced). Harness bugs are answered 500 and fail __exit__ (FakeApiServer.errors).
 """
 
 from __future__ import annotations
@@ -78,9 +67,11 @@ from typing import Any
 
 from gpunode_testing.kube_objects import (
     Refused,
+    User,
     admit_node,
     authorize,
     bad_request,
+    check_decodes,
     label_errors,
     list_page,
     make_node,
@@ -88,10 +79,9 @@ from gpunode_testing.kube_objects import (
     record_event,
     status_object,
     strategic_merge_patch,
-    string_map_problem,
     taint_not_ready,
 )
-from gpunode_testing.pki import Pki
+from gpunode_testing.pki import Pki, ca_subject
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -114,18 +104,6 @@ class Request:
     client_groups: tuple[str, ...] = ()
     status: int | None = None  # the answer's status; None: connection dropped
     injected: bool = False  # answered from queue_failures
-
-
-@dataclass
-class _User:
-    name: str
-    groups: tuple[str, ...]
-
-    @property
-    def node(self) -> str | None:  # pkg/auth/nodeidentifier
-        if "system:nodes" in self.groups and self.name.startswith("system:node:"):
-            return self.name.removeprefix("system:node:")
-        return None
 
 
 class FakeApiServer:
@@ -151,17 +129,9 @@ class FakeApiServer:
         self._failures: list[tuple[str, deque[tuple[Any, Any, dict[str, str]]]]] = []
         for node in [make_node(pki.node_name)] if nodes is None else nodes:
             self.set_node(node)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(pki.server_cert, pki.server_key)
-        context.verify_mode = ssl.CERT_OPTIONAL  # a bearer token needs no certificate
-        context.load_verify_locations(cadata=pki.ca_pem.decode())
-        self._ca_subject = _subject_of(pki.ca_cert)
-        for foreign in [pki.untrusted_ca_cert] if foreign_cas is None else foreign_cas:
-            if _subject_of(foreign) == self._ca_subject:  # told apart by the issuer's name
-                raise ValueError(f"{foreign}: a foreign CA needs a subject of its own")
-            context.load_verify_locations(cafile=str(foreign))  # refused later: 401
-        self._server = _TlsServer(self, context)
+        self._ca_subject = ca_subject(pki.ca_cert)
+        self._server = _TlsServer(self, pki.server_context(
+            [pki.untrusted_ca_cert] if foreign_cas is None else foreign_cas))
         self.port: int = self._server.server_address[1]
         self.url = f"https://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -255,7 +225,7 @@ class FakeApiServer:
         return None
 
     def _handle(self, method: str, path: str, content_type: str, body: bytes,
-                user: _User, query: str = "") -> tuple[int, dict[str, Any] | str]:
+                user: User, query: str = "") -> tuple[int, dict[str, Any] | str]:
         if method == "POST" and re.fullmatch(r"/api/v1/namespaces/[^/]+/events", path):
             return record_event(self.events, self._lock, user, path, content_type, body,
                                 self.namespaces)
@@ -335,14 +305,7 @@ class FakeApiServer:
         for key in ("uid", "resourceVersion", "creationTimestamp"):
             meta[key] = old_meta[key]
         new["kind"], new["apiVersion"] = old.get("kind", "Node"), old.get("apiVersion", "v1")
-        for field_name in ("labels", "annotations"):
-            problem = string_map_problem(meta, field_name)
-            if problem and content_type == MERGE_PATCH:  # the patched object does not decode
-                quoted = json.dumps(json.dumps(new, separators=(",", ":")))
-                raise Refused(422, status_object(422, "Invalid", f'"" is invalid: patch: '
-                                                  f"Invalid value: {quoted}: {problem}"))
-            if problem:
-                raise bad_request(problem)
+        check_decodes(new, content_type == MERGE_PATCH)
         return new
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -368,7 +331,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             parsed = None
         cn, groups = None, []
-        for rdn in (self.connection.getpeercert() or {}).get("subject", ()):
+        peer = self.connection.getpeercert() or {}
+        for rdn in peer.get("subject", ()):
             for key, value in rdn:
                 if key == "commonName":
                     cn = value
@@ -376,7 +340,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     groups.append(value)
         authorization = self.headers.get("Authorization") or ""
         unauthorized = False
-        peer = self.connection.getpeercert() or {}
         if cn is not None and tuple(peer.get("issuer", ())) != api._ca_subject:
             cn, groups, unauthorized = None, [], True  # x509: signed by unknown authority
         elif cn is None and authorization.startswith("Bearer "):
@@ -410,7 +373,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             try:
                 status, answer = api._handle(self.command, url.path, content_type.lower(), body,
-                                             _User(cn or "", tuple(groups)), url.query)
+                                             User(cn or "", tuple(groups)), url.query)
             except Refused as refusal:
                 status, answer = refusal.code, refusal.body
             except Exception:
@@ -479,13 +442,6 @@ class _TlsServer(http.server.ThreadingHTTPServer):
             for connection in list(self.connections):
                 with contextlib.suppress(OSError):
                     connection.shutdown(socket.SHUT_RDWR)
-
-
-def _subject_of(cert: Path) -> tuple[Any, ...]:
-    """A CA certificate's subject, as getpeercert() gives a peer certificate's issuer."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.load_verify_locations(cafile=str(cert))
-    return tuple(context.get_ca_certs()[0]["subject"])
 
 
 # Where a kubeadm-joined kubelet keeps its kubeconfig and rotated client credential.

@@ -11,6 +11,7 @@ import json
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 # k8s.io/kubelet/pkg/apis/well_known_labels.go: labels a kubelet may set on its own Node.
@@ -79,6 +80,20 @@ def make_node(name: str, *, gpus: int = 0, labels: dict[str, str] | None = None,
                          "osImage": "Flatcar Container Linux by Kinvolk 3975.2.2 (Oklo)"},
         },
     }
+
+
+@dataclass(frozen=True)
+class User:
+    """Who a request is: its certificate's CN and O, a token's user, or the anonymous one."""
+
+    name: str
+    groups: tuple[str, ...]
+
+    @property
+    def node(self) -> str | None:  # pkg/auth/nodeidentifier
+        if "system:nodes" in self.groups and self.name.startswith("system:node:"):
+            return self.name.removeprefix("system:node:")
+        return None
 
 
 # --- Patches, rules, Status objects ----------------------------------------------------------
@@ -253,6 +268,20 @@ def string_map_problem(meta: dict[str, Any], field_name: str) -> str | None:
             return (f"json: cannot unmarshal {kind} into Go struct field ObjectMeta.metadata."
                     f"{field_name} of type string")
     return None
+
+
+def check_decodes(node: dict[str, Any], merge: bool) -> None:
+    """A patched Node's labels and annotations decode as maps of strings, else the real
+    server's refusal: for a JSON merge patch 422 quoting the whole patched object
+    (apiserver's patch handler, `field.Invalid(field.NewPath("patch"), …)`), else 400."""
+    for field_name in ("labels", "annotations"):
+        problem = string_map_problem(node["metadata"], field_name)
+        if problem and merge:
+            quoted = json.dumps(json.dumps(node, separators=(",", ":")))
+            raise Refused(422, status_object(422, "Invalid", f'"" is invalid: patch: Invalid '
+                                             f"value: {quoted}: {problem}"))
+        if problem:
+            raise bad_request(problem)
 
 
 NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
