@@ -17,6 +17,7 @@ config = "gpunode.toml"        # optional: installed as /etc/gpunode/config.toml
 [download]
 timeout = 60                   # seconds a download may stall, 1 to 600
 attempts = 3                   # tries per download, 1 to 10
+deadline = 1800                # seconds for one artifact, every attempt together, 1 to 86400
 ```
 
 A relative path is relative to the bake config's own directory. `{version}`, `{board}`,
@@ -39,11 +40,16 @@ from gpunode.platform.host import Host
 from gpunode.platform.tomlread import key_line, loads_toml
 
 MAX_BAKE_CONFIG = 1 << 20
+DEFAULT_DEADLINE = 1800  # seconds: a 400 MB driver sysext at 250 kB/s, retries included
 PLACEHOLDERS = ("version", "board", "group", "name")
 _SHA512 = re.compile(r"[0-9a-f]{128}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.raw")
+# What the image's os-release and update.conf values must look like to fill a placeholder (and
+# name a file): one plain name (Flatcar's are "4459.2.1", "amd64-usr", "stable"), never a path.
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+_VALUE_KEYS = {"version": "VERSION", "board": "FLATCAR_BOARD", "group": "GROUP"}
 _SECTIONS = {"gpunode": ("source", "sha512"), "driver": ("name", "source", "sha512"),
-             "agent": ("config",), "download": ("timeout", "attempts")}
+             "agent": ("config",), "download": ("timeout", "attempts", "deadline")}
 # The optional artifacts' sections: read and checked by gpunode/bake/extras.py.
 _SECTIONS |= {"toolkit": ("name", "source", "sha512"),
               "prebuilt": ("kernel", "source", "sha512"),
@@ -97,6 +103,7 @@ class BakeConfig:
     timeout: int = 60
     attempts: int = 3
     text: str = ""
+    deadline: int = DEFAULT_DEADLINE
 
     def line(self, key: str) -> int | None:
         return _line(self.text, key)
@@ -145,7 +152,10 @@ def parse(text: str, shown: str) -> BakeConfig:
         agent_config = str(base / value) if not value.startswith("/") else value
     timeout = _integer(download.get("timeout", 60), "download.timeout", 1, 600, text, shown)
     attempts = _integer(download.get("attempts", 3), "download.attempts", 1, 10, text, shown)
-    config = BakeConfig(shown, base, gpunode, drivers, agent_config, timeout, attempts, text)
+    deadline = _integer(download.get("deadline", DEFAULT_DEADLINE), "download.deadline", 1,
+                        86400, text, shown)
+    config = BakeConfig(shown, base, gpunode, drivers, agent_config, timeout, attempts, text,
+                        deadline)
     for driver in drivers:
         source(config, driver, {})  # the placeholders' names and the form, before any work
     if not _FILE_NAME.fullmatch(source(config, gpunode, {}).file_name):
@@ -160,6 +170,12 @@ def source(config: BakeConfig, artifact: Artifact, values: dict[str, str]) -> So
     key = f"{artifact.key}.source"
     text = artifact.source
     if artifact.key != "gpunode":
+        stray = re.sub(r"\{[^{}]*\}", "", text)
+        if "{" in stray or "}" in stray:
+            raise BakeConfigError(config.file, key, f"{text!r}: a '{{' or '}}' that opens or "
+                                  "closes no placeholder; placeholders are "
+                                  f"{', '.join('{' + p + '}' for p in PLACEHOLDERS)} (a brace "
+                                  "in a URL is written %7B, %7D)", config.line(key))
         for name in re.findall(r"\{([^{}]*)\}", text):
             if name not in PLACEHOLDERS:
                 raise BakeConfigError(config.file, key, f"unknown placeholder {{{name}}}; "
@@ -168,14 +184,25 @@ def source(config: BakeConfig, artifact: Artifact, values: dict[str, str]) -> So
             if name not in values and values:
                 raise BakeConfigError(config.file, key, f"{{{name}}} cannot be filled: the "
                                       "image's os-release does not say it", config.line(key))
+            if name in values and not is_plain_value(values[name]):
+                raise BakeConfigError(config.file, key, f"{{{name}}} cannot be filled: the "
+                                      f"image says {_VALUE_KEYS.get(name, name)}="
+                                      f"{values[name]!r}, which is no plain name (letters, "
+                                      "digits, '.', '_', '+', '-')", config.line(key))
         for name, value in values.items():
             text = text.replace(f"{{{name}}}", value)
     return _parse_source(text, config, key)
 
 
+def is_plain_value(value: str) -> bool:
+    """Whether an os-release or update.conf value may fill a placeholder or name a file."""
+    return _PLAIN_VALUE.fullmatch(value) is not None and ".." not in value
+
+
 def _parse_source(text: str, config: BakeConfig, key: str) -> Source:
     def refuse(reason: str) -> BakeConfigError:
-        return BakeConfigError(config.file, key, f"{text!r}: {reason}", config.line(key))
+        return BakeConfigError(config.file, key, f"{masked(text)!r}: {reason}",
+                               config.line(key))
 
     if not text or not text.isprintable() or text != text.strip():
         raise refuse("must be a URL or a path, without spaces around it or control characters")
@@ -192,9 +219,42 @@ def _parse_source(text: str, config: BakeConfig, key: str) -> Source:
         return Source(None, urllib.parse.unquote(parts.path), text)
     if parts.scheme not in ("http", "https"):
         raise refuse("the bake fetches http, https or file URLs, or a path")
-    if not parts.hostname:
-        raise refuse("it names no host")
+    problem = url_problem(text)
+    if problem:
+        raise refuse(problem)
     return Source(text, None, text)
+
+
+def masked(text: str) -> str:
+    """A source as a message may show it: a user and password in a URL replaced by '***'."""
+    if "@" not in text or "://" not in text:
+        return text
+    scheme, _, rest = text.partition("://")
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}" if "@" in netloc \
+        else text
+
+
+def url_problem(text: str) -> str | None:
+    """Why an http(s) URL cannot be fetched as written, or None. What urllib would fail on
+    late and obscurely is refused here: characters outside ASCII (urllib sends none: the host
+    is written in its xn-- form, the path percent-encoded), spaces and control characters,
+    and a user or password (urllib sends no credentials from a URL, and gpunode sends none:
+    a redirect would carry them to another host)."""
+    parts = urllib.parse.urlsplit(text)
+    if not parts.hostname:
+        return "it names no host"
+    if parts.username is not None or parts.password is not None:
+        return ("a user or password in the URL: gpunode sends no credentials; put the file "
+                "where it can be fetched without, or fetch it first and name the file")
+    odd = next((c for c in text if not c.isascii() or not c.isprintable() or c.isspace()),
+               None)
+    if odd is not None:
+        where = "host" if odd in (parts.hostname or "") else "URL"
+        how = ("write the host in its ASCII (xn--) form" if where == "host" else
+               "percent-encode it (a space is %20, é is %C3%A9)")
+        return f"the {where} holds {odd!r}, which a URL cannot carry as it is: {how}"
+    return None
 
 
 def _artifact(value: Any, key: str, name: str | None, text: str, shown: str) -> Artifact:

@@ -173,6 +173,10 @@ def _url(config: BakeConfig, value: str, key: str) -> str:
     if not value or not value.isprintable() or value != value.strip():
         raise _refuse(config, key, f"{value!r}: must be a URL or a path, without spaces "
                       "around it or control characters")
+    if value.startswith(("http://", "https://")):
+        problem = bake_config.url_problem(value)
+        if problem:
+            raise _refuse(config, key, f"{bake_config.masked(value)!r}: {problem}")
     return value if "://" in value or value.startswith("/") else str(config.base / value)
 
 

@@ -21,12 +21,13 @@ Where things go, and why:
 - The bake manifest `/etc/gpunode/baked.json`: what was baked, its version, sha512 and source.
 
 Everything is checked before anything is written: the bake config, the image's os-release,
-each artifact (fetched into a temporary name beside its place and verified there). Only then
-are the artifacts renamed into place, the small files and links written (each only when its
-bytes or target differ) and the manifest last. A second bake with the same inputs fetches
-nothing and writes nothing. No process runs (but the builder of a `[build]`, in its own
-container) and no service is asked: the build host's kernel and services are never touched,
-whatever the root. The optional artifacts (toolkit sysext, prebuilt modules, a build):
+every path the bake will write (gpunode/bake/place.py), each artifact (fetched into a temporary
+name beside its place and verified there). Only then are the artifacts renamed into place, the
+small files and links written (each only when its bytes or target differ) and the manifest
+last; a change that fails there undoes the ones before it. A second bake with the same
+inputs fetches nothing and writes nothing. No process runs (but the builder of a `[build]`,
+in its own container) and no service is asked: the build host's kernel and services are never
+touched, whatever the root. The optional artifacts (toolkit sysext, prebuilt modules, a build):
 gpunode/bake/optional.py.
 """
 
@@ -39,13 +40,13 @@ from typing import Any
 
 from gpunode import __version__, log
 from gpunode.bake import config as bake_config
-from gpunode.bake import extras, fetch, optional
+from gpunode.bake import extras, fetch, optional, place
 from gpunode.bake.manifest import MANIFEST, OS_RELEASES, SCHEMA_VERSION
 from gpunode.config import DEFAULT_CONFIG_PATH
 from gpunode.delivery.ignition import EXTENSION_LINK, EXTENSIONS_DIR, UNIT_NAMES
 from gpunode.driver import branches, nouveau
 from gpunode.driver.branches import SYSEXT_DIR, driver_path
-from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, UsageError
+from gpunode.errors import BakeConfigError, ConfigError, GpunodeError, HostError, UsageError
 from gpunode.platform import envfile, flatcar, nodelock
 from gpunode.platform.host import Host
 from gpunode.platform.nodepaths import TEMP_SUFFIX
@@ -115,20 +116,53 @@ def command(host: Host, args: argparse.Namespace) -> int:
 
 
 def read_image(host: Host) -> Image:
-    text = next((t for p in OS_RELEASES if (t := host.read_optional(p)) is not None), None)
+    """The image's facts; a root without a readable os-release, or a Flatcar one whose
+    VERSION, FLATCAR_BOARD or update GROUP is no plain name, is a UsageError (exit 2)."""
+    release_path, text = _first_readable(host, OS_RELEASES)
     if text is None:
         raise UsageError(f"--root {host.root}: no os-release ({' or '.join(OS_RELEASES)}): "
                          "not the root of an OS image", "name the image's root directory (/ "
                          "inside the image-build machine)")
     release = envfile.values(text)
-    update = next((envfile.values(t) for p in UPDATE_CONFS
-                   if (t := host.read_optional(p)) is not None and "GROUP" in envfile.values(t)),
-                  {})
+    update_path, update = None, {}
+    for path in UPDATE_CONFS:
+        found = _first_readable(host, (path,))[1]
+        if found is not None and "GROUP" in envfile.values(found):
+            update_path, update = path, envfile.values(found)
+            break
     kernels = [k for k in host.list_dir("/usr/lib/modules") if host.exists(
         f"/usr/lib/modules/{k}/modules.dep") or host.exists(f"/usr/lib/modules/{k}/kernel")]
-    return Image(release.get("ID", ""), release.get("VERSION") or None,
-                 release.get("FLATCAR_BOARD") or None, update.get("GROUP") or None,
-                 kernels[0] if len(kernels) == 1 else None)
+    image = Image(release.get("ID", ""), release.get("VERSION") or None,
+                  release.get("FLATCAR_BOARD") or None, update.get("GROUP") or None,
+                  kernels[0] if len(kernels) == 1 else None)
+    if image.os_id == "flatcar":
+        for key, noun, value, where in (
+                ("VERSION", "version", image.version, release_path),
+                ("FLATCAR_BOARD", "board", image.board, release_path),
+                ("GROUP", "update group", image.group, update_path)):
+            if value is not None and not bake_config.is_plain_value(value):
+                raise UsageError(f"--root {host.root}: {host.display(str(where))} says "
+                                 f"{key}={value!r}, which is not a Flatcar {noun} "
+                                 "(letters, digits, '.', '_', '+', '-'): it would name files "
+                                 "and URLs", "check the image's root: a Flatcar image's own "
+                                 "files say e.g. VERSION=4459.2.1, FLATCAR_BOARD=amd64-usr, "
+                                 "GROUP=stable")
+    return image
+
+
+def _first_readable(host: Host, paths: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """The first of `paths` that exists, and its text; one that exists but cannot be read
+    (a FIFO, a directory, not UTF-8) is a UsageError naming it: the root is not an image."""
+    for path in paths:
+        try:
+            text = host.read_optional(path)
+        except HostError as exc:
+            raise UsageError(f"--root {host.root}: {exc.path}: {exc.reason}", "name the "
+                             "image's root directory; its os-release and update.conf are "
+                             "small UTF-8 files") from None
+        if text is not None:
+            return path, text
+    return None, None
 
 
 def plan(host: Host, config: bake_config.BakeConfig, image: Image) -> list[Placed]:
@@ -189,31 +223,77 @@ def _agent_config(config: bake_config.BakeConfig, host: Host) -> bytes | None:
 
 def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: list[Placed],
           agent_text: bytes | None, more: optional.Plan | None = None) -> list[str]:
-    """Fetch and verify every artifact that must be, then place them all; what changed.
-    `more`: the optional artifacts (gpunode/bake/optional.py), staged last, placed first."""
+    """Check every path the bake will write, fetch and verify every artifact that must be,
+    then place them all; what changed. `more`: the optional artifacts
+    (gpunode/bake/optional.py), staged last, placed first. A refusal before the placement
+    leaves nothing; one during it is undone (gpunode/bake/place.py)."""
     more = more or optional.Plan()
+    previous = _previous(host)
+    files, links = _small_files(host, artifacts, previous, agent_text)
+    stale = _stale(previous, artifacts)
+    more_links, more_paths = optional.touched(more)
+    for path in [*files, MANIFEST]:
+        place.check_file(host, path)
+    for path in [*links, *more_links]:
+        place.check_link(host, path)
+    for path in [a.path for a in artifacts] + stale + more_paths:
+        place.check_rename(host, path)
     staged: list[Placed] = []
     made: list[str] = []  # directories made for the stages: removed again when one fails
     try:
         for a in artifacts:
             if a.fetch:
-                made += optional.make_dirs(host, a.path.rpartition("/")[0])
+                made += place.make_dirs(host, a.path.rpartition("/")[0])
                 fetch.stage(host, a.stage, a.source, a.sha512, f"{a.what} {a.name}",
-                            config.timeout, config.attempts)
+                            config.timeout, config.attempts, config.deadline)
                 staged.append(a)
         optional.stage(host, config, more)  # removes what it made itself when it fails
     except BaseException:
-        for a in staged:
-            host.remove(a.stage)
-        for directory in reversed(made):
-            host.remove_dir(directory)
+        _remove_stages(host, staged, made)
         raise
-    changed = []
+    placement = place.Placement(host)
+    changed: list[str] = []
+    try:
+        for a in staged:
+            placement.rename(a.stage, a.path)
+            changed.append(host.display(a.path))
+        changed += optional.place(host, more, placement)
+        for path, data in files.items():
+            if host.read_optional_bytes(path) != data:
+                placement.write(path, data)
+                changed.append(host.display(path))
+        for path, target in links.items():
+            if host.read_link(path) != target:
+                placement.link(path, target)
+                changed.append(host.display(path))
+        for old in stale:
+            placement.remove(old)
+            changed.append(f"removed {host.display(old)}")
+        manifest = render_manifest(image, artifacts, agent_text, config,
+                                   optional.entries(host, more))
+        if host.read_optional_bytes(MANIFEST) != manifest:
+            placement.write(MANIFEST, manifest)
+            changed.append(host.display(MANIFEST))
+    except BaseException:
+        placement.rollback()
+        optional.unstage(host, more)
+        _remove_stages(host, staged, made)
+        raise
+    placement.commit()
+    return changed
+
+
+def _remove_stages(host: Host, staged: list[Placed], made: list[str]) -> None:
     for a in staged:
-        host.rename(a.stage, a.path)
-        changed.append(host.display(a.path))
-    changed += optional.place(host, more)
-    previous = _previous(host)
+        host.remove(a.stage)
+    for directory in reversed(made):
+        host.remove_dir(directory)
+
+
+def _small_files(host: Host, artifacts: list[Placed], previous: dict[str, Any],
+                 agent_text: bytes | None) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The small files (path → bytes) and links (path → target) the bake writes, from what
+    the image holds now (read here, before anything is fetched)."""
     links = {EXTENSION_LINK: artifacts[0].path, f"{UNIT_DIR}/{flatcar.NVIDIA_UNIT}": "/dev/null",
              **{f"{WANTS_DIR}/{unit}": f"{SYSEXT_UNITS}/{unit}" for unit in UNIT_NAMES},
              **{a.extra["link"]: a.path for a in artifacts[1:] if a.extra["link"]}}
@@ -226,23 +306,7 @@ def apply(host: Host, config: bake_config.BakeConfig, image: Image, artifacts: l
         files[flatcar.ENABLED_SYSEXT] = enabled
     if agent_text is not None:
         files[AGENT_CONFIG] = agent_text
-    for path, data in files.items():
-        if host.read_optional_bytes(path) != data:
-            host.write_atomic(path, data, make_parents=True)
-            changed.append(host.display(path))
-    for path, target in links.items():
-        if host.read_link(path) != target:
-            host.symlink(path, target)
-            changed.append(host.display(path))
-    for old in _stale(previous, artifacts):
-        host.remove(old)
-        changed.append(f"removed {host.display(old)}")
-    manifest = render_manifest(image, artifacts, agent_text, config,
-                               optional.entries(host, more))
-    if host.read_optional_bytes(MANIFEST) != manifest:
-        host.write_atomic(MANIFEST, manifest, make_parents=True)
-        changed.append(host.display(MANIFEST))
-    return changed
+    return files, links
 
 
 def _previous(host: Host) -> dict[str, Any]:

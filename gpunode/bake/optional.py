@@ -37,6 +37,7 @@ from typing import Any
 from gpunode.bake import archive, fetch
 from gpunode.bake import config as bake_config
 from gpunode.bake.extras import Extras, toolkit_version
+from gpunode.bake.place import Placement, make_dirs
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig, BuildConfig, DriverConfig
 from gpunode.driver import build as driver_build
 from gpunode.driver import cache, modules
@@ -99,10 +100,6 @@ class ModuleSet:
     @property
     def staged(self) -> str:
         return self._beside("bake")
-
-    @property
-    def aside(self) -> str:
-        return self._beside("old")
 
     @property
     def version(self) -> str | None:
@@ -288,7 +285,7 @@ def stage(host: Host, config: bake_config.BakeConfig, the_plan: Plan) -> None:
             made += make_dirs(host, t.path.rpartition("/")[0])
             _sweep(host, t.path)
             fetch.stage(host, t.stage, t.source, t.sha512, f"{TOOLKIT} {t.name}",
-                        config.timeout, config.attempts)
+                        config.timeout, config.attempts, config.deadline)
         for s in the_plan.prebuilt:
             if s.fetch:
                 made += make_dirs(host, s.path.rpartition("/")[0])
@@ -314,7 +311,8 @@ def stage(host: Host, config: bake_config.BakeConfig, the_plan: Plan) -> None:
 
 def _unpack(host: Host, config: bake_config.BakeConfig, s: ModuleSet) -> None:
     what = f"{PREBUILT} {s.kernel}"
-    fetch.stage(host, s.archive, s.source, s.sha512, what, config.timeout, config.attempts)
+    fetch.stage(host, s.archive, s.source, s.sha512, what, config.timeout, config.attempts,
+                config.deadline)
     host.make_dirs(s.staged)
     s.files = archive.unpack(host, s.archive, s.staged, what, s.source.shown)
     host.remove(s.archive)
@@ -332,48 +330,54 @@ def _sweep(host: Host, path: str) -> None:
             host.remove_tree(f"{directory}/{entry}")
 
 
-def make_dirs(host: Host, directory: str) -> list[str]:
-    """Make `directory` and its missing parents; those it made, outermost first (for a failed
-    bake to remove again)."""
-    missing = []
-    while directory not in ("", "/") and host.lstat(directory) is None:
-        missing.insert(0, directory)
-        directory = directory.rpartition("/")[0]
-    for path in missing:
-        host.make_dirs(path)
-    return missing
-
-
 # -- place ---------------------------------------------------------------------------------------
 
 
-def place(host: Host, the_plan: Plan) -> list[str]:
+def touched(the_plan: Plan) -> tuple[list[str], list[str]]:
+    """What place() will write — (links, paths renamed into place or removed) — for the bake
+    to check before anything is fetched (gpunode/bake/place.py)."""
+    t = the_plan.toolkit
+    paths = ([t.path] if t else []) + [s.path for s in the_plan.prebuilt] + \
+        [b.plan.entry for b in the_plan.builds] + _stale(the_plan)
+    return ([t.link] if t else []), paths
+
+
+def place(host: Host, the_plan: Plan, placement: Placement) -> list[str]:
     """Rename what was staged into place, link the toolkit, remove what an earlier bake
-    placed that this one no longer bakes; what changed."""
+    placed that this one no longer bakes, each through `placement` (gpunode/bake/place.py:
+    undone when a later change fails); what changed."""
     changed = []
     t = the_plan.toolkit
     if t is not None:
         if t.fetch:
-            host.rename(t.stage, t.path)
+            placement.rename(t.stage, t.path)
             changed.append(host.display(t.path))
         if host.read_link(t.link) != t.path:
-            host.symlink(t.link, t.path)
+            placement.link(t.link, t.path)
             changed.append(host.display(t.link))
     for s in the_plan.prebuilt:
         if s.fetch:
-            if host.lstat(s.path) is not None:
-                host.rename(s.path, s.aside)
-            host.rename(s.staged, s.path)
-            host.remove_tree(s.aside)
+            placement.rename(s.staged, s.path)
             changed.append(host.display(s.path))
-    changed += [host.display(b.plan.entry) for b in the_plan.builds if b.build and not b.hit]
+    for b in the_plan.builds:
+        if b.build and not b.hit:
+            placement.built(b.plan.entry)  # published by driver/build.py while staging
+            changed.append(host.display(b.plan.entry))
     for path in _stale(the_plan):
-        host.remove_tree(path)
+        placement.remove(path)
         changed.append(f"removed {host.display(path)}")
         parent = path.rpartition("/")[0]
         if parent.startswith((f"{EXTENSIONS_DIR}/", f"{cache.CACHE_ROOT}/")):
-            host.remove_dir(parent)  # the old toolkit's or kernel's directory, when empty
+            placement.remove_dir(parent)  # the old toolkit's or kernel's directory, if empty
     return changed
+
+
+def unstage(host: Host, the_plan: Plan) -> None:
+    """What stage() left that place() did not take: removed after a refused placement."""
+    for path in [the_plan.toolkit.stage] if the_plan.toolkit else []:
+        host.remove(path)
+    for s in the_plan.prebuilt:
+        host.remove_tree(s.staged)
 
 
 def _stale(the_plan: Plan) -> list[str]:

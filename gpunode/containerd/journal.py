@@ -14,6 +14,11 @@ change is one transaction, an undo journal:
    emptied directories are removed.
 3. The journal is removed (and its directory fsynced): that is the commit.
 
+On a tree without /var/lib (an image root), the journal's directory is made and removed with
+the journal in it, each in one rename through a temporary name (`.var.journal.gpunode-tmp`,
+swept with the node lock held): a kill on either side of the journal never leaves a /var/lib
+that no record says gpunode made.
+
 Every later configure, revert and boot first calls `recover()`: with a journal present, the
 interrupted change is rolled back (each file put back as the journal has it, created
 directories removed when empty, removed ones made again), then the journal is removed. Rolling
@@ -48,6 +53,7 @@ from typing import Any
 from gpunode.errors import ContainerdStepError, GpunodeError, JournalError
 from gpunode.platform import records
 from gpunode.platform.host import Host
+from gpunode.platform.nodepaths import TEMP_SUFFIX
 
 JOURNAL = "/var/lib/gpunode.containerd-journal"
 SCHEMA = 1
@@ -127,8 +133,7 @@ def commit(host: Host, writes: Sequence[Write], target: str,
         "created_dirs": created,
         "removed_dirs": [d for d in remove_dirs if host.exists(d)],
     }
-    host.write_atomic(JOURNAL, json.dumps(record).encode(),
-                      attrs=(0o600, os.getuid(), os.getgid()), make_parents=True)
+    _write_journal(host, json.dumps(record).encode(), created)
     try:
         for directory in created:
             host.make_dirs(directory)
@@ -146,13 +151,78 @@ def commit(host: Host, writes: Sequence[Write], target: str,
                 "the next 'gpunode containerd configure' or 'revert' rolls the change back "
                 "once the cause is fixed") from failure
         raise
-    host.remove(JOURNAL)
     # The journal's own directory, on a tree that had none: made for this change (`created`),
     # or one the change removes (a revert of the change that made /var/lib) that the journal
     # itself kept from being removed while it was there.
     own = [d for d in record["removed_dirs"] if JOURNAL.startswith(d.rstrip("/") + "/")]
+    _drop_journal(host, [*created, *own])
     _remove_empty(host, [*created, *own])
     return Committed(undo, target, [d for d in created if host.exists(d)])
+
+
+def _write_journal(host: Host, data: bytes, created: Sequence[str]) -> None:
+    """Write the journal; on a tree without its directory (/var/lib, a fresh image root), in
+    that directory made under a temporary name and renamed into place with the journal in
+    it: a kill in between leaves only the temporary name (sweep_stage), never a /var/lib that
+    no record says gpunode made (the next run would take it for the tree's own)."""
+    attrs = (0o600, os.getuid(), os.getgid())
+    outer = next((d for d in created if JOURNAL.startswith(d.rstrip("/") + "/")), None)
+    if outer is None:
+        host.write_atomic(JOURNAL, data, attrs=attrs)
+        return
+    stage = _stage_of(outer)
+    host.remove_tree(stage)
+    inside = stage + JOURNAL[len(outer):]
+    host.make_dirs(inside.rpartition("/")[0])
+    host.write_atomic(inside, data, attrs=attrs)
+    host.rename(stage, outer)
+
+
+def _drop_journal(host: Host, directories: Sequence[str]) -> list[str]:
+    """Remove the journal — the commit — and with it, in the same rename, the outermost of
+    `directories` (made for the change) that holds nothing else: a kill right after cannot
+    leave a /var/lib that no record names. The directories removed with it."""
+    chain = sorted((d for d in directories if JOURNAL.startswith(d.rstrip("/") + "/")),
+                   key=len)
+    outer = next((d for d in chain if _holds_only_journal(host, d)), None)
+    if outer is None:
+        host.remove(JOURNAL)
+        return []
+    stage = _stage_of(outer)
+    host.remove_tree(stage)
+    host.rename(outer, stage)
+    host.remove_tree(stage)
+    return [d for d in reversed(chain) if len(d) >= len(outer)]
+
+
+def _holds_only_journal(host: Host, directory: str) -> bool:
+    path = directory.rstrip("/")
+    for name in JOURNAL[len(path) + 1:].split("/"):
+        if host.list_dir(path) != [name]:
+            return False
+        path = f"{path}/{name}"
+    st = host.lstat(path)
+    return st is not None and stat.S_ISREG(st.st_mode)
+
+
+def _stage_of(directory: str) -> str:
+    parent, _, name = directory.rpartition("/")
+    return f"{parent}/.{name}.journal{TEMP_SUFFIX}"
+
+
+def sweep_stage(host: Host) -> list[str]:
+    """Remove what a kill inside _write_journal left (a temporary directory); those removed.
+    Called with the node lock held (gpunode.platform.nodelock), before any change."""
+    removed = []
+    directory = JOURNAL.rpartition("/")[0]
+    while directory not in ("", "/"):
+        stage = _stage_of(directory)
+        st = host.lstat(stage)
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            host.remove_tree(stage)
+            removed.append(stage)
+        directory = directory.rpartition("/")[0]
+    return removed
 
 
 def _remove_empty(host: Host, directories: Sequence[str]) -> list[str]:
@@ -190,7 +260,7 @@ def recover(host: Host, targets: Collection[str]) -> list[str]:
         _apply(host, write)
         done.append(f"{'remove' if write.data is None else 'restore'} {write.path}")
     done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
-    host.remove(JOURNAL)
+    done += [f"remove {d}" for d in _drop_journal(host, record["created_dirs"])]
     done += [f"remove {d}" for d in _remove_empty(host, record["created_dirs"])]
     return done
 

@@ -71,8 +71,8 @@ class Ledger:
             "schema_version": SCHEMA, "target": self.target, "copied_from": self.copied_from,
             "backup": self.backup, "dropin": self.dropin, "import_file": self.import_file,
             "added_runtime": self.added_runtime,
-            "changes": [{"path": list(c.path), "before": c.before, "after": c.after}
-                        for c in self.changes],
+            "changes": [{"path": list(c.path), "before": to_json_value(c.before),
+                         "after": to_json_value(c.after)} for c in self.changes],
             "written_sha256": self.written_sha256, "others_edited": self.others_edited,
             "written": dict(sorted(self.written.items())),
             "created_dirs": list(self.created_dirs),
@@ -83,6 +83,55 @@ class Ledger:
 
     def with_dirs(self, dirs: list[str]) -> Ledger:
         return replace(self, created_dirs=tuple(dict.fromkeys([*self.created_dirs, *dirs])))
+
+
+# TOML values JSON has no form for (a date or time, inf, nan), as the ledger writes them: one
+# object each, {"$toml": kind, "value": text}, read back to the very value tomllib gives.
+TOML_TAG = "$toml"
+
+
+def to_json_value(value: Any) -> Any:
+    """A TOML value (from tomllib) as JSON can hold it, and from_json_value reads back."""
+    import datetime
+    import math
+
+    if isinstance(value, dict):
+        return {k: to_json_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_json_value(v) for v in value]
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        kind = type(value).__name__  # datetime, date, time (a datetime is also a date)
+        return {TOML_TAG: kind, "value": value.isoformat()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {TOML_TAG: "float", "value": repr(value)}  # inf, -inf, nan
+    return value
+
+
+def from_json_value(value: Any, fail: Any) -> Any:
+    """to_json_value's value read back; `fail(reason)` for a tag that names no TOML value."""
+    import datetime
+
+    if isinstance(value, list):
+        return [from_json_value(v, fail) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if set(value) != {TOML_TAG, "value"}:
+        return {k: from_json_value(v, fail) for k, v in value.items()}
+    kinds = {"datetime": datetime.datetime.fromisoformat, "date": datetime.date.fromisoformat,
+             "time": datetime.time.fromisoformat, "float": _non_finite}
+    kind, text = value[TOML_TAG], value["value"]
+    if kind not in kinds or not isinstance(text, str):
+        fail(f"has a {TOML_TAG} value of kind {kind!r}; valid are {', '.join(kinds)}")
+    try:
+        return kinds[kind](text)
+    except ValueError:
+        fail(f"has a {TOML_TAG} {kind} value {text[:40]!r} that is not one")
+
+
+def _non_finite(text: str) -> float:
+    if text not in ("inf", "-inf", "nan"):
+        raise ValueError(text)
+    return float(text)
 
 
 def read(host: Host) -> Ledger | None:
@@ -217,6 +266,10 @@ class _Reader(records.Reader):
                     isinstance(p, str) for p in path):
                 self.fail(f"{key}.path", f"is {_kind(path)}, expected a non-empty list of "
                           "strings")
-            found.append(Change(tuple(path), entry["before"], entry["after"]))
+            def fail(reason: str, key: str = key) -> None:
+                self.fail(key, reason)
+
+            found.append(Change(tuple(path), from_json_value(entry["before"], fail),
+                                from_json_value(entry["after"], fail)))
         return tuple(found)
 

@@ -26,7 +26,7 @@ from gpunode.driver.flavour import Need
 from gpunode.errors import DriverError
 
 # Flatcar's driver sysext names (flatcar/scripts build_library/extra_sysexts.sh).
-NAME = r"nvidia-drivers-(\d+)(-open)?"  # compiled when first used (re keeps it)
+NAME = r"nvidia-drivers-([0-9]{1,6})(-open)?"  # compiled when first used (re keeps it)
 SYSEXT_DIR = "/etc/flatcar/sysext"  # where Flatcar's initramfs looks (docs/image-bake.md)
 # architecture → (oldest branch that drives it, newest branch that still does); None: no bound.
 SUPPORT: dict[str, tuple[int | None, int | None]] = {

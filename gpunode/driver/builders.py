@@ -13,13 +13,12 @@ read under the fetcher's Host. The compiler runs through gpunode.platform.comman
 
 from __future__ import annotations
 
-import time
 import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from gpunode import log
 from gpunode.driver.build import INSTALLER_NAME, fill
@@ -63,29 +62,35 @@ class UrlFetcher:
         _REAL.write_atomic(str(dest_path), self._chunks(url), mode=0o644)
 
     def _chunks(self, url: str) -> Iterator[bytes]:
-        import http.client  # only a build that downloads needs the network side
-
         try:
             local = _local_path(url)
             if local is not None:
                 yield from self.host.read_chunks(local)
                 return
-            ends = time.monotonic() + self.deadline
-            with self._open(url) as source:
-                while chunk := source.read(CHUNK):
-                    yield chunk
-                    if time.monotonic() > ends:
-                        raise TimeoutError(f"not complete after {self.deadline:.0f} s")
+            yield from self._download(url)
         except HostError as exc:
             raise DriverBuildError("download", url, exc.reason, hint=_HINT) from exc
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            raise DriverBuildError("download", url, _reason(exc), hint=_HINT) from exc
+        except ValueError as exc:  # a file:// URL of another host
+            raise DriverBuildError("download", url, str(exc), hint=_HINT) from exc
 
-    def _open(self, url: str) -> BinaryIO:
+    def _download(self, url: str) -> Iterator[bytes]:
+        import http.client  # only a build that downloads needs the network side
         import urllib.request
 
+        from gpunode.platform.deadline import Deadline, urlopen
+
         request = urllib.request.Request(url, headers={"User-Agent": "gpunode"})
-        return urllib.request.urlopen(request, timeout=self.timeout)
+        with Deadline(self.deadline) as overall:
+            try:
+                with urlopen(request, self.timeout, overall) as source:
+                    while chunk := source.read(CHUNK):
+                        yield chunk
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                if not overall.expired:
+                    raise DriverBuildError("download", url, _reason(exc), hint=_HINT) from exc
+            if overall.expired:  # its sockets shut down under the read: no end of the file
+                raise DriverBuildError("download", url, f"not complete within the deadline of "
+                                       f"{self.deadline:.0f} s", hint=_HINT)
 
 
 _HINT = "check the node's network (or the mirror) and the URL in driver.build"

@@ -283,9 +283,14 @@ def detect(host: Host, vendor: str | None = NVIDIA_VENDOR_ID,
     # An NVIDIA function whose class cannot be read may be a GPU just the same.
     undecided += [f.address for f in functions
                   if f.class_code is None and f.vendor_id == NVIDIA_VENDOR_ID]
+    try:
+        nouveau = module_loaded(host, "nouveau")
+    except HostError as exc:  # /proc/modules a FIFO, say: listed, as every unreadable file is
+        problems.append(f"{exc.path}: {exc.reason}; cannot tell whether nouveau is loaded")
+        nouveau = False
     return Detection(
         functions=tuple(functions),
-        nouveau_loaded=module_loaded(host, "nouveau"),
+        nouveau_loaded=nouveau,
         names_source=names_source,
         source=source,
         problems=tuple(problems),

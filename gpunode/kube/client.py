@@ -22,6 +22,7 @@ from gpunode import log
 from gpunode.errors import ApiError, KubeconfigError, ReplyError
 from gpunode.kube.kubeconfig import Kubeconfig, kind_of, read_kubeconfig
 from gpunode.platform import records
+from gpunode.platform.deadline import Connection, Deadline
 
 __all__ = ["Kubeconfig", "NodeApi", "parse_node", "parse_node_list", "read_kubeconfig",
            "with_retries"]
@@ -53,7 +54,8 @@ class NodeApi:
         self.calls: list[str] = []  # "GET path", "PATCH path": what was asked, for `status`
 
     def get_node(self, name: str) -> dict[str, Any]:
-        return self._request("GET", f"/api/v1/nodes/{name}", None, None, f"get node {name}")
+        return self._request("GET", f"/api/v1/nodes/{name}", None, None, f"get node {name}",
+                             hint=_get_hint)
 
     def patch_node(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._request("PATCH", f"/api/v1/nodes/{name}", body, MERGE_PATCH,
@@ -89,17 +91,29 @@ class NodeApi:
         if body is not None and content_type is not None:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        connection = http.client.HTTPSConnection(self.host, self.port, context=self.context,
-                                                 timeout=self.timeout)
-        try:
-            connection.request(method, self.base + path, body=payload, headers=headers)
-            response = connection.getresponse()
-            data = response.read(MAX_REPLY + 1)
-        except (OSError, http.client.HTTPException) as exc:
-            raise ApiError(what, None, f"{self.config.server}: {exc or type(exc).__name__}") \
-                from exc
-        finally:
-            connection.close()
+        # One deadline for all of it (connect, TLS, request, the whole reply): a server that
+        # drips its answer never trips a socket timeout (gpunode/deadline.py).
+        with Deadline(self.timeout) as deadline:
+            connection = Connection(self.host, self.port, timeout=self.timeout,
+                                    deadline=deadline, context=self.context)
+            try:
+                connection.request(method, self.base + path, body=payload, headers=headers)
+                response = connection.getresponse()
+                data = response.read(MAX_REPLY + 1)
+            except (OSError, http.client.HTTPException) as exc:
+                if deadline.expired or isinstance(exc, TimeoutError):  # one limit, one message
+                    raise ApiError(what, None, self._late()) from None
+                raise ApiError(what, None, f"{self.config.server}: "
+                               f"{exc or type(exc).__name__}") from exc
+            finally:
+                connection.close()
+            if deadline.expired:  # the reply ended where the deadline shut the socket down
+                raise ApiError(what, None, self._late())
+        if 300 <= response.status < 400:  # a proxy or load balancer in front, most likely
+            location = _terminal(response.getheader("Location") or "", 200)
+            raise ApiError(what, response.status, f"a redirect to {location or 'nowhere'}, "
+                           "which gpunode does not follow", "point the kubeconfig's server at "
+                           "the API server itself (an API server never redirects these calls)")
         if response.status >= 400:
             raise ApiError(what, response.status, _status_message(data),
                            (hint or _hint)(response.status))
@@ -110,7 +124,14 @@ class NodeApi:
                                      response.getheader("Content-Type") or "no content type")
 
 
+    def _late(self) -> str:
+        return (f"{self.config.server}: no whole answer within {self.timeout:g} s "
+                "(kubernetes.request_timeout: the deadline of each call, connection and "
+                "reply included)")
+
+
 MAX_REPLY = 64 << 20  # bytes of one reply: a page of 500 Nodes is a few MiB
+MAX_MESSAGE = 300  # characters of a server's error message shown (a 422 may embed a Node)
 
 
 def parse_node_list(data: bytes, what: str, url: str, content_type: str = "") -> dict[str, Any]:
@@ -191,11 +212,24 @@ def _load_client(context: ssl.SSLContext, config: Kubeconfig) -> None:
 
 
 def _status_message(data: bytes) -> str:
+    """The Status object's message (or the body's start), as a terminal can show it."""
     try:
-        return str(records.loads_json(data, "reply").get("message")
-                   or data[:200].decode(errors="replace"))
+        message = records.loads_json(data, "reply").get("message")
     except (ValueError, AttributeError):
-        return data[:200].decode(errors="replace")
+        message = None
+    text = message if isinstance(message, str) and message else \
+        data[:MAX_MESSAGE * 4].decode(errors="replace")
+    return _terminal(text, MAX_MESSAGE)
+
+
+def _terminal(text: str, limit: int) -> str:
+    """One line: control characters escaped, runs of white space one space, cut at `limit`
+    characters saying how long it was (a 422 for a label embeds the whole Node: kilobytes)."""
+    line = " ".join("".join(c if c.isprintable() or c.isspace() else repr(c)[1:-1]
+                            for c in text).split())
+    if len(line) <= limit:
+        return line
+    return f"{line[:limit]}… ({len(line)} characters, cut)"
 
 
 def _hint(status: int) -> str:
@@ -203,8 +237,26 @@ def _hint(status: int) -> str:
         return ("the API server's NodeRestriction admission refused it: a kubelet may only "
                 "label its own Node, outside kubernetes.io/ and k8s.io/")
     if status == 401:
-        return "the kubelet's client certificate is not accepted: is it expired?"
+        return _UNAUTHORIZED
     return ""
+
+
+# kubernetes.io/docs/reference/access-authn-authz/authentication/#x509-client-certificates:
+# a certificate the API server's --client-ca-file did not sign is no identity (401).
+_UNAUTHORIZED = ("the API server does not accept the kubelet's client certificate: is it "
+                 "expired, or signed by another CA than the cluster's (a kubeconfig or "
+                 "certificate of another cluster, or a cluster whose CA was rotated)?")
+
+
+def _get_hint(status: int) -> str:
+    # plugin/pkg/auth/authorizer/node/node_authorizer.go: with AuthorizeNodeWithSelectors (on
+    # by default since 1.32) a node may get only its own Node; NodeRestriction is admission,
+    # which a GET never reaches.
+    if status == 403:
+        return ("the API server's Node authorizer refused it: a kubelet may read only its own "
+                "Node. Is this node's name right (kubernetes.node_name, else the kubelet's "
+                "--hostname-override, else the hostname), as the kubelet registered it?")
+    return _hint(status)
 
 
 def _list_hint(status: int) -> str:
@@ -219,7 +271,8 @@ def _list_hint(status: int) -> str:
                 "own Node)")
     if status == 401:
         return ("the API server does not accept this kubeconfig's credential: an expired "
-                "certificate or token, or one of another cluster?")
+                "certificate or token, or one of another cluster (a certificate signed by "
+                "another CA than the cluster's)?")
     if status == 410:
         return ("the listing took longer than the API server keeps a continue token; run it "
                 "again")

@@ -243,11 +243,25 @@ def _server(shown: str, value: object) -> str:
             problem = "gpunode talks to the API server over https only"
         elif not url.hostname:
             problem = "it names no host"
-        elif any(c.isspace() or not c.isprintable() for c in value):
-            problem = "it holds whitespace or control characters"
+        elif url.username is not None or url.password is not None:
+            # Never logged or shown: basic authentication was removed in Kubernetes 1.19.
+            problem = ("it holds a user or password, which gpunode never sends (basic "
+                       "authentication was removed from Kubernetes in 1.19)")
+        elif any(c.isspace() or not c.isprintable() or not c.isascii() for c in value):
+            problem = ("it holds whitespace or control characters, or characters outside "
+                       "ASCII (an international host is written in its xn-- form)")
     if problem:
-        raise KubeconfigError(shown, f"server {value!r} is not a usable URL: {problem}")
+        raise KubeconfigError(shown, f"server {masked(value)!r} is not a usable URL: {problem}")
     return value
+
+
+def masked(url: str) -> str:
+    """A URL as a message may show it: a user and password replaced by '***'."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    if not sep or "@" not in netloc:
+        return url
+    return f"{scheme}://***@{netloc.rpartition('@')[2]}{slash}{path}"
 
 
 def _keys(doc: dict[Any, Any]) -> str:

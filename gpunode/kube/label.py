@@ -64,7 +64,10 @@ def desired(facts: status.StatusFacts, report: status.Report) -> Desired:
     False with status's failing checks as the reason; `undecided` says why (`label` then
     exits 1)."""
     name = facts.node_name.require()
-    condition = labels.condition_for([(c.name, c.state, c.detail) for c in report.checks])
+    from gpunode.watch.state import headline
+
+    condition = labels.condition_for([(c.name, c.state, c.detail) for c in report.checks],
+                                     headline(facts.watch))
     undecided = facts.undecided
     usable = len(facts.detection.usable_gpus) if facts.detection is not None else 0
     return Desired(name, status.wanted_labels(facts, report.verdict == "ready"), condition,

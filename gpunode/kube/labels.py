@@ -198,13 +198,20 @@ def label_patch(current: dict[str, str], annotations: dict[str, str],
     return {"metadata": {"labels": labels, "annotations": {MANAGED_ANNOTATION: managed}}}
 
 
-def condition_for(checks: list[tuple[str, str, str]]) -> Condition:
-    """GPUReady from `gpunode status` checks (name, state, detail)."""
+def condition_for(checks: list[tuple[str, str, str]], headline: str | None = None
+                  ) -> Condition:
+    """GPUReady from `gpunode status` checks (name, state, detail). A dead or lost GPU that
+    `gpunode watch` found (its check failing, `headline` its reason: GPUFellOffBus,
+    GPUXidFatal, GPUMissing) stays the reason, and its words come first, whatever else fails
+    with it (a containerd that lost the GPU too is its consequence, not the news)."""
     failed = [(name, detail) for name, state, detail in checks if state == "fail"]
     if not failed:
         return Condition("True", "GPUReady", "gpunode: the GPUs, driver, device nodes and "
                          "container runtime are ready")
+    failed.sort(key=lambda f: f[0] != "watch")  # stable: the rest keep status's order
     reason = "".join(part.capitalize() for part in failed[0][0].split("_")) + "NotReady"
+    if failed[0][0] == "watch" and headline:
+        reason = headline
     message = "; ".join(f"{name}: {detail}" for name, detail in failed)
     return Condition("False", reason, f"gpunode: {message}"[:1024])
 

@@ -102,11 +102,14 @@ def connect(path: str, context: str | None, timeout: float) -> NodeApi:
 
 
 def gpu_nodes(api: NodeApi, page: int = PAGE) -> list[Row]:
-    """Every node SELECTOR matches, page by page, each read down to its Row."""
+    """Every node SELECTOR matches, page by page, each read down to its Row. Bounded: at most
+    max_pages(page) pages (an API server may answer a page short, even empty, and a next one;
+    one that hands out fresh tokens for empty pages for ever is cut off there), each call
+    within kubernetes.request_timeout."""
     rows: list[Row] = []
     token: str | None = None
     seen: set[str] = set()
-    while True:
+    for _ in range(max_pages(page)):
         reply = api.list_nodes(SELECTOR, page, token)
         rows.extend(row(item) for item in reply["items"])
         token = (reply.get("metadata") or {}).get("continue") or None
@@ -120,6 +123,14 @@ def gpu_nodes(api: NodeApi, page: int = PAGE) -> list[Row]:
             raise ReplyError("list nodes", url, f"has more than {MAX_NODES} nodes and still "
                              "a next page")
         seen.add(token)
+    raise ReplyError("list nodes", f"{api.config.server.rstrip('/')}/api/v1/nodes",
+                     f"still has a next page after {max_pages(page)} pages ({len(rows)} nodes): "
+                     "the listing would never end")
+
+
+def max_pages(page: int) -> int:
+    """The most pages a listing may take: every node's page full, twice over, and some."""
+    return 2 * (MAX_NODES // page) + 10
 
 
 def row(node: dict[str, Any]) -> Row:

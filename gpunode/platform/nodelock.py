@@ -32,6 +32,7 @@ from collections.abc import Iterator
 
 from gpunode import log
 from gpunode.cdi.spec import SPEC_PATH as CDI_SPEC
+from gpunode.containerd import journal
 from gpunode.containerd.journal import JOURNAL
 from gpunode.containerd.ledger import (
     BACKUP_SUFFIX,
@@ -135,6 +136,10 @@ def sweep_stale_temps(host: Host) -> list[str]:
                     log.get().warning("lock.stale_temp_kept", path=host.display(path), exc=exc)
                     continue
                 removed.append(path)
+    try:
+        removed += journal.sweep_stage(host)  # a directory: the one gpunode stages /var/lib in
+    except HostError as exc:
+        log.get().warning("lock.stale_temp_kept", path=exc.path, exc=exc)
     if removed:
         log.get().info("lock.stale_temps_removed", removed=[host.display(p) for p in removed],
                        note="left by an earlier gpunode run that was killed while writing")

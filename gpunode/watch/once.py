@@ -263,7 +263,8 @@ def _recovery_as_label_says(host: Host, config: AgentConfig, decision: Decision,
     facts = dataclasses.replace(status.observe(host, config, contact_api=False),
                                 watch=decision.state, watch_problem=None)
     checks = status.evaluate(facts).checks
-    wanted = labels.condition_for([(c.name, c.state, c.detail) for c in checks])
+    wanted = labels.condition_for([(c.name, c.state, c.detail) for c in checks],
+                                  watchstate.headline(decision.state))
     said = {"status": wanted.status, "reason": wanted.reason, "message": wanted.message}
     if previous is not None and previous.condition == said:
         decision.changes.remove(change)

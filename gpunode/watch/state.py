@@ -19,6 +19,7 @@ from typing import Any
 from gpunode.errors import HostError
 from gpunode.platform import records, timestamps
 from gpunode.platform.host import Host
+from gpunode.watch.xid import FELL_OFF_BUS
 
 WATCH_STATE = "/run/gpunode/watch.json"
 WATCH_LOCK = "/run/gpunode/watch.lock"  # held from reading the state to writing it
@@ -57,6 +58,19 @@ class WatchState:
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA, **asdict(self)}
+
+
+def headline(state: WatchState | None) -> str | None:
+    """The GPUReady reason of what the watch found this boot (status's `watch` check fails
+    for it), or None: GPUFellOffBus (Xid 79), GPUXidFatal (another fatal Xid), GPUMissing."""
+    if state is None:
+        return None
+    if state.fatal:
+        return "GPUFellOffBus" if any(f.code == FELL_OFF_BUS for f in state.fatal) \
+            else "GPUXidFatal"
+    if state.missing or (state.condition or {}).get("reason") == "GPUMissing":
+        return "GPUMissing"
+    return None
 
 
 def read(host: Host) -> tuple[WatchState | None, str | None]:

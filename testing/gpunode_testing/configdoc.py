@@ -90,7 +90,8 @@ MEANINGS: dict[str, str] = {
                         "GPUReady and an `nvidia-smi` the Operator's validator finds "
                         "([stacks.md](stacks.md))",
     "kubernetes.wait_seconds": "how long `label` retries for the API server and the Node",
-    "kubernetes.request_timeout": "seconds per API request",
+    "kubernetes.request_timeout": "seconds each API call may take in all: connection, TLS "
+                                  "handshake, request and the whole reply",
     "watch.fatal_xids": "Xid codes that make `gpunode watch` set GPUReady False "
                         "(`GPUFellOffBus` for 79, else `GPUXidFatal`); default: Node Problem "
                         "Detector's GPU plugin's list",

@@ -25,17 +25,22 @@ is who its certificate says (CN user, O groups); the rules, from the Kubernetes 
   * Users in system:masters may do anything; users or groups named in `node_readers` may get
     and list nodes (a ClusterRole with those verbs bound to them); other users get RBAC's 403.
   * Authentication: a client certificate, else a bearer token from `tokens` (an unknown one:
-    401), else the anonymous user (system:anonymous, whom RBAC then refuses: 403).
+    401), else the anonymous user (system:anonymous, whom RBAC then refuses: 403). A client
+    certificate of another CA is 401, as the real x509 authenticator answers: the TLS layer
+    trusts `foreign_cas` (default: the PKI's untrusted CA) beside the cluster's, so that the
+    handshake completes (Python's ssl verifies any certificate it asks for).
+  * TaintNodesByCondition: a Node created without Ready=True is tainted not-ready. Events:
+    404 in a namespace not in `namespaces`, 422 for an involvedObject.namespace that does not
+    fit. A patched Node that does not decode is 422 quoting it whole (kube_objects says how).
   * LIST /api/v1/nodes with labelSelector (equality-based: `k`, `!k`, `k=v`, `k==v`, `k!=v`,
     comma-separated; set-based ones are 400 here), limit and continue (apimachinery's chunked
     lists: items in name order, metadata.continue until the last page, remainingItemCount only
     without a selector; a token from before compact() is 410 Expired).
 
-Not modelled: watches, the list's snapshot (a page reads the current nodes),
-PUT/POST/DELETE (405), JSON patch and apply patch (415), managed fields, list order from
-$setElementOrder (accepted, ignored), strategic-merge directives other than `$patch: delete` in
-keyed lists (400), strategic merge of metadata.finalizers / ownerReferences (replaced).
-Harness bugs are answered 500 and fail __exit__ (FakeApiServer.errors).
+Not modelled: watches, the list's snapshot, PUT, DELETE and POST but of Events (405), JSON and
+apply patch (415), managed fields, $setElementOrder (ignored), strategic-merge directives but
+`$patch: delete` in keyed lists (400), strategic merge of metadata.finalizers / ownerReferences
+(replaced). Harness bugs are answered 500 and fail __exit__ (FakeApiServer.errors).
 """
 
 from __future__ import annotations
@@ -62,10 +67,11 @@ from typing import Any
 
 from gpunode_testing.kube_objects import (
     Refused,
+    User,
     admit_node,
     authorize,
     bad_request,
-    check_string_map,
+    check_decodes,
     label_errors,
     list_page,
     make_node,
@@ -73,8 +79,9 @@ from gpunode_testing.kube_objects import (
     record_event,
     status_object,
     strategic_merge_patch,
+    taint_not_ready,
 )
-from gpunode_testing.pki import Pki
+from gpunode_testing.pki import Pki, ca_subject
 
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
@@ -99,25 +106,15 @@ class Request:
     injected: bool = False  # answered from queue_failures
 
 
-@dataclass
-class _User:
-    name: str
-    groups: tuple[str, ...]
-
-    @property
-    def node(self) -> str | None:  # pkg/auth/nodeidentifier
-        if "system:nodes" in self.groups and self.name.startswith("system:node:"):
-            return self.name.removeprefix("system:node:")
-        return None
-
-
 class FakeApiServer:
     """kube-apiserver's Node endpoints on https://127.0.0.1:<ephemeral port>, client certs only."""
 
     def __init__(self, pki: Pki, nodes: Iterable[dict[str, Any]] | None = None,
                  tokens: dict[str, tuple[str, tuple[str, ...]]] | None = None,
-                 node_readers: Iterable[str] = ()) -> None:
+                 node_readers: Iterable[str] = (),
+                 foreign_cas: Iterable[Path] | None = None) -> None:
         self.pki = pki
+        self.namespaces = {"default", "kube-system", "kube-public", "kube-node-lease"}
         self.tokens = dict(tokens or {})  # bearer token → (user, groups)
         self.node_readers = frozenset(node_readers)
         self._epoch = 0  # continue tokens of an older epoch are expired (compact())
@@ -132,12 +129,9 @@ class FakeApiServer:
         self._failures: list[tuple[str, deque[tuple[Any, Any, dict[str, str]]]]] = []
         for node in [make_node(pki.node_name)] if nodes is None else nodes:
             self.set_node(node)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(pki.server_cert, pki.server_key)
-        context.verify_mode = ssl.CERT_OPTIONAL  # a bearer token needs no certificate
-        context.load_verify_locations(cadata=pki.ca_pem.decode())
-        self._server = _TlsServer(self, context)
+        self._ca_subject = ca_subject(pki.ca_cert)
+        self._server = _TlsServer(self, pki.server_context(
+            [pki.untrusted_ca_cert] if foreign_cas is None else foreign_cas))
         self.port: int = self._server.server_address[1]
         self.url = f"https://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever,
@@ -161,12 +155,15 @@ class FakeApiServer:
 
     def set_node(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Store a Node (as an admin would); gives it a uid if it has none, and a new
-        resourceVersion. Returns the stored copy."""
+        resourceVersion. A new Node without Ready=True gets the not-ready taint
+        (TaintNodesByCondition). Returns the stored copy."""
         node = copy.deepcopy(obj)
         meta = node.setdefault("metadata", {})
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         with self._lock:
+            if meta.get("name") not in self._nodes:
+                taint_not_ready(node)
             self._store(node)
             return copy.deepcopy(node)
 
@@ -228,9 +225,10 @@ class FakeApiServer:
         return None
 
     def _handle(self, method: str, path: str, content_type: str, body: bytes,
-                user: _User, query: str = "") -> tuple[int, dict[str, Any] | str]:
+                user: User, query: str = "") -> tuple[int, dict[str, Any] | str]:
         if method == "POST" and re.fullmatch(r"/api/v1/namespaces/[^/]+/events", path):
-            return record_event(self.events, self._lock, user, path, content_type, body)
+            return record_event(self.events, self._lock, user, path, content_type, body,
+                                self.namespaces)
         match = re.fullmatch(r"/api/v1/nodes(?:/([^/]+)(/status)?)?", path)
         if not match:
             return 404, "404 page not found\n"
@@ -307,8 +305,7 @@ class FakeApiServer:
         for key in ("uid", "resourceVersion", "creationTimestamp"):
             meta[key] = old_meta[key]
         new["kind"], new["apiVersion"] = old.get("kind", "Node"), old.get("apiVersion", "v1")
-        check_string_map(meta, "labels")
-        check_string_map(meta, "annotations")
+        check_decodes(new, content_type == MERGE_PATCH)
         return new
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -334,7 +331,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except ValueError:
             parsed = None
         cn, groups = None, []
-        for rdn in (self.connection.getpeercert() or {}).get("subject", ()):
+        peer = self.connection.getpeercert() or {}
+        for rdn in peer.get("subject", ()):
             for key, value in rdn:
                 if key == "commonName":
                     cn = value
@@ -342,7 +340,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                     groups.append(value)
         authorization = self.headers.get("Authorization") or ""
         unauthorized = False
-        if cn is None and authorization.startswith("Bearer "):
+        if cn is not None and tuple(peer.get("issuer", ())) != api._ca_subject:
+            cn, groups, unauthorized = None, [], True  # x509: signed by unknown authority
+        elif cn is None and authorization.startswith("Bearer "):
             known = api.tokens.get(authorization.removeprefix("Bearer "))
             if known is None:
                 unauthorized = True
@@ -373,7 +373,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             try:
                 status, answer = api._handle(self.command, url.path, content_type.lower(), body,
-                                             _User(cn or "", tuple(groups)), url.query)
+                                             User(cn or "", tuple(groups)), url.query)
             except Refused as refusal:
                 status, answer = refusal.code, refusal.body
             except Exception:

@@ -11,6 +11,7 @@ import json
 import re
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 # k8s.io/kubelet/pkg/apis/well_known_labels.go: labels a kubelet may set on its own Node.
@@ -79,6 +80,20 @@ def make_node(name: str, *, gpus: int = 0, labels: dict[str, str] | None = None,
                          "osImage": "Flatcar Container Linux by Kinvolk 3975.2.2 (Oklo)"},
         },
     }
+
+
+@dataclass(frozen=True)
+class User:
+    """Who a request is: its certificate's CN and O, a token's user, or the anonymous one."""
+
+    name: str
+    groups: tuple[str, ...]
+
+    @property
+    def node(self) -> str | None:  # pkg/auth/nodeidentifier
+        if "system:nodes" in self.groups and self.name.startswith("system:node:"):
+            return self.name.removeprefix("system:node:")
+        return None
 
 
 # --- Patches, rules, Status objects ----------------------------------------------------------
@@ -238,18 +253,50 @@ def label_errors(labels: dict[str, str]) -> list[str]:
     return errors
 
 
-def check_string_map(meta: dict[str, Any], field_name: str) -> None:
+def string_map_problem(meta: dict[str, Any], field_name: str) -> str | None:
+    """Why metadata.<field_name> does not decode into a map of strings (as Go's json says
+    it), or None."""
     values = meta.get(field_name)
     if values is None:
-        return
+        return None
     if not isinstance(values, dict):
-        raise bad_request(f"json: cannot unmarshal into Go struct field ObjectMeta.metadata."
-                           f"{field_name} of type map[string]string")
+        return (f"json: cannot unmarshal into Go struct field ObjectMeta.metadata.{field_name} "
+                "of type map[string]string")
     for value in values.values():
         if not isinstance(value, str):
             kind = {bool: "bool", dict: "object", list: "array"}.get(type(value), "number")
-            raise bad_request(f"json: cannot unmarshal {kind} into Go struct field ObjectMeta."
-                               f"metadata.{field_name} of type string")
+            return (f"json: cannot unmarshal {kind} into Go struct field ObjectMeta.metadata."
+                    f"{field_name} of type string")
+    return None
+
+
+def check_decodes(node: dict[str, Any], merge: bool) -> None:
+    """A patched Node's labels and annotations decode as maps of strings, else the real
+    server's refusal: for a JSON merge patch 422 quoting the whole patched object
+    (apiserver's patch handler, `field.Invalid(field.NewPath("patch"), …)`), else 400."""
+    for field_name in ("labels", "annotations"):
+        problem = string_map_problem(node["metadata"], field_name)
+        if problem and merge:
+            quoted = json.dumps(json.dumps(node, separators=(",", ":")))
+            raise Refused(422, status_object(422, "Invalid", f'"" is invalid: patch: Invalid '
+                                             f"value: {quoted}: {problem}"))
+        if problem:
+            raise bad_request(problem)
+
+
+NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
+
+
+def taint_not_ready(node: dict[str, Any]) -> None:
+    """TaintNodesByCondition (plugin/pkg/admission/nodetaint): a new Node is tainted not-ready
+    until the node lifecycle controller sees it Ready; one created Ready has been seen."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    if any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions
+           if isinstance(c, dict)):
+        return
+    taints = node.setdefault("spec", {}).setdefault("taints", [])
+    if not any(t.get("key") == NOT_READY_TAINT["key"] for t in taints if isinstance(t, dict)):
+        taints.append(dict(NOT_READY_TAINT))
 
 
 _SELECTOR_RE = re.compile(r"\s*(!?)\s*([^\s=!,()]+)\s*(?:(==|=|!=)\s*([^\s=!,()]*))?\s*")
@@ -348,13 +395,18 @@ def admit_node(node: str, name: str, new: dict[str, Any], old: dict[str, Any]) -
         raise forbidden(name, f"is not allowed to modify labels: {', '.join(labels)}")
 
 def record_event(events: list[dict[str, Any]], lock: Any, user: Any, path: str,
-                 content_type: str, body: bytes) -> tuple[int, dict[str, Any]]:
+                 content_type: str, body: bytes,
+                 namespaces: set[str] | frozenset[str] = frozenset({"default"})
+                 ) -> tuple[int, dict[str, Any]]:
     """A POST to /api/v1/namespaces/<ns>/events: the Event checked (checked_event), named,
     kept in `events` (under `lock`) and answered 201. The system:node role lets a kubelet
-    create Events."""
+    create Events; a namespace that does not exist is 404."""
     allowed = user.node is not None or "system:masters" in user.groups
-    event = checked_event(allowed, user.name, path.split("/")[4], content_type, body,
-                          len(events))
+    namespace = path.split("/")[4]
+    if allowed and namespace not in namespaces:
+        raise Refused(404, status_object(404, "NotFound", f'namespaces "{namespace}" not found',
+                                         namespace, "namespaces"))
+    event = checked_event(allowed, user.name, namespace, content_type, body, len(events))
     with lock:
         events.append(copy.deepcopy(event))
     return 201, event
@@ -381,6 +433,14 @@ def checked_event(allowed: bool, user: str, namespace: str, content_type: str,
     if meta.get("namespace", namespace) != namespace:
         raise bad_request("the namespace of the provided object does not match the namespace "
                           "sent on the request")
+    # pkg/apis/core/validation/events.go (legacyValidateEvent): an Event about an object of no
+    # namespace (a Node) lives in default; one about a namespaced object, in its namespace.
+    involved = event["involvedObject"].get("namespace") or ""
+    if (involved == "" and namespace != "default") or (involved and involved != namespace):
+        raise Refused(422, status_object(
+            422, "Invalid", f'Event "{meta.get("name") or meta.get("generateName") or ""}" is '
+            f'invalid: involvedObject.namespace: Invalid value: "{involved}": does not match '
+            "event.namespace", meta.get("name"), "Event"))
     meta["name"] = meta.get("name") or f"{meta.get('generateName', '')}{number:x}"
     meta.update(namespace=namespace, uid=str(uuid.uuid4()))
     return event

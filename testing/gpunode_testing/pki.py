@@ -50,6 +50,22 @@ class Pki:
     untrusted_client_cert: Path  # same subject as client_cert, signed by untrusted_ca_cert
     untrusted_client_key: Path
 
+    def server_context(self, foreign_cas: Iterable[Path] = ()) -> ssl.SSLContext:
+        """The API server's TLS context: it asks for a client certificate (a bearer token
+        needs none) of the CA or of `foreign_cas` — the test API server refuses the latter
+        with 401, as kube-apiserver's x509 authenticator does (Python's ssl verifies any
+        certificate it asks for, so a foreign CA must be trusted here to get that far)."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.server_cert, self.server_key)
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(cadata=self.ca_pem.decode())
+        for foreign in foreign_cas:
+            if ca_subject(foreign) == ca_subject(self.ca_cert):  # told apart by the issuer
+                raise ValueError(f"{foreign}: a foreign CA needs a subject of its own")
+            context.load_verify_locations(cafile=str(foreign))
+        return context
+
     def client_context(self, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
         """A client TLS context trusting the CA, presenting `cert` (default: the kubelet's)."""
         context = ssl.create_default_context(cadata=self.ca_pem.decode())
@@ -115,3 +131,10 @@ def make_pki(directory: Path, node_name: str = "gpu-node-1") -> Pki:
                client_cert=client[0], client_key=client[1], kubelet_client_current=combined,
                untrusted_ca_cert=directory / "untrusted-ca.crt",
                untrusted_client_cert=untrusted[0], untrusted_client_key=untrusted[1])
+
+
+def ca_subject(cert: Path) -> tuple[object, ...]:
+    """A CA certificate's subject, as ssl's getpeercert() gives a peer certificate's issuer."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.load_verify_locations(cafile=str(cert))
+    return tuple(context.get_ca_certs()[0]["subject"])

@@ -230,8 +230,14 @@ def test_invalid_label_value_is_422(api: FakeApiServer) -> None:
     assert answer["message"].startswith('Node "gpu-node-1" is invalid: metadata.labels: Invalid '
                                         'value: "NVIDIA A100 80GB": a valid label must be an '
                                         "empty string or consist of alphanumeric characters")
+    # A value that does not decode: the real server quotes the whole patched Node.
     status, answer = call(api, "PATCH", NODE, {"metadata": {"labels": {"a": 1}}})
-    assert status == 400
+    assert status == 422 and answer["reason"] == "Invalid"
+    assert answer["message"].startswith('"" is invalid: patch: Invalid value: "{')
+    assert answer["message"].endswith("json: cannot unmarshal number into Go struct field "
+                                      "ObjectMeta.metadata.labels of type string")
+    assert '\\"name\\":\\"gpu-node-1\\"' in answer["message"]
+    assert len(answer["message"]) > 2000
 
 
 def test_stale_resource_version_is_409(api: FakeApiServer) -> None:
@@ -242,16 +248,49 @@ def test_stale_resource_version_is_409(api: FakeApiServer) -> None:
     assert status == 409 and answer["reason"] == "Conflict"
 
 
-def test_untrusted_client_certificate_fails_the_handshake(api: FakeApiServer) -> None:
+def test_a_client_certificate_of_another_ca_is_401_as_the_real_server_answers(
+        api: FakeApiServer) -> None:
+    """kube-apiserver completes the handshake and its x509 authenticator refuses the
+    certificate: 401, not a TLS abort (which a client takes for an unreachable server)."""
     rogue = ssl.create_default_context(cadata=api.pki.ca_pem.decode())
     rogue.load_cert_chain(api.pki.untrusted_client_cert, api.pki.untrusted_client_key)
-    with pytest.raises(OSError):  # SSLError, or a reset / EOF under TLS 1.3
-        call(api, "GET", NODE, context=rogue)
-    deadline = time.monotonic() + 5
-    while not api.handshake_errors and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert "certificate verify failed" in " | ".join(api.handshake_errors)  # the rogue CA
-    assert api.requests == []
+    status, answer = call(api, "GET", NODE, context=rogue)
+    assert (status, answer["reason"]) == (401, "Unauthorized")
+    assert api.handshake_errors == []
+
+
+def test_a_node_created_without_ready_gets_the_not_ready_taint(api: FakeApiServer) -> None:
+    """TaintNodesByCondition; one created Ready has been seen by the lifecycle controller."""
+    api.set_node(make_node("new-node", ready=True, taints=[]))
+    fresh = make_node("fresh-node", taints=[])
+    fresh["status"]["conditions"] = [c for c in fresh["status"]["conditions"]
+                                     if c["type"] != "Ready"]
+    api.set_node(fresh)
+    assert api.node("fresh-node")["spec"]["taints"] == [
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+    assert "taints" not in api.node("new-node")["spec"]
+
+
+def _event(namespace: str | None = None) -> dict[str, Any]:
+    involved: dict[str, Any] = {"kind": "Node", "name": "gpu-node-1"}
+    if namespace is not None:
+        involved["namespace"] = namespace
+    return {"kind": "Event", "apiVersion": "v1", "metadata": {"generateName": "gpu-node-1."},
+            "involvedObject": involved, "reason": "GPUFellOffBus", "type": "Warning"}
+
+
+def test_events_in_a_missing_or_mismatched_namespace_are_404_and_422(
+        api: FakeApiServer) -> None:
+    assert call(api, "POST", "/api/v1/namespaces/default/events", _event(),
+                "application/json")[0] == 201
+    status, answer = call(api, "POST", "/api/v1/namespaces/gpus/events", _event(),
+                          "application/json")
+    assert (status, answer["message"]) == (404, 'namespaces "gpus" not found')
+    for namespace, event in (("kube-system", _event()), ("default", _event("kube-system"))):
+        status, answer = call(api, "POST", f"/api/v1/namespaces/{namespace}/events", event,
+                              "application/json")
+        assert (status, answer["reason"]) == (422, "Invalid")
+        assert "involvedObject.namespace: Invalid value" in answer["message"]
 
 
 def test_no_certificate_is_the_anonymous_user_whom_rbac_refuses(api: FakeApiServer) -> None:
