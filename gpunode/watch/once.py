@@ -103,7 +103,8 @@ def decide(seen: Observed, previous: WatchState | None, fatal: tuple[int, ...],
                      fatal=list(previous.fatal),
                      events={k: list(v) for k, v in previous.events.items()},
                      gpus=previous.gpus or sorted(seen.present), condition=previous.condition,
-                     findings={k: dict(v) for k, v in previous.findings.items()})
+                     findings={k: dict(v) for k, v in previous.findings.items()},
+                     xids=dict(previous.xids), counts=dict(previous.counts))
     decision = Decision(new)
     uuids = dict(seen.uuids)
     xids = []
@@ -119,6 +120,7 @@ def decide(seen: Observed, previous: WatchState | None, fatal: tuple[int, ...],
         if found is not None:
             xids.append(found)
     for found in xids:
+        _count_xid(new, found)
         kind = xid.classify(found.code, fatal, ignored)
         if kind == xid.FATAL:
             _add_fatal(new, found, uuids.get(found.address))
@@ -143,6 +145,15 @@ def _add_fatal(new: WatchState, found: xid.Xid, uuid: str | None) -> None:
     if len(new.fatal) < watchstate.MAX_FINDINGS:
         new.fatal.append(Finding(found.address, uuid, found.code, found.seq, found.usec,
                                  found.text))
+
+
+def _count_xid(new: WatchState, found: xid.Xid) -> None:
+    """Every Xid read, ignored ones too, counted per GPU and code (`gpunode metrics`); the
+    pair counted longest ago is forgotten first when MAX_EVENT_KEYS pairs are kept."""
+    key = f"{found.address}/{found.code}"
+    new.xids[key] = new.xids.get(key, 0) + 1
+    while len(new.xids) > watchstate.MAX_EVENT_KEYS:
+        new.xids.pop(next(iter(new.xids)))
 
 
 def _event(decision: Decision, found: xid.Xid, uuid: str | None) -> None:
@@ -227,6 +238,7 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
     with host.lock(watchstate.WATCH_LOCK, wait=LOCK_WAIT_SECONDS):
         decision = _decide(host, config, seen)
         checks.run(host, config, decision.changes, decision.state.findings, dry_run=False)
+        _count_repairs(decision)
         if unsent is not None:
             unsent.send(host, config, decision, api_factory)
         elif decision.changes:
@@ -239,6 +251,16 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
                 raise
         watchstate.write(host, decision.state)
     return decision
+
+
+def _count_repairs(decision: Decision) -> None:
+    """The repairs checks.run made in this pass, added to the state's counts. A repair whose
+    report failed comes back in a later pass's changes only where this pass's state was not
+    written (checks.keep_unreported), so each is counted once."""
+    for change in decision.changes:
+        name = watchstate.COUNTED.get(change.get("reason", ""))
+        if name is not None:
+            decision.state.counts[name] = decision.state.counts.get(name, 0) + 1
 
 
 def _decide(host: Host, config: AgentConfig, seen: Observed) -> Decision:
