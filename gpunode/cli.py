@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpunode import cli_containerd, cliargs, clirun, log, watch
+from gpunode import cli_containerd, cliargs, clirun, log, metrics, watch
 from gpunode.clicommon import EXIT_FAILED, EXIT_OK, Command, changes_node
 from gpunode.config import AgentConfig
 from gpunode.errors import ArgumentsError, GpunodeError
@@ -265,6 +265,7 @@ COMMANDS: dict[str, Command] = {
     "containerd revert": cli_containerd.revert, "cdi generate": _cdi_generate,
     "nodes": _nodes,
     "watch": watch.command,
+    "metrics": metrics.command,
     "image bake": _image_bake,
 }
 

@@ -250,6 +250,9 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
                 checks.keep_unreported(host, decision.state, decision.changes)
                 raise
         watchstate.write(host, decision.state)
+    from gpunode.metrics import textfile  # after the report: no PATCH waits for the file
+
+    textfile.write(host, config)
     return decision
 
 
