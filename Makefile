@@ -9,7 +9,7 @@ APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 
                 systemd dbus containerd kmod binutils ignition squashfs-tools openssl shellcheck \
                 podman crun busybox-static e2fsprogs util-linux patchelf
 
-.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api bench clean
+.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-promtool bench clean
 
 # pystemd (the systemd harness's own D-Bus check) builds from source against libsystemd; pci.ids gives detect real product names;
 # shellcheck checks gpunode/driver/build.sh in the tests; podman (run by crun) starts containers
@@ -63,7 +63,12 @@ fetch-kmod-tree: setup
 fetch-cri-api: setup
 	$(BIN)/python -m gpunode_testing.cri_api
 
-test: lint fetch-containerd fetch-kmod-tree fetch-cri-api
+# promtool from Debian's prometheus package (unpacked, not installed: installing it would start
+# a Prometheus server), for the metrics, alert rules and dashboard tests; ~50 MB in the same cache.
+fetch-promtool: setup
+	$(BIN)/python tests/real/promtool.py
+
+test: lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-promtool
 	$(BIN)/python -m pytest -q
 
 # run.py runs boot_path.py's real-systemd figures too (as root) and prints one JSON line last.
