@@ -222,12 +222,13 @@ def _gpu_words(address: str, uuid: str | None) -> str:
 
 def run(host: Host, config: AgentConfig, dry_run: bool,
         api_factory: Callable[[], Any] | None = None, kmsg: list[str] | None = None,
-        unsent: Any = None) -> Decision:
+        unsent: Any = None, metrics: bool = True) -> Decision:
     """One pass: observe, decide, then print (--dry-run) or apply and remember. Two passes at
     once (a timer and a hand) take turns from reading the state to writing it, so the second
     sees what the first reported; what they observe is only read. The daemon passes the
     records it read (`kmsg`) and its `unsent` (daemon.Unsent: what the API server has not
-    accepted yet), which sends the changes instead of report.apply."""
+    accepted yet), which sends the changes instead of report.apply. After the report, the
+    node's metrics are written for node-exporter (`metrics` False: the daemon does it)."""
     seen = observe(host, config, kmsg)
     if dry_run:
         decision = _decide(host, config, seen)
@@ -250,9 +251,10 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
                 checks.keep_unreported(host, decision.state, decision.changes)
                 raise
         watchstate.write(host, decision.state)
-    from gpunode.metrics import textfile  # after the report: no PATCH waits for the file
+    if metrics:
+        from gpunode.metrics import textfile  # after the report: no PATCH waits for the file
 
-    textfile.write(host, config)
+        textfile.write(host, config)
     return decision
 
 
