@@ -253,14 +253,11 @@ def _xids(value: Any) -> str | None:
 
 
 def _textfile(value: Any) -> str | None:
-    """A file node-exporter's textfile collector reads (it reads only names ending in .prom),
-    or "" for none."""
-    if value == "":
-        return None
-    problem = _absolute_path(value)
-    if problem is None and not str(value).endswith(".prom"):
-        problem = ('must end in ".prom" (node-exporter\'s textfile collector reads only such '
-                   'files), or be "" to write none')
+    """A file node-exporter's textfile collector reads (only names ending in .prom), or ""."""
+    problem = None if value == "" else _absolute_path(value)
+    if problem is None and value and not str(value).endswith(".prom"):
+        return ('must end in ".prom" (node-exporter\'s textfile collector reads only such '
+                'files), or be "" to write none')
     return problem
 
 

@@ -15,12 +15,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpunode import bootrecord, metrics
-from gpunode.config import AgentConfig, KubernetesConfig
-from gpunode.host import Host
-from gpunode.watch import once
-from gpunode_testing import alertrules, fixtures
-from helpers.watch_api import FakeApi
+from gpunode_testing import alertrules, metricsfleet
 from real import promtool
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,41 +34,13 @@ def _promtool() -> None:
         pytest.fail(f"could not get the real promtool:\n{err}", pytrace=False)
 
 
-def fleet_texts(root: Path) -> dict[str, str]:
-    """node name → `gpunode metrics` of a small fleet: every fixture machine in its last
-    state, one ND96 whose first GPU fell off the bus (Xid 79), a T4 VM size of 4 GPUs with
-    1, and a CPU node whose boot recorded no GPU."""
-    config = AgentConfig(kubernetes=KubernetesConfig(node_name="node-0"))
-    texts = {}
-    for machine in fixtures.MACHINES.values():
-        size = re.match(r"Azure (Standard_\w+)", machine.description)  # Afterburn's, on Azure
-        extra = {"/run/metadata/flatcar": f"COREOS_AZURE_VMSIZE={size.group(1)}\n"} if size else {}
-        host = Host(fixtures.build(machine, root / machine.name,
-                                   fixtures.Options(state=machine.states[-1], extra=extra)))
-        texts[machine.name] = metrics.text(host, config)
-    fallen = Host(fixtures.build(fixtures.MACHINES["nd96amsr-a100-v4"], root / "fallen"))
-    (fallen.root / "dev/kmsg").write_text(
-        "3,1,1000000,-;NVRM: Xid (PCI:0001:00:00): 79, pid=1122, GPU has fallen off the bus.\n")
-    once.run(fallen, config, False, FakeApi)
-    texts["nd96-fallen"] = metrics.text(fallen, config)
-    short = Host(fixtures.build(fixtures.MACHINES["nc4as-t4-v3"], root / "short", fixtures.Options(
-        extra={"/run/metadata/flatcar": "COREOS_AZURE_VMSIZE=Standard_NC64as_T4_v3\n"})))
-    texts["t4-of-4"] = metrics.text(short, config)  # 1 of the VM size's 4 GPUs came up
-    cpu = Host(fixtures.build(fixtures.MACHINES["azure-d4s-v5"], root / "cpu",
-                              fixtures.Options(state="bare")))
-    (cpu.root / "run/gpunode").mkdir(parents=True)
-    (cpu.root / "run/gpunode/state.json").write_bytes(
-        bootrecord.no_gpu("2026-11-29T08:00:01Z", "2026-11-29T08:00:01Z", 1.5))
-    texts["cpu-booted"] = metrics.text(cpu, config)
-    return texts
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, dict[str, str],
                                                                             float]]]:
-    """node → its samples (name, labels without empty ones, value)."""
+    """node → its samples (name, labels without empty ones, value): every fixture machine,
+    an ND96 whose GPU fell off the bus, a T4 of a 4-GPU size, a CPU node (metricsfleet)."""
     found = {}
-    for node, text in fleet_texts(tmp_path_factory.mktemp("fleet")).items():
+    for node, text in metricsfleet.texts(tmp_path_factory.mktemp("fleet")).items():
         found[node] = [(s.name, {k: v for k, v in s.labels.items() if v}, s.value)
                        for family in text_string_to_metric_families(text)
                        for s in family.samples]
