@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from gpunode.driverinfo import DriverVersion, GpuInfo
     from gpunode.kube.labels import Condition
     from gpunode.state import BootRecord
+    from gpunode.status import Report
     from gpunode.watch.state import WatchState
     from gpunode.watch.vmsize import Claim
 
@@ -68,7 +69,7 @@ def observe(host: Host, config: AgentConfig) -> MetricFacts:
         condition=None if report.verdict == "no-gpu" else gpu_ready(report, facts.watch))
 
 
-def gpu_ready(report: object, watch: WatchState | None) -> Condition:
+def gpu_ready(report: Report, watch: WatchState | None) -> Condition:
     """GPUReady as the Node has it: what `gpunode label` sets from status's checks, unless the
     watch's own finding (a fatal Xid, a GPU missing) made it False, which the watch reported
     with its own reason (watch/once.py)."""
@@ -78,8 +79,7 @@ def gpu_ready(report: object, watch: WatchState | None) -> Condition:
     said = watch.condition if watch is not None else None
     if said is not None and said["status"] == "False" and said["reason"] in WATCH_REASONS:
         return labels.Condition(said["status"], said["reason"], said["message"])
-    checks = getattr(report, "checks", ())
-    return labels.condition_for([(c.name, c.state, c.detail) for c in checks])
+    return labels.condition_for([(c.name, c.state, c.detail) for c in report.checks])
 
 
 def _userspace(host: Host, config: AgentConfig, driver: DriverVersion | None) -> UserSpace | None:
@@ -90,9 +90,6 @@ def _userspace(host: Host, config: AgentConfig, driver: DriverVersion | None) ->
 
     try:
         userspace.find(host, driver.version, prebuilt_dirs=config.driver.prebuilt_dirs)
-    except GpunodeError:
-        try:
-            return UserSpace(False, userspace.system_versions(host))
-        except GpunodeError:
-            return UserSpace(False, ())
+    except GpunodeError:  # none of its version where the driver step looks
+        return UserSpace(False, userspace.system_versions(host))
     return UserSpace(True, (driver.version,))
