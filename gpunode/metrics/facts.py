@@ -74,7 +74,7 @@ def gpu_ready(report: Report, watch: WatchState | None) -> Condition:
     watch's own finding (a fatal Xid, a GPU missing) made it False, which the watch reported
     with its own reason (watch/once.py)."""
     from gpunode.kube import labels
-    from gpunode.watch.once import WATCH_REASONS
+    from gpunode.watch.state import WATCH_REASONS
 
     said = watch.condition if watch is not None else None
     if said is not None and said["status"] == "False" and said["reason"] in WATCH_REASONS:

@@ -127,7 +127,7 @@ def gpu_states(facts: MetricFacts) -> list[GpuRow]:
 
 def _driver(facts: MetricFacts) -> list[Family]:
     loaded = Family("gpunode_driver_loaded", "gauge",
-                    "Whether an NVIDIA kernel driver is loaded (/proc/driver/nvidia/version)")
+                    "Whether an NVIDIA kernel driver is loaded (its version under /proc)")
     info = Family("gpunode_driver_info", "gauge", "The loaded NVIDIA driver: its version, "
                   "module flavour and the strategy gpunode boot loaded it with (always 1)")
     matches = Family("gpunode_driver_userspace_matches", "gauge", "Whether the user-space "

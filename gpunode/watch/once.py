@@ -38,7 +38,7 @@ EVENT_INTERVAL_US = 600_000_000  # one Event per GPU and Xid every 10 minutes of
 MAX_EVENTS = 20  # per run: a flood of Xids is not a flood of Events
 LOCK_WAIT_SECONDS = 60  # another pass reporting: it takes a request timeout or two
 MAX_MESSAGE = 1024  # a condition's message, as `gpunode label` caps it
-WATCH_REASONS = ("GPUFellOffBus", "GPUXidFatal", "GPUMissing")  # the conditions it sets
+WATCH_REASONS = watchstate.WATCH_REASONS  # the conditions it sets
 
 
 @dataclass(frozen=True)
