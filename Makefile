@@ -10,7 +10,7 @@ APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 
                 podman crun busybox-static e2fsprogs util-linux patchelf xz-utils libelf1
 
 .PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm fetch-nvidia \
-        fetch-cuda bench clean
+        fetch-cuda fetch-promtool bench clean
 
 # pystemd (the systemd harness's own D-Bus check) builds from source against libsystemd; pci.ids gives detect real product names;
 # shellcheck checks gpunode/driver/build.sh in the tests; podman (run by crun) starts containers
@@ -79,7 +79,13 @@ fetch-nvidia: setup fetch-kmod-tree
 fetch-cuda: setup
 	$(BIN)/python -m gpunode_testing.cuda_probe
 
-test: lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm fetch-nvidia fetch-cuda
+# promtool from Debian's prometheus package (unpacked, not installed: installing it would start
+# a Prometheus server), for the metrics, alert rules and dashboard tests; ~50 MB in the same cache.
+fetch-promtool: setup
+	$(BIN)/python tests/real/promtool.py
+
+test: lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm fetch-nvidia fetch-cuda \
+      fetch-promtool
 	$(BIN)/python -m pytest -q
 
 # run.py runs boot_path.py's real-systemd figures too (as root) and prints one JSON line last.

@@ -154,6 +154,18 @@ class WatchConfig:
     containerd_restart: str = "when-idle"
 
 
+# Where the watch writes the metrics for node-exporter's textfile collector (docs/metrics.md:
+# the directory most node-exporter setups that read textfiles use; "" writes none)
+DEFAULT_METRICS_TEXTFILE = "/var/lib/node_exporter/textfile_collector/gpunode.prom"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The `[metrics]` table: where `gpunode watch` keeps the node's metrics."""
+
+    textfile: str = DEFAULT_METRICS_TEXTFILE
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """The whole agent config as read and validated, with defaults where the file says nothing."""
@@ -165,6 +177,7 @@ class AgentConfig:
     driver: DriverConfig = field(default_factory=DriverConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = "defaults"  # the file it was read from, for `status` and logs
 
 
@@ -236,6 +249,15 @@ def _xids(value: Any) -> str | None:
     return "must be Xid codes from 1 to 65535"
 
 
+def _textfile(value: Any) -> str | None:
+    """A file node-exporter's textfile collector reads (only names ending in .prom), or ""."""
+    problem = None if value == "" else _absolute_path(value)
+    if problem is None and value and not str(value).endswith(".prom"):
+        return ('must end in ".prom" (node-exporter\'s textfile collector reads only such '
+                'files), or be "" to write none')
+    return problem
+
+
 # (section, key) → check returning the problem, or None when the value is fine.
 _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("log", "level"): _one_of(*LOG_LEVELS),
@@ -275,6 +297,7 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("watch", "fatal_xids"): lambda v: _xids(v),
     ("watch", "ignored_xids"): lambda v: _xids(v),
     ("watch", "containerd_restart"): _one_of("when-idle", "never", "always"),
+    ("metrics", "textfile"): _textfile,
 }
 
 

@@ -96,6 +96,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
     watch.add_argument("--dry-run", action="store_true", help="print each change as a JSON "
                        "line; contact nothing, remember nothing")
 
+    commands.add_parser("metrics", help="the node's GPU health as Prometheus metrics (the "
+                        "text format; gpunode watch keeps them for node-exporter)")
+
     _image(commands.add_parser("image", help="bake gpunode and a driver into an OS image"))
     containerd = commands.add_parser("containerd", help="the container runtime step alone")
     _containerd(containerd.add_subparsers(dest="action", required=True, metavar="ACTION"))

@@ -11,7 +11,7 @@ import dataclasses
 import sys
 from pathlib import Path
 
-from gpunode import log, watch
+from gpunode import log, metrics, watch
 from gpunode.cli import containerd as cli_containerd
 from gpunode.cli.common import EXIT_FAILED, EXIT_OK, Command, changes_node, print_json
 from gpunode.config import AgentConfig
@@ -277,5 +277,6 @@ COMMANDS: dict[str, Command] = {
     "ignition": ignition, "driver load": driver_load, "driver build": driver_build,
     "driver status": driver_status, "containerd configure": cli_containerd.configure,
     "containerd revert": cli_containerd.revert, "cdi generate": cdi_generate,
-    "nodes": nodes, "watch": watch.command, "image bake": image_bake,
+    "nodes": nodes, "watch": watch.command, "metrics": metrics.command,
+    "image bake": image_bake,
 }

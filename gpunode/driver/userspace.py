@@ -169,6 +169,19 @@ def loaded_root(host: Host, prebuilt_dirs: tuple[str, ...] = DriverConfig.prebui
         return None, f"{exc}" + (f" ({exc.hint})" if exc.hint else "")
 
 
+def system_versions(host: Host) -> tuple[str, ...]:
+    """The driver versions whose libcuda the system's library directories hold (the `system`
+    layout: the Flatcar driver sysext's and the distributions' place), sorted: what a node
+    whose loaded driver has no user-space of its own has instead (`gpunode metrics`)."""
+    found: set[str] = set()
+    for directory in LAYOUTS[0].libraries:
+        for entry in _entries(host, directory, []):
+            version = _other_version(entry)
+            if version is not None and entry.startswith("libcuda."):
+                found.add(version)
+    return tuple(sorted(found))
+
+
 def record_fields(found: DriverRoot) -> dict[str, Any]:
     """The boot record's `driver_root`: where, and how many of each (not every path)."""
     return {"root": found.root, "libraries": len(found.libraries),

@@ -42,16 +42,14 @@ def boot_without_gpu(host: Host, config: AgentConfig) -> bool:
             return False
     except GpunodeError:
         return False
-    fields = {"gpus": 0, "functions": 0, "changed": False}
     duration_ms = round((time.perf_counter() - start) * 1000, 2)
-    step = {"name": "detect", "outcome": "ok", "duration_ms": duration_ms, "error": None,
-            "hint": None, "code": None, **fields}
-    record = state.render(started_at, timestamps.utc_timestamp(), "no-gpu", [step])
+    record = state.no_gpu(started_at, timestamps.utc_timestamp(), duration_ms)
     try:
         host.write_atomic(state.STATE_PATH, record, make_parents=True)
     except GpunodeError:
         return False  # the pipeline writes it, or reports why it cannot
-    log.get().info("step.done", step="detect", duration_ms=duration_ms, **fields)
+    log.get().info("step.done", step="detect", duration_ms=duration_ms, gpus=0, functions=0,
+                   changed=False)
     return True
 
 

@@ -25,6 +25,14 @@ def render(started_at: str, finished_at: str, outcome: str, steps: list[dict[str
     return (json.dumps(record, indent=2) + "\n").encode()
 
 
+def no_gpu(started_at: str, finished_at: str, duration_ms: float) -> bytes:
+    """The record of a node without NVIDIA function: its one detect step, as the pipeline
+    records it."""
+    step = {"name": "detect", "outcome": "ok", "duration_ms": duration_ms, "error": None,
+            "hint": None, "code": None, "gpus": 0, "functions": 0, "changed": False}
+    return render(started_at, finished_at, "no-gpu", [step])
+
+
 @dataclass(frozen=True)
 class BootRecord:
     """The last boot's record (/run/gpunode/state.json), read back and checked."""

@@ -287,7 +287,7 @@ class Host:
 
     def write_atomic(self, path: str, data: bytes | Iterable[bytes], mode: int = 0o644,
                      attrs: tuple[int, int, int] | None = None,
-                     make_parents: bool = False) -> None:
+                     make_parents: bool = False, durable: bool | None = None) -> None:
         """Replace the file's content all at once, or not at all.
 
         The new bytes go to a temporary file in the same directory, are fsynced, renamed over the
@@ -300,9 +300,12 @@ class Host:
         would silently split it from its other names. `data` may be chunks (a download, an
         unpacked image): an exception the chunks raise passes through unchanged, and the
         temporary file is removed. `make_parents` creates missing parent directories (0755).
+        `durable` False: as atomic, not fsynced, for a file rewritten every few seconds anyway
+        (the metrics' textfile); None: fsynced unless under /run.
         """
         shown = self.display(path)
-        durable = not os.path.normpath(path).startswith(VOLATILE)  # not /run/../etc/x
+        if durable is None:
+            durable = not os.path.normpath(path).startswith(VOLATILE)  # not /run/../etc/x
         if make_parents:
             self.make_dirs(path.rstrip("/").rpartition("/")[0] or "/")
         target = self.real(path)

@@ -173,6 +173,8 @@ class Daemon:
         self.passes = 0
         self._next_ping = math.inf
         self._pass_error: str | None = None
+        self._metrics_due = False  # a pass ran since the metrics file was written
+        self._metrics_at = -math.inf
 
     def request_stop(self, *_: Any) -> None:
         self.stopping = True
@@ -190,6 +192,8 @@ class Daemon:
                            tick_s=self.tick, watchdog_s=interval)
             next_tick = self.clock() + self.tick
             while not self.stopping:
+                if self._metrics_due and not (stream.more or self.backlog):
+                    self._write_metrics(stream)
                 fds = [fd for fd in (None if self.backlog else stream.fileno(),
                                      monitor.fileno() if monitor is not None else None,
                                      self.wake_fd) if fd is not None]
@@ -241,10 +245,23 @@ class Daemon:
             if not stream.more or self.backlog:
                 return
 
+    def _write_metrics(self, stream: kmsg.RecordStream) -> None:
+        """The metrics file, after a pass; while kernel records already wait they are read
+        and reported first (a burst of Xids gets its PATCHes before any file is written), but
+        the file is never older than one periodic check."""
+        fd = stream.fileno()
+        if fd is not None and self.clock() - self._metrics_at < self.tick \
+                and poll_wait([fd], 0):
+            return
+        from gpunode.metrics import textfile
+
+        textfile.write(self.host, self.config)
+        self._metrics_due, self._metrics_at = False, self.clock()
+
     def _pass(self, records: list[str]) -> None:
         try:
             self._run(self.host, self.config, False, self._api, kmsg=records,
-                      unsent=self.unsent)
+                      unsent=self.unsent, metrics=False)
         except GpunodeError as exc:
             self.backlog = records  # bounded: one batch; the kernel keeps the rest meanwhile
             said = f"{exc.code}: {exc}"
@@ -259,6 +276,7 @@ class Daemon:
         self.backlog = []
         self.records += len(records)
         self.passes += 1
+        self._metrics_due = True
         self.notifier.status(self._status())
 
     def _api(self) -> Any:

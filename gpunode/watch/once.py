@@ -37,7 +37,7 @@ EVENT_INTERVAL_US = 600_000_000  # one Event per GPU and Xid every 10 minutes of
 MAX_EVENTS = 20  # per run: a flood of Xids is not a flood of Events
 LOCK_WAIT_SECONDS = 60  # another pass reporting: it takes a request timeout or two
 MAX_MESSAGE = 1024  # a condition's message, as `gpunode label` caps it
-WATCH_REASONS = ("GPUFellOffBus", "GPUXidFatal", "GPUMissing")  # the conditions it sets
+WATCH_REASONS = watchstate.WATCH_REASONS  # the conditions it sets
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,8 @@ def decide(seen: Observed, previous: WatchState | None, fatal: tuple[int, ...],
                      fatal=list(previous.fatal),
                      events={k: list(v) for k, v in previous.events.items()},
                      gpus=previous.gpus or sorted(seen.present), condition=previous.condition,
-                     findings={k: dict(v) for k, v in previous.findings.items()})
+                     findings={k: dict(v) for k, v in previous.findings.items()},
+                     xids=dict(previous.xids), counts=dict(previous.counts))
     decision = Decision(new)
     uuids = dict(seen.uuids)
     xids = []
@@ -118,6 +119,7 @@ def decide(seen: Observed, previous: WatchState | None, fatal: tuple[int, ...],
         if found is not None:
             xids.append(found)
     for found in xids:
+        _count_xid(new, found)
         kind = xid.classify(found.code, fatal, ignored)
         if kind == xid.FATAL:
             _add_fatal(new, found, uuids.get(found.address))
@@ -142,6 +144,15 @@ def _add_fatal(new: WatchState, found: xid.Xid, uuid: str | None) -> None:
     if len(new.fatal) < watchstate.MAX_FINDINGS:
         new.fatal.append(Finding(found.address, uuid, found.code, found.seq, found.usec,
                                  found.text))
+
+
+def _count_xid(new: WatchState, found: xid.Xid) -> None:
+    """Every Xid read, ignored ones too, counted per GPU and code (`gpunode metrics`); the
+    pair counted longest ago is forgotten first when MAX_EVENT_KEYS pairs are kept."""
+    key = f"{found.address}/{found.code}"
+    new.xids[key] = new.xids.get(key, 0) + 1
+    while len(new.xids) > watchstate.MAX_EVENT_KEYS:
+        new.xids.pop(next(iter(new.xids)))
 
 
 def _event(decision: Decision, found: xid.Xid, uuid: str | None) -> None:
@@ -210,12 +221,13 @@ def _gpu_words(address: str, uuid: str | None) -> str:
 
 def run(host: Host, config: AgentConfig, dry_run: bool,
         api_factory: Callable[[], Any] | None = None, kmsg: list[str] | None = None,
-        unsent: Any = None) -> Decision:
+        unsent: Any = None, metrics: bool = True) -> Decision:
     """One pass: observe, decide, then print (--dry-run) or apply and remember. Two passes at
     once (a timer and a hand) take turns from reading the state to writing it, so the second
     sees what the first reported; what they observe is only read. The daemon passes the
     records it read (`kmsg`) and its `unsent` (daemon.Unsent: what the API server has not
-    accepted yet), which sends the changes instead of report.apply."""
+    accepted yet), which sends the changes instead of report.apply. After the report, the
+    node's metrics are written for node-exporter (`metrics` False: the daemon does it)."""
     seen = observe(host, config, kmsg)
     if dry_run:
         decision = _decide(host, config, seen)
@@ -226,6 +238,7 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
     with host.lock(watchstate.WATCH_LOCK, wait=LOCK_WAIT_SECONDS):
         decision = _decide(host, config, seen)
         checks.run(host, config, decision.changes, decision.state.findings, dry_run=False)
+        _count_repairs(decision)
         if unsent is not None:
             unsent.send(host, config, decision, api_factory)
         elif decision.changes:
@@ -237,7 +250,21 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
                 checks.keep_unreported(host, decision.state, decision.changes)
                 raise
         watchstate.write(host, decision.state)
+    if metrics:
+        from gpunode.metrics import textfile  # after the report: no PATCH waits for the file
+
+        textfile.write(host, config)
     return decision
+
+
+def _count_repairs(decision: Decision) -> None:
+    """The repairs checks.run made in this pass, added to the state's counts. A repair whose
+    report failed comes back in a later pass's changes only where this pass's state was not
+    written (checks.keep_unreported), so each is counted once."""
+    for change in decision.changes:
+        name = watchstate.COUNTED.get(change.get("reason", ""))
+        if name is not None:
+            decision.state.counts[name] = decision.state.counts.get(name, 0) + 1
 
 
 def _decide(host: Host, config: AgentConfig, seen: Observed) -> Decision:

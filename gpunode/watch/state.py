@@ -5,9 +5,10 @@ the boot whose id it names (/proc/sys/kernel/random/boot_id): records up to `las
 read, `fatal` are the fatal Xids found (they hold until the next boot), `events` when the
 last Event per GPU and Xid was sent (kernel microseconds, for the rate limit), `gpus` the GPUs
 the watch first saw this boot, `condition` the GPUReady it last reported, `findings` the
-latest containerd repair, CDI regeneration or problem of checks.py. `gpunode status`
-reads it back (its `watch` check). Every list is bounded, so the file stays small however
-many lines the kernel logs.
+latest containerd repair, CDI regeneration or problem of checks.py, `xids` how many of each
+Xid per GPU it read and `counts` how many repairs it made (for `gpunode metrics`).
+`gpunode status` reads it back (its `watch` check). Every list is bounded, so the file stays
+small however many lines the kernel logs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,12 @@ WATCH_STATE = "/run/gpunode/watch.json"
 WATCH_LOCK = "/run/gpunode/watch.lock"  # held from reading the state to writing it
 SCHEMA = 1
 MAX_FINDINGS = 64  # fatal Xids kept (the first of each GPU and code)
-MAX_EVENT_KEYS = 256  # GPU and Xid pairs whose last Event is remembered
+MAX_EVENT_KEYS = 256  # GPU and Xid pairs whose last Event (and count) is remembered
+# the GPUReady reasons the watch itself sets (once.py); any other is `gpunode label`'s
+WATCH_REASONS = ("GPUFellOffBus", "GPUXidFatal", "GPUMissing")
+# the Event reasons of checks.py's repairs that `counts` counts, and under which name
+COUNTED = {"ContainerdConfigRepaired": "containerd_repairs",
+           "CDISpecRegenerated": "cdi_regenerations"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,10 @@ class WatchState:
     # the latest repair or problem of checks.py, per kind ("containerd", "cdi"):
     # {status: repaired|regenerated|problem, message, at[, restart]}
     findings: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Xids read this boot, per GPU and code ("addr/code" → how many; at most MAX_EVENT_KEYS)
+    xids: dict[str, int] = field(default_factory=dict)
+    # repairs made this boot, per name of COUNTED
+    counts: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA, **asdict(self)}
@@ -125,8 +135,10 @@ def parse(doc: Any) -> WatchState:
     for finding in findings.values():
         if "event" in finding and not _event(finding["event"]):
             raise ValueError("a finding's unreported event is not an Event's JSON")
+    xids, counts = _counts(doc, "xids"), _counts(doc, "counts")
     return WatchState(boot_id, last_seq, fatal, dict(list(events.items())[-MAX_EVENT_KEYS:]),
-                      gpus, missing, condition, str(doc.get("updated_at") or ""), findings)
+                      gpus, missing, condition, str(doc.get("updated_at") or ""), findings,
+                      dict(list(xids.items())[-MAX_EVENT_KEYS:]), counts)
 
 
 def write(host: Host, state: WatchState) -> None:
@@ -143,6 +155,15 @@ def _event(text: str) -> bool:
         return False
     return isinstance(change, dict) and all(
         isinstance(change.get(k), str) for k in ("kind", "type", "reason", "message"))
+
+
+def _counts(doc: dict[str, Any], key: str) -> dict[str, int]:
+    """A map of counts; absent in a state an older gpunode wrote (then nothing was counted)."""
+    value = doc.get(key) or {}
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and records.is_int(v) and v >= 0 for k, v in value.items()):
+        raise ValueError(f"{key} is not a map of counts")
+    return value
 
 
 def _list(doc: dict[str, Any], key: str) -> list[Any]:

@@ -103,6 +103,9 @@ MEANINGS: dict[str, str] = {
                                 "on the node, `never` leaves it to you, `always` restarts it "
                                 "at once; otherwise the Event and `status` say \"restart "
                                 "pending\"",
+    "metrics.textfile": "where `gpunode watch` writes the node's metrics on every pass, for "
+                        "node-exporter's textfile collector, which reads only names ending in "
+                        "`.prom` ([metrics.md](metrics.md)); `\"\"`: nowhere",
 }
 
 # A value every check refuses, per TOML type: the refusal is the rule, in load_config's words.

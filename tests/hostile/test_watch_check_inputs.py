@@ -24,7 +24,9 @@ from hostile.support import Cli, assert_unchanged, snapshot
 T4 = "nc4as-t4-v3"
 BIGGER = "COREOS_AZURE_VMSIZE=Standard_NC64as_T4_v3\n"  # 4 GPUs: believed, a GPUMissing
 WATCH_OWN = ("run", "run/gpunode", "run/gpunode/lock", "run/gpunode/watch.json",
-             "run/gpunode/watch.lock")
+             "run/gpunode/watch.lock", "var/lib/node_exporter",  # and its metrics file
+             "var/lib/node_exporter/textfile_collector",
+             "var/lib/node_exporter/textfile_collector/gpunode.prom")
 
 
 @pytest.fixture

@@ -11,7 +11,14 @@ import pytest
 
 from conftest import TEST_DATA
 from gpunode.cli.main import main
-from gpunode.config import AgentConfig, ContainerdConfig, KubeletConfig, LogConfig, load_config
+from gpunode.config import (
+    AgentConfig,
+    ContainerdConfig,
+    KubeletConfig,
+    LogConfig,
+    MetricsConfig,
+    load_config,
+)
 from gpunode.errors import ConfigError
 from gpunode.platform.host import Host
 
@@ -48,6 +55,7 @@ def test_every_documented_key_is_read(tmp_path: Path) -> None:
                                                  config_path="/etc/containerd/config.toml")
     assert config.kubelet == KubeletConfig(
         device_plugin_socket="/var/lib/kubelet/device-plugins/nvidia.sock")
+    assert config.metrics == MetricsConfig(textfile="")  # "": the watch writes no metrics file
 
 
 @pytest.mark.parametrize("source", INVALID, ids=[p.stem for p in INVALID])

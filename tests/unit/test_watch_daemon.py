@@ -161,6 +161,36 @@ def test_an_xid_79_fed_to_the_fifo_is_one_gpu_ready_patch_and_only_new_lines_are
     assert saved["last_seq"] == 2
 
 
+METRICS = "var/lib/node_exporter/textfile_collector/gpunode.prom"
+
+
+def test_the_daemon_writes_the_metrics_file_after_its_passes(t4: Host) -> None:
+    path = fifo(t4)
+    d, _ = make(t4, Clock(), [feed(path, f"3,1,{SECOND},-;NVRM: Xid ({XID}): 79, pid=1122, GPU "
+                                         "has fallen off the bus."), None, None], FakeApi())
+    assert d.run() == 0
+    text = (t4.root / METRICS).read_text()
+    assert f'gpunode_xids_total{{address="{T4}",code="79"}} 1' in text
+    assert 'state="fell-off-bus"} 1' in text
+
+
+def test_records_already_waiting_are_reported_before_the_metrics_file_is_written(
+        t4: Host) -> None:
+    path = fifo(t4)
+    d, _ = make(t4, Clock(), [], FakeApi())
+    stream = kmsg.RecordStream(t4, once.KMSG)
+    try:
+        d._metrics_due, d._metrics_at = True, d.clock() - 1  # written a second ago
+        feed(path, f"3,1,{SECOND},-;NVRM: Xid ({XID}): 79, GPU has fallen off the bus.")()
+        d._write_metrics(stream)
+        assert not (t4.root / METRICS).exists() and d._metrics_due  # the Xid goes first
+        d.clock.now += daemon.TICK_SECONDS  # but the file is never a periodic check late
+        d._write_metrics(stream)
+        assert (t4.root / METRICS).exists() and not d._metrics_due
+    finally:
+        stream.close()
+
+
 class DownApi(FakeApi):
     """An API server that is unreachable (or refuses with `status`) until `up` is set."""
 
