@@ -270,12 +270,12 @@ def boot_path_figures() -> dict[str, float | None]:
 
 
 def heavy_imports(argv: list[str], env: dict[str, str]) -> list[str]:
-    """Which of tomlkit and the D-Bus client the command imports (python -X importtime)."""
+    """Which of tomlkit and pystemd the command imports (python -X importtime)."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpunode", *argv],
                           capture_output=True, text=True, env=env, check=False)
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()
                 if line.startswith("import time:")}
-    return [name for name in ("tomlkit", "gpunode.dbus") if name in imported]
+    return [name for name in ("tomlkit", "pystemd") if name in imported]
 
 
 def main() -> int:
@@ -367,7 +367,7 @@ def main() -> int:
         summary[f"configure_{name.replace('-', '_')}_ms"] = ms
         summary[f"configure_{name.replace('-', '_')}_ratio"] = ms / base
         print(f"    {name}: median {ms:.1f} ms, {ms / base:.1f}x python -c pass")
-    print(f"    no-change run imports tomlkit/gpunode.dbus: {', '.join(heavy) or 'neither'}")
+    print(f"    no-change run imports tomlkit/pystemd: {', '.join(heavy) or 'neither'}")
     for what in ("version", "noop"):
         ours, venv = median_ms(bundle[f"bundle_{what}"]), median_ms(bundle[f"venv_{what}"])
         summary[f"bundle_{what}_ms"], summary[f"venv_{what}_ms"] = ours, venv

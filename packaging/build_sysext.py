@@ -4,9 +4,9 @@
     make sysext                                  # the same, into packaging/build/
 
 Flatcar has no Python, so the image carries its own: a CPython 3.11 (its executable, standard
-library and shared libraries; `--python`, below), relocated to /usr/lib/gpunode, with gpunode,
-tomlkit, pyudev, structlog and PyYAML (as this script's environment has them) beside the
-standard library, all byte compiled.
+library and shared libraries; `--python`, below), relocated to /usr/lib/gpunode, with gpunode
+and its dependencies (tomlkit, pyudev, structlog, PyYAML, pystemd with lxml and psutil, as this
+script's environment has them) beside the standard library, all byte compiled.
 The image holds
 
     usr/bin/gpunode                                                 the launcher (below)
@@ -50,7 +50,9 @@ Debian 12 that is glibc 2.36 (the interpreter and its libraries link against it;
 is never bundled, the node's is used). Flatcar stable ships a newer glibc than 2.36, so the
 bundle runs there. Build on a machine whose glibc is at most the oldest Flatcar's you target.
 libudev is not bundled either: pyudev loads the node's libudev.so.1 (Flatcar has it) through
-ctypes at run time, and gpunode reads sysfs when it cannot.
+ctypes at run time, and gpunode reads sysfs when it cannot. pystemd's modules link libsystemd,
+so the build machine's libsystemd.so.0 is bundled (with libgcrypt, libzstd, liblz4, liblzma and
+libcap): a D-Bus client, whose wire protocol does not change with the node's systemd.
 
 **Enabling the units.** Units inside an extension cannot be enabled at build time: `systemctl
 enable` writes symlinks to /etc, which the image does not carry (links in the image's own
@@ -159,8 +161,10 @@ LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
                 "bz2", "http.client", "urllib.request", "ssl", "ctypes",
                 # gpunode.host's (only some commands need them) and the build script's reader
                 "hashlib", "fnmatch", "shutil", "socket", "importlib.resources",
-                # the D-Bus client's socket, the journal's SHA-256 and base64 (without
-                # socket's, hashlib's and base64's imports: gpunode/dbus.py, journal.py)
+                # systemd over D-Bus (its Cython modules and the libsystemd they link)
+                "pystemd", "pystemd.dbuslib", "pystemd.dbusexc",
+                # sd_notify's socket, the journal's SHA-256 and base64 (without socket's,
+                # hashlib's and base64's imports: sdnotify.py, journal.py)
                 "_socket", "_sha2" if sys.version_info >= (3, 12) else "_sha256", "binascii")
 # The launchers: the bundled interpreter isolated (-I: no PYTHON* variables, no user site, no
 # script directory on the path) and without site (-S: gpunode and its dependencies lie in the
@@ -465,6 +469,12 @@ def check_bundle(bundle_dir: Path) -> None:
                           text=True, env={"PATH": "/usr/bin:/bin"}, check=False)
     if done.returncode != 0 or not done.stdout.startswith("gpunode "):
         raise BuildError(f"the bundled gpunode does not run: {done.stdout}{done.stderr}")
+    # the extension modules load with the libraries the bundle carries (libsystemd's: RPATH)
+    done = subprocess.run([str(bundle_dir / "bin" / STDLIB), "-IS", "-c",
+                           "import pystemd.dbuslib, yaml"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, check=False)
+    if done.returncode != 0:
+        raise BuildError(f"the bundle cannot load pystemd: {done.stderr.strip()[-400:]}")
 
 
 # -- the image -------------------------------------------------------------------------------
