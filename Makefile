@@ -12,7 +12,7 @@ APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 
 .PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm fetch-nvidia \
         fetch-cuda fetch-promtool bench clean
 
-# pystemd (the systemd harness's own D-Bus check) builds from source against libsystemd; pci.ids gives detect real product names;
+# pystemd (gpunode's D-Bus binding to systemd) builds from source against libsystemd; pci.ids gives detect real product names;
 # shellcheck checks gpunode/driver/build.sh in the tests; podman (run by crun) starts containers
 # from a busybox-static root file system as a second CDI consumer (gpunode_testing.podman);
 # xz-utils and libelf1: NVIDIA's module sources are .tar.xz, and the kernel's kbuild tools that

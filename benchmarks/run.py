@@ -279,7 +279,7 @@ HEAVY = ("tomlkit", "jeepney", "pystemd")
 
 
 def heavy_imports(argv: list[str], env: dict[str, str]) -> list[str]:
-    """Which of tomlkit and the D-Bus library the command imports (python -X importtime)."""
+    """Which of tomlkit and pystemd the command imports (python -X importtime)."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpunode", *argv],
                           capture_output=True, text=True, env=env, check=False)
     imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines()

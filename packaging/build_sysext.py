@@ -4,9 +4,9 @@
     make sysext                                  # the same, into packaging/build/
 
 Flatcar has no Python, so the image carries its own: a CPython 3.11 (its executable, standard
-library and shared libraries; `--python`, below), relocated to /usr/lib/gpunode, with gpunode,
-tomlkit, pyudev, structlog and PyYAML (as this script's environment has them) beside the
-standard library, all byte compiled.
+library and shared libraries; `--python`, below), relocated to /usr/lib/gpunode, with gpunode
+and its dependencies (tomlkit, pyudev, structlog, PyYAML, pystemd with lxml and psutil, as this
+script's environment has them) beside the standard library, all byte compiled.
 The image holds
 
     usr/bin/gpunode                                                 the launcher (below)
@@ -49,7 +49,9 @@ Debian 12 that is glibc 2.36 (the interpreter and its libraries link against it;
 is never bundled, the node's is used). Flatcar stable ships a newer glibc than 2.36, so the
 bundle runs there. Build on a machine whose glibc is at most the oldest Flatcar's you target.
 libudev is not bundled either: pyudev loads the node's libudev.so.1 (Flatcar has it) through
-ctypes at run time, and gpunode reads sysfs when it cannot.
+ctypes at run time, and gpunode reads sysfs when it cannot. pystemd's modules link libsystemd,
+so the build machine's libsystemd.so.0 is bundled (with libgcrypt, libzstd, liblz4, liblzma and
+libcap): a D-Bus client, whose wire protocol does not change with the node's systemd.
 
 **Enabling the units.** Units inside an extension cannot be enabled at build time: `systemctl
 enable` writes symlinks to /etc, which the image does not carry (links in the image's own
@@ -152,7 +154,9 @@ PACKAGE_DATA = ("gpunode/driver/build.sh", "gpunode/delivery/units/containerd-en
 LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
                 "bz2", "http.client", "urllib.request", "ssl", "ctypes",
                 # only some commands need them: digests, globs, trees, sockets, package data
-                "hashlib", "fnmatch", "shutil", "socket", "importlib.resources")
+                "hashlib", "fnmatch", "shutil", "socket", "importlib.resources",
+                # systemd over D-Bus (its Cython modules and the libsystemd they link)
+                "pystemd", "pystemd.dbuslib", "pystemd.dbusexc")
 # The launchers: the bundled interpreter isolated (-I: no PYTHON* variables, no user site, no
 # script directory on the path) and without site (-S: gpunode and its dependencies lie in the
 # standard library's directory), found from where the launcher itself lies, so the unpacked
@@ -448,6 +452,12 @@ def check_bundle(bundle_dir: Path) -> None:
                           text=True, env={"PATH": "/usr/bin:/bin"}, check=False)
     if done.returncode != 0 or not done.stdout.startswith("gpunode "):
         raise BuildError(f"the bundled gpunode does not run: {done.stdout}{done.stderr}")
+    # the extension modules load with the libraries the bundle carries (libsystemd's: RPATH)
+    done = subprocess.run([str(bundle_dir / "bin" / STDLIB), "-IS", "-c",
+                           "import pystemd.dbuslib, yaml"], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin"}, check=False)
+    if done.returncode != 0:
+        raise BuildError(f"the bundle cannot load pystemd: {done.stderr.strip()[-400:]}")
 
 
 # -- the image -------------------------------------------------------------------------------

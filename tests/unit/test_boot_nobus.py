@@ -18,7 +18,8 @@ from gpunode.platform.systemd import NoSystemd
 class NoBus(NoSystemd):
     """The D-Bus adapter as it answers on a live host with no reachable bus."""
 
-    unavailable_reason = "no systemd on the system bus ([err -2]: Could not open a bus to DBus)"
+    unavailable_reason = ("no systemd on the system bus (unix:path=/run/dbus/system_bus_socket: "
+                          "Could not open a bus to DBus (No such file or directory))")
 
 
 def test_boot_preflight_on_a_live_host_without_a_bus_logs_that_it_could_not_check(
