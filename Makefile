@@ -9,8 +9,8 @@ APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 
                 systemd dbus containerd kmod binutils ignition squashfs-tools openssl shellcheck \
                 podman crun busybox-static e2fsprogs util-linux patchelf xz-utils libelf1
 
-.PHONY: setup demo test lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm fetch-nvidia \
-        fetch-cuda fetch-promtool bench clean
+.PHONY: setup demo test test-python lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm \
+        fetch-nvidia fetch-cuda fetch-promtool bench clean
 
 # pystemd (gpunode's D-Bus binding to systemd) builds from source against libsystemd; pci.ids gives detect real product names;
 # shellcheck checks gpunode/driver/build.sh in the tests; podman (run by crun) starts containers
@@ -87,13 +87,36 @@ fetch-promtool: setup
 test: lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm fetch-nvidia fetch-cuda \
       fetch-promtool
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory test-python PY=3.13 TESTS=tests
+	$(MAKE) --no-print-directory test-python PY=3.12 TESTS="tests/unit tests/hostile"
+
+# gpunode supports CPython 3.11 (the venv above, Debian 12's), 3.12 and 3.13 (Debian 13's):
+# the whole suite runs again on 3.13, the unit and hostile tests on 3.12, each in a virtualenv
+# of its own (.venv-3.X) made from the newest pyenv interpreter of that version (the machine
+# image carries them; $PYENV_ROOT, default ~/.pyenv). Where there is none, it says so and
+# skips: `pyenv install 3.13` provides one.
+test-python: $(VENV)/.apt-done
+	@py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(PY).*/bin/python$(PY) 2>/dev/null \
+	    | sort -V | tail -n 1); \
+	if [ -z "$$py" ]; then echo "SKIPPED on CPython $(PY): no pyenv interpreter" \
+	    "($${PYENV_ROOT:-$$HOME/.pyenv}/versions/$(PY).*)"; exit 0; fi; \
+	venv=.venv-$(PY); \
+	if [ ! -f $$venv/.installed ] || [ pyproject.toml -nt $$venv/.installed ] \
+	    || [ testing/pyproject.toml -nt $$venv/.installed ]; then \
+	    echo "virtualenv $$venv from $$py"; rm -rf $$venv && $$py -m venv $$venv \
+	    && $$venv/bin/pip install -q --upgrade pip \
+	    && $$venv/bin/pip install -q --config-settings editable_mode=compat -e '.[test]' \
+	    && $$venv/bin/pip install -q --no-deps --config-settings editable_mode=compat -e testing \
+	    && touch $$venv/.installed || exit 1; fi; \
+	echo "pytest on $$($$venv/bin/python --version): $(TESTS)"; \
+	$$venv/bin/python -m pytest -q -p no:cacheprovider $(TESTS)
 
 # run.py runs boot_path.py's real-systemd figures too (as root) and prints one JSON line last.
 bench: setup fetch-containerd
 	$(BIN)/python benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-3.* $(DEMO) .pytest_cache .ruff_cache
 
 # gpunode as a Flatcar system extension (packaging/build_sysext.py): this Python relocated with
 # gpunode (patchelf sets the libraries' RPATH), the units and their enabling drop-in, in

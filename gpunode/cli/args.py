@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpunode import __version__, log
 from gpunode.cdi import spec as cdi
@@ -164,7 +164,8 @@ def _image(image: argparse.ArgumentParser) -> None:
                       help="the bake config (docs/cli.md, 'gpunode image bake')")
 
 
-def _containerd(actions: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _containerd(actions: Any) -> None:
+    """The containerd command's actions (`actions`: what add_subparsers returned)."""
     configure = actions.add_parser("configure", help="add or reconcile the nvidia runtime")
     configure.add_argument("--config", dest="containerd_config", metavar="PATH",
                            help="containerd config file to edit in place (default: the one "

@@ -15,6 +15,7 @@ of a node whose kubelet stopped reporting is stale.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,7 +74,7 @@ class Row:
                 "gpunode_version": self.gpunode}
 
 
-def kubeconfig_path(given: str | None, environ: dict[str, str] | os._Environ[str]) -> str:
+def kubeconfig_path(given: str | None, environ: Mapping[str, str]) -> str:
     """--kubeconfig, else KUBECONFIG (one file: gpunode merges none), else ~/.kube/config;
     made absolute against the working directory."""
     if given is None:

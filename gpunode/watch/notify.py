@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 from gpunode import log
 from gpunode.platform import sdnotify
@@ -81,7 +81,7 @@ class Notifier:
             self._socket = None
 
 
-def forget_environment(environ: dict[str, str] | os._Environ[str] | None = None) -> None:
+def forget_environment(environ: MutableMapping[str, str] | None = None) -> None:
     """Remove the manager's variables, so no program the watch runs takes them for its own
     (sd_notify's unset_environment)."""
     env = os.environ if environ is None else environ

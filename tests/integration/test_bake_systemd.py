@@ -21,6 +21,7 @@ import json
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -122,7 +123,8 @@ def test_a_baked_image_boots_gpunode_from_the_merged_usr_before_containerd(
         assert ns.run(["cat", unit["FragmentPath"]]).stdout == \
             (REPO / "units/gpunode.service").read_text()
         assert (unit["Result"], unit["ExecMainStatus"]) == ("success", "0")
-        assert "/lib/gpunode/bin/python3.11" in ns.run(["cat", "/usr/bin/gpunode"]).stdout
+        python = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        assert f"/lib/gpunode/bin/{python}" in ns.run(["cat", "/usr/bin/gpunode"]).stdout
         assert ns.run(["/usr/bin/gpunode", "--version"]).stdout.startswith("gpunode ")
         containerd = ns.unit_properties("containerd.service", "ExecMainStartTimestampMonotonic",
                                         "NRestarts")
