@@ -49,6 +49,7 @@ Every read goes through the Host, so `--root` holds and a link out of the root i
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -344,6 +345,11 @@ def _other_version(entry: str) -> str | None:
     return None
 
 
+# What each library file said, by the file's identity: the watch regenerates the spec every
+# pass, and a file whose inode, size and mtime are the same need not be parsed again.
+_READ: dict[tuple[int, int, int, int], elf.Library] = {}
+
+
 def _read_library(host: Host, path: str, name: str) -> tuple[str | None, str | None]:
     """(its SONAME, None) for a 64-bit shared library of `name`; (None, why not) for
     anything else: a FIFO, a link out of the root, a 32-bit copy, a file no ELF reader can
@@ -351,7 +357,9 @@ def _read_library(host: Host, path: str, name: str) -> tuple[str | None, str | N
     say, in a container that searches the driver's directory first)."""
     try:
         with host.open_file(path) as stream:
-            library = elf.read(stream)
+            st = os.fstat(stream.fileno())
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            library = _READ.get(key) or _READ.setdefault(key, elf.read(stream))
     except GpunodeError as exc:
         return None, f"is refused: {exc}"
     except elf.NotALibrary as exc:
