@@ -441,15 +441,19 @@ def _executable(host: Host, path: str) -> bool:
 
 
 def _ipc(host: Host, path: str, kind: Callable[[int], bool]) -> str | None:
-    """`path` (or the same under /var/run, where the toolkit looks next) when it is there
-    and of `kind` (a socket, a directory)."""
+    """`path` (or the same under /var/run, where the toolkit looks next) when it is there,
+    of `kind` (a socket, a directory) and itself, not a link; in /tmp also root's. These are
+    mounted writable into every GPU container, and /tmp is anyone's: a /tmp/nvidia-mps that
+    another user made, or a link there to somewhere else, would hand containers that place.
+    (In /run only root makes entries; persistenced's socket may be its --user's.)"""
     for candidate in (path, path.replace("/run/", "/var/run/", 1)) if path.startswith(
             "/run/") else (path,):
         try:
-            st = host.stat(candidate)
+            st = host.lstat(candidate)
         except GpunodeError:
             continue
-        if st is not None and kind(st.st_mode):
+        if st is not None and kind(st.st_mode) and (
+                st.st_uid == 0 or not candidate.startswith("/tmp/")):
             return candidate
     return None
 

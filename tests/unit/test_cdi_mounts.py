@@ -157,6 +157,8 @@ def test_fabric_manager_socket_and_mps_pipes_are_mounted_with_the_toolkits_optio
     socket = host.root / "var/run/nvidia-fabricmanager/socket"  # the toolkit looks here second
     socket.parent.mkdir(parents=True)
     os.mknod(socket, stat.S_IFSOCK | 0o600)
+    if os.geteuid() == 0:  # a socket in /run may be a service user's (persistenced --user)
+        os.chown(socket, 1000, 1000)
     (host.root / "tmp/nvidia-mps").mkdir(parents=True)
     found = mounts(host)
     ipc = ["nosuid", "nodev", "rbind", "rprivate", "noexec"]
@@ -172,6 +174,24 @@ def test_no_ipc_endpoint_is_mounted_where_there_is_none(make_host: HostFactory) 
     (host.root / "tmp/nvidia-mps").parent.mkdir(parents=True, exist_ok=True)
     (host.root / "tmp/nvidia-mps").write_text("a file, not the MPS pipe directory\n")
     assert not [c for c in mounts(host) if c.startswith(("/run/", "/var/run/", "/tmp/"))]
+
+
+@pytest.mark.parametrize("mps", ["a-link-to-root-s-home", "another-user-s"])
+def test_an_mps_pipe_directory_anyone_could_have_made_is_not_mounted(
+        make_host: HostFactory, mps: str) -> None:
+    """/tmp is anyone's: a link named /tmp/nvidia-mps, or such a directory another user
+    owns, would be mounted writable into every GPU container; neither is."""
+    host = make_host(T4, "driver")
+    pipes = host.root / "tmp/nvidia-mps"
+    pipes.parent.mkdir(parents=True, exist_ok=True)
+    if mps == "a-link-to-root-s-home":
+        (host.root / "root").mkdir(exist_ok=True)
+        pipes.symlink_to("/root")
+    else:
+        pipes.mkdir()
+        if os.geteuid() == 0:  # else it is this (unprivileged) user's already
+            os.chown(pipes, 1000, 1000)
+    assert "/tmp/nvidia-mps" not in mounts(host)
 
 
 def _hooks(host: Host) -> list[list[str]]:
