@@ -65,9 +65,10 @@ def read(stream: BinaryIO) -> Library:
             raise NotALibrary(f"is an ELF file of type {elf['e_type']}, not a shared library")
         return Library(elf.elfclass, _soname(elf) if elf.elfclass == 64 else None)
     except (ELFError, ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError,
-            OSError) as exc:
-        # pyelftools' own errors, and what a header pointing outside the file or a string
-        # that is no UTF-8 makes the stream or the decoder raise
+            OSError, AssertionError) as exc:
+        # pyelftools' own errors; what a header pointing outside the file or a string that
+        # is no UTF-8 makes the stream or the decoder raise; and pyelftools' assertion that
+        # a dynamic table has a string table (dynamic.py, _get_stringtable)
         raise NotALibrary(f"is not a readable ELF shared library ({_first_line(exc)})") \
             from None
 
