@@ -36,6 +36,9 @@ REGISTER_WITH = ("chart", "kubelet")
 # "gpu-operator" NVIDIA's GPU Operator owns those, and gpunode only its gpunode.io/ labels,
 # GPUReady and an nvidia-smi its validator finds.
 STACKS = ("gpunode", "gpu-operator")
+# The NVIDIA_DRIVER_CAPABILITIES names whose driver files gpunode's CDI spec can mount (the
+# toolkit's internal/config/image/capabilities.go, less compat32: docs/gpu-requests.md).
+CDI_CAPABILITIES = ("compute", "utility", "video", "graphics", "display", "ngx")
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,20 @@ class DriverConfig:
     build: BuildConfig = field(default_factory=BuildConfig)
 
 
+@dataclass(frozen=True)
+class CdiConfig:
+    """The `[cdi]` table: what gpunode's CDI spec gives every GPU container."""
+
+    # CDI_CAPABILITIES names whose driver files the spec mounts; "all": every one, as
+    # `nvidia-ctk cdi generate` mounts every library of the driver (docs/gpu-requests.md)
+    capabilities: tuple[str, ...] = ("all",)
+
+    @property
+    def wanted(self) -> frozenset[str]:
+        """The capabilities named, "all" spelled out."""
+        return frozenset(CDI_CAPABILITIES if "all" in self.capabilities else self.capabilities)
+
+
 # The Xids watch.fatal_xids and watch.ignored_xids default to (gpunode/watch/xid.py says where
 # they come from); kept here, so that every command's config needs none of xid.py's patterns
 DEFAULT_FATAL = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
@@ -175,6 +192,7 @@ class AgentConfig:
     containerd: ContainerdConfig = field(default_factory=ContainerdConfig)
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     driver: DriverConfig = field(default_factory=DriverConfig)
+    cdi: CdiConfig = field(default_factory=CdiConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -243,6 +261,17 @@ def _runtime_name(value: Any) -> str | None:
     return "must be letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
+def _capabilities(value: tuple[str, ...]) -> str | None:
+    if not value:
+        return f"must name at least one of all, {', '.join(CDI_CAPABILITIES)}"
+    if "compat32" in value:
+        return ("names compat32: gpunode mounts no 32-bit libraries (docs/gpu-requests.md); "
+                f"valid are all, {', '.join(CDI_CAPABILITIES)}")
+    if not set(value) <= {"all", *CDI_CAPABILITIES}:
+        return f"may only name all, {', '.join(CDI_CAPABILITIES)}"
+    return None
+
+
 def _xids(value: Any) -> str | None:
     if all(isinstance(v, int) and 1 <= v <= 65535 for v in value):
         return None
@@ -285,6 +314,7 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("driver", "module_params"): lambda v: None if set(v) <= set(DRIVER_MODULES)
     else f"may only name the modules {', '.join(DRIVER_MODULES)}",
     ("driver.build", "dev_container_sha512"): lambda v: _hex_digest(v, 128),
+    ("cdi", "capabilities"): _capabilities,
     ("kubernetes", "kubeconfig"): _absolute_path,
     ("kubernetes", "node_name"): lambda v: _node_name(v),
     ("kubernetes", "labels"): _node_labels,

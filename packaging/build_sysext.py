@@ -5,8 +5,8 @@
 
 Flatcar has no Python, so the image carries its own: a CPython 3.11 (its executable, standard
 library and shared libraries; `--python`, below), relocated to /usr/lib/gpunode, with gpunode
-and its dependencies (tomlkit, pyudev, structlog, PyYAML, pystemd with lxml and psutil, as this
-script's environment has them) beside the standard library, all byte compiled.
+and its dependencies (tomlkit, pyudev, structlog, PyYAML, pyelftools, pystemd with lxml and
+psutil, as this script's environment has them) beside the standard library, all byte compiled.
 The image holds
 
     usr/bin/gpunode                                                 the launcher (below)
@@ -151,7 +151,7 @@ GLIBC = ("libc.so", "libm.so", "libpthread.so", "libdl.so", "librt.so", "libutil
 PACKAGE_DATA = ("gpunode/driver/build.sh", "gpunode/delivery/units/containerd-env.conf",
                 *(f"gpunode/delivery/units/{unit}" for unit in UNIT_NAMES))
 # Modules gpunode imports lazily that the bundle must hold; checked after the build.
-LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev",
+LAZY_IMPORTS = ("yaml", "tomlkit", "pyudev", "structlog", "structlog.dev", "elftools.elf.elffile",
                 "bz2", "http.client", "urllib.request", "ssl", "ctypes",
                 # only some commands need them: digests, globs, trees, sockets, package data
                 "hashlib", "fnmatch", "shutil", "socket", "importlib.resources",

@@ -2,7 +2,8 @@
 
 gpunode/cdi/spec.py makes the spec from facts; this module reads them (the loaded driver's version
 and GPUs from /proc/driver/nvidia, the device nodes it calls for from driver/devices.py, its
-user-space from driver/userspace.py, whether nvidia-cdi-hook is there) and writes the file
+user-space from driver/userspace.py, whether nvidia-cdi-hook is there and which commands it
+has) and writes the file
 for `gpunode cdi generate --output` and boot's `cdi` step.
 """
 
@@ -10,10 +11,11 @@ from __future__ import annotations
 
 import re
 import stat
+from collections.abc import Collection
 from typing import Any
 
 from gpunode.cdi import spec as cdi
-from gpunode.config import DriverConfig
+from gpunode.config import CDI_CAPABILITIES, DriverConfig
 from gpunode.driver import devices, userspace
 from gpunode.errors import DriverError, GpunodeError, UsageError
 from gpunode.gpu import driverinfo
@@ -61,11 +63,35 @@ def hook(host: Host) -> str | None:
     return cdi.HOOK if host.is_executable_file(cdi.HOOK) else None
 
 
+HOOK_LIMIT = 256 << 20  # the toolkit's hook is a Go program of some 5 MB
+
+
+def has_command(host: Host, program: str, command: str) -> bool:
+    """Whether the hook program knows `command`: its name is in the program's bytes (a Go
+    program keeps its command names as strings). The hook is read, not run: an older hook
+    (the toolkit before 1.17.5 has no enable-cuda-compat) exits non-zero on a command it
+    does not know, which would fail every container the spec is used for, and a node under
+    --root cannot run its programs here."""
+    needle, tail, read = command.encode(), b"", 0
+    try:
+        for chunk in host.read_chunks(program):
+            if needle in tail + chunk:
+                return True
+            tail, read = chunk[-len(needle):], read + len(chunk)
+            if read > HOOK_LIMIT:
+                return False
+    except GpunodeError:
+        return False
+    return False
+
+
 def generate(host: Host, prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
-             found: userspace.DriverRoot | None = None) -> dict[str, Any]:
+             found: userspace.DriverRoot | None = None,
+             capabilities: Collection[str] = CDI_CAPABILITIES) -> dict[str, Any]:
     """The spec for the node as it is now (the user-space searched as the driver step searches
     it, driver.prebuilt_dirs included, or `found`, the driver step's, when it is of the loaded
-    version); DriverError when the driver or its user-space is missing."""
+    version), mounting the driver's files of `capabilities` (the agent config's
+    cdi.capabilities); DriverError when the driver or its user-space is missing."""
     version = driver_version(host)
     the_gpus = gpus(host)
     if not the_gpus:
@@ -79,14 +105,19 @@ def generate(host: Host, prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_
     # nvidia-uvm-tools and nvidia-modeset (nvidia-container-toolkit pkg/nvcdi/common-nvml.go).
     nodes = [n for n in devices.for_host(host)
              if not n.path.startswith(devices.CAPS_NODE_DIR + "/")]
-    return cdi.spec(nodes, the_gpus, root, hook(host))
+    the_hook = hook(host)
+    compat = the_hook is not None and has_command(host, the_hook, cdi.COMPAT_HOOK)
+    return cdi.spec(nodes, the_gpus, root, the_hook, capabilities, compat)
 
 
 def inputs() -> list[str]:
     """What the spec depends on beyond the driver step's inputs (its /proc files, device nodes
-    and the directories of the user-space it found, userspace.watched): the persistenced
-    socket, the hook and the file itself."""
-    return sorted({userspace.PERSISTENCED_SOCKET, cdi.HOOK, cdi.SPEC_PATH})
+    and the directories of the user-space it found, userspace.watched): the IPC endpoints,
+    the config files, the hook and the file itself."""
+    return sorted({userspace.PERSISTENCED_SOCKET, userspace.FABRICMANAGER_SOCKET,
+                   userspace.MPS_PIPE_DIR, cdi.HOOK, cdi.SPEC_PATH,
+                   *(f"{d}/{rel}" for rel, _, _ in userspace.CONFIGS
+                     for d in userspace.CONFIG_DIRS)})
 
 
 def check_output(host: Host, output: str | None) -> str | None:
@@ -132,7 +163,9 @@ def _layout(document: dict[str, Any]) -> str:
 
 def preview(host: Host, has_gpus: bool,
             prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
-            found: userspace.DriverRoot | None = None) -> tuple[str | None, dict[str, Any]]:
+            found: userspace.DriverRoot | None = None,
+            capabilities: Collection[str] = CDI_CAPABILITIES,
+            ) -> tuple[str | None, dict[str, Any]]:
     """(what boot would do to the spec file, or None; the record's fields). With GPUs the spec
     is made from the node as it is now (DriverError when it cannot be); without, a spec
     gpunode wrote is removed."""
@@ -141,7 +174,7 @@ def preview(host: Host, has_gpus: bool,
         ours = written_by_gpunode(host, path)
         return (f"remove {path}: the node has no GPU" if ours else None), {
             "path": path, "removed": ours, "data": None}
-    document = generate(host, prebuilt_dirs, found)
+    document = generate(host, prebuilt_dirs, found, capabilities)
     data = cdi.render(document, "yaml")
     fields = {"path": path, "devices": len(document["devices"]), "layout": _layout(document),
               "cdi_version": document["cdiVersion"], "data": data}
@@ -154,9 +187,10 @@ def preview(host: Host, has_gpus: bool,
 
 def apply(host: Host, has_gpus: bool, record: dict[str, Any],
           prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_dirs,
-          found: userspace.DriverRoot | None = None) -> bool:
+          found: userspace.DriverRoot | None = None,
+          capabilities: Collection[str] = CDI_CAPABILITIES) -> bool:
     """Write (or remove) the spec file as preview says; True when the node changed."""
-    line, fields = preview(host, has_gpus, prebuilt_dirs, found)
+    line, fields = preview(host, has_gpus, prebuilt_dirs, found, capabilities)
     data = fields.pop("data")
     record.update(fields)
     if line is None:

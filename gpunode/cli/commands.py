@@ -201,7 +201,8 @@ def cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> i
             log.get().info("cdi.no_gpu", note="no NVIDIA GPU on this node: no CDI spec, "
                            "nothing written")
             return EXIT_OK
-        document = cdinode.generate(host, config.driver.prebuilt_dirs)
+        document = cdinode.generate(host, config.driver.prebuilt_dirs,
+                                    capabilities=config.cdi.wanted)
         data = cdi.render(document, args.format)
         fields.update(devices=len(document["devices"]), cdi_version=document["cdiVersion"])
         if output is None:

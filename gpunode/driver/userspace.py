@@ -5,16 +5,25 @@ the rest (the CDI spec, `driver status`). Only files of the *loaded* driver's ve
 a library for another version (a stale install, a sysext of another branch) is never taken.
 
 Which files (sources, read for their facts, no code copied):
-- libraries: the compute and utility sets of libnvidia-container's `src/nvc_info.c`
-  (`compute_libs`, `utility_libs`: libcuda, libnvidia-ml, …), each as
+- libraries: libnvidia-container's lists per NVIDIA_DRIVER_CAPABILITIES name
+  (`src/nvc_info.c`: `utility_libs`, `compute_libs`, `video_libs`, `graphics_libs` with
+  `graphics_libs_glvnd`, `ngx_libs`; "display" has none there), plus the toolkit's
+  libnvidia-vulkan-producer (`internal/discover/graphics.go`), each as
   `lib<name>.so.<version>`, the version-suffix rule of the NVIDIA container toolkit's CDI
-  generator (`pkg/nvcdi/driver-nvml.go`, `getVersionLibs`: "*.so." + version). Only 64-bit
-  ELF files: Gentoo's multilib puts the 32-bit copies in /usr/lib (the ebuild's COMPAT32).
+  generator (`pkg/nvcdi/driver-nvml.go`, `getVersionLibs`: "*.so." + version), with the
+  SONAME each file names (driver/elf.py). Only 64-bit ELF shared objects: Gentoo's multilib
+  puts the 32-bit copies in /usr/lib (the ebuild's COMPAT32); a file that is no readable
+  ELF shared object, or names a SONAME that is not its own library's, is left out, named.
 - binaries: the toolkit's `newDriverBinariesDiscoverer` (same file) without the IMEX tools.
 - firmware: `nvidia/<version>/gsp*.bin` in the kernel's firmware search path (the toolkit's
   `getFirmwareSearchPaths`: firmware_class.path, then /lib/firmware/updates/<kernel>,
   /lib/firmware/updates, /lib/firmware/<kernel>, /lib/firmware).
-- the persistenced socket: /run/nvidia-persistenced/socket (`internal/discover/ipc.go`).
+- config files (the system layout only: the others ship none): the EGL vendor file, OptiX's
+  nvoptix.bin, the Vulkan ICD and layer files, the X.Org snippets and the OpenCL ICD the
+  toolkit's `newGraphicsConfigsDiscoverer` and `newVulkanConfigsDiscover` look for, in /etc,
+  /usr/local/share and /usr/share (`root.Driver.Configs`), each mounted where it does.
+- IPC: the persistenced and fabric-manager sockets in /run or /var/run, and the MPS pipe
+  directory /tmp/nvidia-mps (`internal/discover/ipc.go`), when present.
 
 Where (LAYOUTS, in the order tried; the first holding libcuda and libnvidia-ml of the version
 is the driver root):
@@ -40,12 +49,14 @@ Every read goes through the Host, so `--root` holds and a link out of the root i
 
 from __future__ import annotations
 
+import os
 import stat
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpunode.config import DriverConfig
-from gpunode.driver import cache
+from gpunode.driver import cache, elf
 from gpunode.errors import DriverError, GpunodeError
 from gpunode.gpu import driverinfo
 from gpunode.platform import flatcar, kernelinfo
@@ -58,15 +69,45 @@ COMPUTE_LIBRARIES = (
     "libnvidia-compiler", "libnvidia-pkcs11", "libnvidia-pkcs11-openssl3", "libnvidia-nvvm",
     "libnvidia-tileiras",
 )
+# The driver's libraries by NVIDIA_DRIVER_CAPABILITIES name (config.CDI_CAPABILITIES)
+CAPABILITY_LIBRARIES: dict[str, tuple[str, ...]] = {
+    "utility": UTILITY_LIBRARIES,
+    "compute": COMPUTE_LIBRARIES,
+    "video": ("libvdpau_nvidia", "libnvidia-encode", "libnvidia-opticalflow", "libnvcuvid"),
+    "graphics": ("libnvidia-eglcore", "libnvidia-glcore", "libnvidia-tls", "libnvidia-glsi",
+                 "libnvidia-fbc", "libnvidia-ifr", "libnvidia-rtcore", "libnvoptix",
+                 "libGLX_nvidia", "libEGL_nvidia", "libGLESv2_nvidia", "libGLESv1_CM_nvidia",
+                 "libnvidia-glvkspirv", "libnvidia-cbl", "libnvidia-vulkan-producer"),
+    "ngx": ("libnvidia-ngx",),
+    "display": (),  # nvc_info.c: "Display libraries are not needed"; its X.Org files: CONFIGS
+}
+ALL_LIBRARIES = tuple(name for names in CAPABILITY_LIBRARIES.values() for name in names)
+# What the build strategy extracts from the installer (driver/build.py, extracted.py)
 LIBRARIES = UTILITY_LIBRARIES + COMPUTE_LIBRARIES
 REQUIRED = ("libcuda", "libnvidia-ml")  # without them there is no CUDA and no NVML
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
             "nvidia-cuda-mps-server")
+BINARY_CAPABILITY = {"nvidia-smi": "utility", "nvidia-debugdump": "utility",  # nvc_info.c
+                     "nvidia-persistenced": "utility", "nvidia-cuda-mps-control": "compute",
+                     "nvidia-cuda-mps-server": "compute"}
+# (path under a config directory, where it is mounted in the container, capability)
+CONFIGS = (
+    *((f, "/usr/share", "graphics") for f in (
+        "glvnd/egl_vendor.d/10_nvidia.json", "nvidia/nvoptix.bin")),
+    *((f, "/usr/share", "display") for f in (
+        "X11/xorg.conf.d/10-nvidia.conf", "X11/xorg.conf.d/nvidia-drm-outputclass.conf")),
+    ("OpenCL/vendors/nvidia.icd", "/etc", "compute"),
+    *((f, "/etc", "graphics") for f in (
+        "vulkan/icd.d/nvidia_icd.json", "vulkan/icd.d/nvidia_layers.json",
+        "vulkan/implicit_layer.d/nvidia_layers.json", "vulkan/icd.d/nvidia_icd.x86_64.json")),
+)
+CONFIG_DIRS = ("/etc", "/usr/local/share", "/usr/share")
 PERSISTENCED_SOCKET = "/run/nvidia-persistenced/socket"
+FABRICMANAGER_SOCKET = "/run/nvidia-fabricmanager/socket"
+MPS_PIPE_DIR = "/tmp/nvidia-mps"
 FIRMWARE_CLASS_PATH = "/sys/module/firmware_class/parameters/path"
 KERNEL_FIRMWARE_DIRS = ("/lib/firmware/updates/{kernel}", "/lib/firmware/updates",
                         "/lib/firmware/{kernel}", "/lib/firmware")
-_ELF64 = b"\x7fELF\x02"  # ELF magic and EI_CLASS = ELFCLASS64
 
 
 @dataclass(frozen=True)
@@ -79,6 +120,28 @@ class DriverRoot:
     binaries: tuple[str, ...]     # host paths of the driver's binaries present, sorted
     firmware: tuple[str, ...]     # host paths of nvidia/<version>/gsp_*.bin present, sorted
     persistenced_socket: str | None = None  # /run/nvidia-persistenced/socket when present
+    sonames: dict[str, str] = field(default_factory=dict)  # library → its DT_SONAME
+    configs: tuple[ConfigFile, ...] = ()  # the config files present (CONFIGS)
+    fabricmanager_socket: str | None = None  # /run/nvidia-fabricmanager/socket when present
+    mps_pipe_dir: str | None = None  # /tmp/nvidia-mps when present
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    """A config file of the driver's and where a container gets it."""
+
+    path: str            # host path
+    container_path: str  # where the toolkit mounts it
+    capability: str
+
+
+def capability(path: str) -> str | None:
+    """The capability (CAPABILITY_LIBRARIES) of a library file or binary, by its name."""
+    name = path.rpartition("/")[2]
+    if name in BINARY_CAPABILITY:
+        return BINARY_CAPABILITY[name]
+    stem = name.split(".so", 1)[0]
+    return next((c for c, names in CAPABILITY_LIBRARIES.items() if stem in names), None)
 
 
 @dataclass(frozen=True)
@@ -94,7 +157,9 @@ class Layout:
 
 
 LAYOUTS = (
-    Layout("system", "/", ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib"),
+    Layout("system", "/", ("/usr/lib64", "/usr/lib/x86_64-linux-gnu", "/usr/lib",
+                           # libvdpau_nvidia, where VDPAU looks (the toolkit looks there too)
+                           "/usr/lib64/vdpau", "/usr/lib/x86_64-linux-gnu/vdpau"),
            ("/usr/bin", "/usr/sbin")),
     Layout(flatcar.NVIDIA_UNIT, "/opt/nvidia/{version}/{kernel}", ("usr/lib64",), ("/opt/bin",)),
     Layout("prebuilt", "{prebuilt}/{kernel}", ("lib", "lib64"), ("bin",),
@@ -129,11 +194,16 @@ def find(host: Host, version: str, *,
         if all(name in libraries for name in REQUIRED):
             bin_dirs = [_join(root, d) for d in layout.binaries]
             return DriverRoot(
-                version=version, root=root, libraries=tuple(sorted(libraries.values())),
+                version=version, root=root,
+                libraries=tuple(sorted(path for path, _ in libraries.values())),
                 binaries=_binaries(host, bin_dirs, listed),
                 firmware=_firmware(host, [_join(root, d.format(version=version))
                                           for d in layout.firmware], version, kernel, listed),
-                persistenced_socket=_socket(host, PERSISTENCED_SOCKET))
+                persistenced_socket=_ipc(host, PERSISTENCED_SOCKET, stat.S_ISSOCK),
+                sonames={path: soname for path, soname in sorted(libraries.values()) if soname},
+                configs=_configs(host) if layout.name == "system" else (),
+                fabricmanager_socket=_ipc(host, FABRICMANAGER_SOCKET, stat.S_ISSOCK),
+                mps_pipe_dir=_ipc(host, MPS_PIPE_DIR, stat.S_ISDIR))
         _other_versions(host, dirs, version, notes)
         if libraries:
             notes.append(f"{host.display(root)} has {len(libraries)} of its libraries but not "
@@ -186,14 +256,21 @@ def record_fields(found: DriverRoot) -> dict[str, Any]:
     """The boot record's `driver_root`: where, and how many of each (not every path)."""
     return {"root": found.root, "libraries": len(found.libraries),
             "binaries": len(found.binaries), "firmware": len(found.firmware),
-            "persistenced_socket": found.persistenced_socket is not None}
+            "configs": len(found.configs),
+            "persistenced_socket": found.persistenced_socket is not None,
+            "fabricmanager_socket": found.fabricmanager_socket is not None,
+            "mps_pipe_dir": found.mps_pipe_dir is not None}
 
 
 def describe(found: DriverRoot) -> str:
     """One line for people: `driver status`."""
+    ipc = [what for what, there in (("persistenced socket", found.persistenced_socket),
+                                    ("fabric-manager socket", found.fabricmanager_socket),
+                                    ("MPS pipe directory", found.mps_pipe_dir)) if there]
     return (f"{found.root} ({len(found.libraries)} libraries, {len(found.binaries)} binaries, "
             f"{len(found.firmware)} firmware files"
-            + (", persistenced socket" if found.persistenced_socket else "") + ")")
+            + (f", {len(found.configs)} config files" if found.configs else "")
+            + "".join(f", {what}" for what in ipc) + ")")
 
 
 # -- the search ----------------------------------------------------------------------------------
@@ -240,24 +317,25 @@ def _join(root: str, path: str) -> str:
 
 
 def _libraries(host: Host, dirs: list[str], version: str, notes: list[str],
-               listed: set[str] | None = None) -> dict[str, str]:
-    """name → host path of lib<name>.so.<version>, the first directory's winning (of those
-    in `listed`, when given). Each name is looked up, not found in a listing: the library
-    directories hold a thousand files or more, and listing them cost milliseconds of every
-    boot (tens, the first time, through the overlay a system extension merges)."""
-    found: dict[str, str] = {}
+               listed: set[str] | None = None) -> dict[str, tuple[str, str | None]]:
+    """name → (host path of lib<name>.so.<version>, its SONAME), the first directory's
+    winning (of those in `listed`, when given). Each name is looked up, not found in a
+    listing: the library directories hold a thousand files or more, and listing them cost
+    milliseconds of every boot (tens, the first time, through the overlay a system extension
+    merges)."""
+    found: dict[str, tuple[str, str | None]] = {}
     suffix = f".so.{version}"
     for directory in dirs:
-        for name in LIBRARIES:
+        for name in ALL_LIBRARIES:
             path = f"{directory}/{name}{suffix}"
             if name in found or (listed is not None and path not in listed) \
                     or not _exists(host, path):
                 continue
-            problem = _not_a_library(host, path)
+            soname, problem = _read_library(host, path, name)
             if problem:
                 notes.append(f"{host.display(path)} {problem}")
             else:
-                found[name] = path
+                found[name] = (path, soname)
     return found
 
 
@@ -280,18 +358,30 @@ def _other_version(entry: str) -> str | None:
     return None
 
 
-def _not_a_library(host: Host, path: str) -> str | None:
-    """Why `path` is no 64-bit shared library (a FIFO, a link out of the root, a 32-bit one)."""
+# What each library file said, by the file's identity: the watch regenerates the spec every
+# pass, and a file whose inode, size and mtime are the same need not be parsed again.
+_READ: dict[tuple[int, int, int, int], elf.Library] = {}
+
+
+def _read_library(host: Host, path: str, name: str) -> tuple[str | None, str | None]:
+    """(its SONAME, None) for a 64-bit shared library of `name`; (None, why not) for
+    anything else: a FIFO, a link out of the root, a 32-bit copy, a file no ELF reader can
+    read, or one naming another library's SONAME (which would shadow that library, libc.so.6
+    say, in a container that searches the driver's directory first)."""
     try:
-        chunks = host.read_chunks(path, size=len(_ELF64))
-        head = next(chunks, b"")
-        chunks.close()  # type: ignore[attr-defined]
+        with host.open_file(path) as stream:
+            st = os.fstat(stream.fileno())
+            key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            library = _READ.get(key) or _READ.setdefault(key, elf.read(stream))
     except GpunodeError as exc:
-        return f"is refused: {exc}"
-    if head != _ELF64:
-        return ("is a 32-bit library" if head[:4] == _ELF64[:4]
-                else "is not an ELF shared library")
-    return None
+        return None, f"is refused: {exc}"
+    except elf.NotALibrary as exc:
+        return None, str(exc)
+    if library.bits != 64:
+        return None, "is a 32-bit library"
+    if library.soname is not None and not library.soname.startswith(f"{name}.so"):
+        return None, f"names the SONAME {library.soname!r}, not one of {name}'s"
+    return library.soname, None
 
 
 def _binaries(host: Host, dirs: list[str], listed: set[str] | None = None) -> tuple[str, ...]:
@@ -363,9 +453,29 @@ def _executable(host: Host, path: str) -> bool:
         return False
 
 
-def _socket(host: Host, path: str) -> str | None:
-    try:
-        st = host.stat(path)
-    except GpunodeError:
-        return None
-    return path if st is not None and stat.S_ISSOCK(st.st_mode) else None
+def _ipc(host: Host, path: str, kind: Callable[[int], bool]) -> str | None:
+    """`path` (or the same under /var/run, where the toolkit looks next) when it is there,
+    of `kind` (a socket, a directory) and itself, not a link; in /tmp also root's. These are
+    mounted writable into every GPU container, and /tmp is anyone's: a /tmp/nvidia-mps that
+    another user made, or a link there to somewhere else, would hand containers that place.
+    (In /run only root makes entries; persistenced's socket may be its --user's.)"""
+    for candidate in (path, path.replace("/run/", "/var/run/", 1)) if path.startswith(
+            "/run/") else (path,):
+        try:
+            st = host.lstat(candidate)
+        except GpunodeError:
+            continue
+        if st is not None and kind(st.st_mode) and (
+                st.st_uid == 0 or not candidate.startswith("/tmp/")):
+            return candidate
+    return None
+
+
+def _configs(host: Host) -> tuple[ConfigFile, ...]:
+    """The config files of CONFIGS that are there, each the first found in CONFIG_DIRS."""
+    found = []
+    for rel, inside, what in CONFIGS:
+        path = next((f"{d}/{rel}" for d in CONFIG_DIRS if _regular(host, f"{d}/{rel}")), None)
+        if path is not None:
+            found.append(ConfigFile(path, f"{inside}/{rel}", what))
+    return tuple(found)

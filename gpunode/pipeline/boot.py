@@ -227,7 +227,8 @@ def _cdi_plan(ctx: Context) -> list[str]:
     if "driver" in ctx.failed:
         raise DriverError(*cdinode.NO_DRIVER)
     try:
-        line, _ = cdinode.preview(ctx.host, _has_gpus(ctx), ctx.config.driver.prebuilt_dirs)
+        line, _ = cdinode.preview(ctx.host, _has_gpus(ctx), ctx.config.driver.prebuilt_dirs,
+                                  capabilities=ctx.config.cdi.wanted)
     except DriverError:
         if not ctx.found.get("driver_changes"):
             raise
@@ -242,7 +243,8 @@ def _cdi_apply(ctx: Context, fields: dict[str, Any]) -> bool:
     if "driver" in ctx.failed:
         raise DriverError(*cdinode.NO_DRIVER)
     return cdinode.apply(ctx.host, _has_gpus(ctx), fields, ctx.config.driver.prebuilt_dirs,
-                         ctx.found.get("driver_root"))  # the driver step's, found just now
+                         ctx.found.get("driver_root"),  # the driver step's, found just now
+                         ctx.config.cdi.wanted)
 
 
 # -- containerd -----------------------------------------------------------------------------------

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from gpunode.errors import HostError
 from gpunode.platform import files, kernelio, locks, safeio
@@ -153,24 +154,33 @@ class Host:
         """The regular file's bytes in chunks of `size`, for files too large to hold (downloads,
         images). Like every read it refuses a FIFO, device or directory; nothing is opened
         until the first chunk is asked for, and the file is closed when the chunks end."""
-        shown = self.display(path)
-        try:
-            fd, _ = safeio.open_regular(self._real(path))
-        except safeio.Refused as exc:
-            raise HostError("read", shown, str(exc)) from None
-        except OSError as exc:
-            raise HostError("read", shown, files.reason(exc, followed=True)) from exc
+        fd = self._open_regular(path)
         try:
             while True:
                 try:
                     chunk = os.read(fd, size)
                 except OSError as exc:
-                    raise HostError("read", shown, files.reason(exc)) from exc
+                    raise HostError("read", self.display(path), files.reason(exc)) from exc
                 if not chunk:
                     return
                 yield chunk
         finally:
             os.close(fd)
+
+    @contextlib.contextmanager
+    def open_file(self, path: str) -> Iterator[BinaryIO]:
+        """The regular file for reads at any offset (a library's ELF headers, not the rest),
+        closed when the block ends; refused as read_chunks refuses."""
+        with os.fdopen(self._open_regular(path), "rb") as handle:
+            yield handle
+
+    def _open_regular(self, path: str) -> int:
+        try:
+            return safeio.open_regular(self._real(path))[0]
+        except safeio.Refused as exc:
+            raise HostError("read", self.display(path), str(exc)) from None
+        except OSError as exc:
+            raise HostError("read", self.display(path), files.reason(exc, True)) from exc
 
     def digest(self, path: str, algorithm: str = "sha256") -> str:
         """The hex digest ("sha256", "sha512") of a regular file's content, read in chunks."""
@@ -209,12 +219,7 @@ class Host:
         other. Matches are in order of the pattern's components, each directory's sorted."""
         if not pattern.startswith("/"):
             raise HostError("glob", pattern, "host paths must be absolute")
-        if match is None:
-            import fnmatch
-
-            def match(part: str, name: str) -> bool:
-                return fnmatch.fnmatchcase(name, part)
-        matches = [""]
+        matches, match = [""], match or (lambda part, name: fnmatch.fnmatchcase(name, part))
         for part in pattern.strip("/").split("/"):
             if not any(c in part for c in _GLOB_MAGIC):
                 matches = [f"{m}/{part}" for m in matches]

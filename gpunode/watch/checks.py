@@ -296,7 +296,8 @@ def cdi_drift(host: Host, config: AgentConfig) -> Any:
     if old is None or not old.startswith(cdi.HEADER.encode()):
         return None  # none, or not gpunode's: boot's cdi step decides about it
     try:
-        document = cdinode.generate(host, config.driver.prebuilt_dirs)
+        document = cdinode.generate(host, config.driver.prebuilt_dirs,
+                                    capabilities=config.cdi.wanted)
         version = cdinode.driver_version(host)
     except GpunodeError as exc:
         return f"cannot regenerate the CDI spec {cdi.SPEC_PATH}: {exc}"

@@ -75,6 +75,10 @@ MEANINGS: dict[str, str] = {
     "driver.build.driver_sha256": "required unless `allow_unverified`",
     "driver.build.allow_unverified": "accept downloads without a checksum (logged)",
     "driver.build.command": "builder argv template; empty: `systemd-nspawn`",
+    "cdi.capabilities": "the `NVIDIA_DRIVER_CAPABILITIES` names whose driver files the CDI "
+                        "spec mounts into every GPU container; `all`: every one, as `nvidia-ctk "
+                        "cdi generate` mounts every library "
+                        "([what each mounts](gpu-requests.md#what-the-cdi-spec-mounts))",
     "kubernetes.kubeconfig": "the kubelet's kubeconfig (client certificate)",
     "kubernetes.node_name": "the Node's name; unset: `--hostname-override`, else the hostname",
     "kubernetes.labels": "`[kubernetes.labels]` table of extra Node labels "

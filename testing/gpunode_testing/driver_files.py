@@ -2,15 +2,16 @@
 binaries, GSP firmware, laid out as a real install puts them (gpunode/driver/userspace.py
 names the layouts and their sources), and each GPU's UUID.
 
-The files are stand-ins: a library is a 64-bit ELF header and a few bytes, a binary a shell
-script. The default layout is the Flatcar driver sysext's (/usr/lib64, /usr/bin,
-/lib/firmware/nvidia/<version>).
+The files are stand-ins: a library is the smallest 64-bit ELF shared object that names its
+SONAME as the real one does, a binary a shell script. The default layout is the Flatcar driver
+sysext's (/usr/lib64, /usr/bin, /lib/firmware/nvidia/<version>).
 """
 
 from __future__ import annotations
 
 import hashlib
 import shlex
+import struct
 from pathlib import Path
 
 # name → SONAME suffix, as the driver's libraries carry them (libnvidia-gpucomp and the
@@ -23,7 +24,28 @@ LIBRARIES = {
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
             "nvidia-cuda-mps-server")
 OPEN_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
-ELF64_LIBRARY = b"\x7fELF\x02\x01\x01\x00" + b"\x00" * 8 + b"\x03\x00\x3e\x00"  # ET_DYN x86-64
+
+
+def elf_library(soname: str | None = None) -> bytes:
+    """The smallest 64-bit x86-64 shared object the loader's headers allow (an ELF header, a
+    PT_LOAD and a PT_DYNAMIC program header, a dynamic table, its string table) whose
+    DT_SONAME is `soname` (None: it has none); binutils' `readelf -d` reads it
+    (tests/unit/test_driver_elf.py)."""
+    strtab = b"\0" + (soname.encode() + b"\0" if soname else b"")
+    tags = [(5, 0), (10, len(strtab))] + ([(14, 1)] if soname else []) + [(0, 0)]  # STRTAB,
+    dynamic_at = 64 + 2 * 56                                            # STRSZ, SONAME, NULL
+    strtab_at = dynamic_at + 16 * len(tags)
+    tags[0] = (5, strtab_at)  # an address, which the PT_LOAD below maps to the same offset
+    size = strtab_at + len(strtab)
+    header = (b"\x7fELF\x02\x01\x01\x00" + b"\0" * 8
+              + struct.pack("<HHIQQQIHHHHHH", 3, 0x3E, 1, 0, 64, 0, 0, 64, 56, 2, 64, 0, 0))
+    load = struct.pack("<IIQQQQQQ", 1, 4, 0, 0, 0, size, size, 0x1000)  # PT_LOAD, PF_R
+    dynamic = struct.pack("<IIQQQQQQ", 2, 4, dynamic_at, dynamic_at, dynamic_at,
+                          16 * len(tags), 16 * len(tags), 8)  # PT_DYNAMIC
+    return header + load + dynamic + b"".join(struct.pack("<qQ", *t) for t in tags) + strtab
+
+
+ELF64_LIBRARY = elf_library()  # a library without a SONAME
 
 
 def write_userspace(root: Path, version: str, open_modules: bool, lib_dir: str = "/usr/lib64",
@@ -36,7 +58,8 @@ def write_userspace(root: Path, version: str, open_modules: bool, lib_dir: str =
     libs = root / lib_dir.lstrip("/")
     libs.mkdir(parents=True, exist_ok=True)
     for name, soname in LIBRARIES.items():
-        (libs / f"{name}.so.{version}").write_bytes(ELF64_LIBRARY)
+        file = f"{name}.so.{version}"
+        (libs / file).write_bytes(elf_library(f"{name}.so.{soname}" if soname else file))
         if soname is not None:
             _link(libs / f"{name}.so.{soname}", f"{name}.so.{version}")
     if dev_link:

@@ -5,12 +5,14 @@ file of the node changes."""
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from conftest import HostFactory
+from gpunode_testing.driver_files import ELF64_LIBRARY, elf_library
 from hostile.support import Cli, check_refusal
 
 VERSION = "550.127.08"
@@ -37,6 +39,18 @@ CASES: dict[str, tuple[Callable[[Path], None], str]] = {
                        r"is a 32-bit library"),
     "libcuda-not-elf": (_replace(lambda lib: lib.write_text("not a library\n")),
                         r"is not an ELF shared library"),
+    "libcuda-a-truncated-elf": (_replace(lambda lib: lib.write_bytes(ELF64_LIBRARY[:40])),
+                                r"libcuda\.so\.550\.127\.08 is not a readable ELF shared library"),
+    "libcuda-naming-libc-as-its-soname": (
+        _replace(lambda lib: lib.write_bytes(elf_library("libc.so.6"))),
+        r"names the SONAME 'libc\.so\.6', not one of libcuda's"),
+    "libcuda-naming-a-path-as-its-soname": (
+        _replace(lambda lib: lib.write_bytes(elf_library("../../../etc/ld.so.preload"))),
+        r"names the SONAME '\.\./\.\./\.\./etc/ld\.so\.preload', which is no plain file name"),
+    "libcuda-with-65534-program-headers": (
+        _replace(lambda lib: lib.write_bytes(
+            ELF64_LIBRARY[:56] + struct.pack("<H", 65534) + ELF64_LIBRARY[58:])),
+        r"has 65534 program headers"),
     "libcuda-of-another-version": (
         _replace(lambda lib: lib.with_name("libcuda.so.535.104.05").write_bytes(b"\x7fELF\x02")),
         r"has libcuda\.so\.535\.104\.05 \(535\.104\.05, not 550\.127\.08\)"),

@@ -12,7 +12,9 @@ import pytest
 from conftest import TEST_DATA
 from gpunode.cli.main import main
 from gpunode.config import (
+    CDI_CAPABILITIES,
     AgentConfig,
+    CdiConfig,
     ContainerdConfig,
     KubeletConfig,
     LogConfig,
@@ -56,6 +58,15 @@ def test_every_documented_key_is_read(tmp_path: Path) -> None:
     assert config.kubelet == KubeletConfig(
         device_plugin_socket="/var/lib/kubelet/device-plugins/nvidia.sock")
     assert config.metrics == MetricsConfig(textfile="")  # "": the watch writes no metrics file
+    assert config.cdi == CdiConfig(capabilities=("compute", "utility", "video"))
+    assert config.cdi.wanted == {"compute", "utility", "video"}
+
+
+def test_the_cdi_capabilities_default_to_every_one_as_nvidia_ctk_mounts_them() -> None:
+    """`[cdi] capabilities` unset means "all": every capability's files, as `nvidia-ctk cdi
+    generate` mounts every library of the driver."""
+    assert AgentConfig().cdi.wanted == set(CDI_CAPABILITIES)
+    assert {"compute", "utility", "video", "graphics", "display", "ngx"} == set(CDI_CAPABILITIES)
 
 
 @pytest.mark.parametrize("source", INVALID, ids=[p.stem for p in INVALID])

@@ -172,7 +172,8 @@ def test_the_record_holds_the_root_and_counts_not_every_path(make_host: HostFact
     found = userspace.find(make_host("nc24ads-a100-v4", "ready"), VERSION)
     assert userspace.record_fields(found) == {
         "root": "/", "libraries": len(found.libraries), "binaries": 5, "firmware": 2,
-        "persistenced_socket": False}
+        "configs": 0, "persistenced_socket": False, "fabricmanager_socket": False,
+        "mps_pipe_dir": False}
 
 
 def test_every_gpu_has_a_distinct_uuid_in_the_drivers_format(make_host: HostFactory) -> None:
@@ -208,7 +209,8 @@ def test_boot_records_the_driver_root_and_a_removed_libcuda_fails_the_next_boot(
     assert run.outcome == "ok", run.steps
     driver = next(s for s in run.steps if s["name"] == "driver")
     assert driver["driver_root"] == {"root": "/", "libraries": 10, "binaries": 5, "firmware": 2,
-                                     "persistenced_socket": False}
+                                     "configs": 0, "persistenced_socket": False,
+                                     "fabricmanager_socket": False, "mps_pipe_dir": False}
     (host.root / f"usr/lib64/libcuda.so.{VERSION}").unlink()
     again = _boot(host)
     driver = next(s for s in again.steps if s["name"] == "driver")
