@@ -55,10 +55,11 @@ DEV_NAMES = {"libcuda": "libcuda.so"}
 _VERSIONS = ("0.5.0", "0.4.0", "0.3.0")
 
 
-def spec(nodes: Sequence[Node], gpus: Iterable[tuple[int, str, int]], root: DriverRoot,
+def spec(nodes: Sequence[Node], gpus: Iterable[tuple[int, str | None, int]], root: DriverRoot,
          hooks: str | None) -> dict[str, Any]:
-    """The spec: one device per GPU by index and by UUID (gpus: index, UUID, device minor),
-    `all`, and the common edits; `hooks` is the nvidia-cdi-hook's path, or None."""
+    """The spec: one device per GPU by index and by UUID (gpus: index, UUID or None while the
+    driver does not know it yet, device minor), `all`, and the common edits; `hooks` is the
+    nvidia-cdi-hook's path, or None."""
     gpu_nodes = {n.minor: n.path for n in nodes if re.fullmatch(r"/dev/nvidia\d+", n.path)}
     devices: list[dict[str, Any]] = []
     every: list[str] = []
@@ -66,7 +67,7 @@ def spec(nodes: Sequence[Node], gpus: Iterable[tuple[int, str, int]], root: Driv
         path = gpu_nodes.get(minor, f"/dev/nvidia{minor}")
         every.append(path)
         devices += [{"name": name, "containerEdits": {"deviceNodes": [{"path": path}]}}
-                    for name in (str(index), uuid)]  # each its own (no YAML anchors)
+                    for name in (str(index), uuid) if name]  # each its own (no YAML anchors)
     devices.sort(key=lambda d: d["name"])
     devices.append({"name": "all",
                     "containerEdits": {"deviceNodes": [{"path": p} for p in sorted(every)]}})

@@ -170,8 +170,6 @@ def test_by_default_the_spec_mounts_the_video_libraries_as_nvidia_ctk_does(
     assert video <= names
 
 
-@pytest.mark.xfail(strict=True, reason=f"{ISSUE} item 1: a GPU the driver has not initialized "
-                   "reads a placeholder UUID, and gpunode refuses the whole spec")
 def test_a_gpu_not_yet_initialized_still_gets_its_index_device(
         tmp_path: Path, source: real_driver.DriverSource,
         modules: dict[str, BuiltModules]) -> None:
