@@ -135,6 +135,17 @@ class DriverConfig:
     build: BuildConfig = field(default_factory=BuildConfig)
 
 
+@dataclass(frozen=True)
+class GpuConfig:
+    """The `[gpu]` table: how boot brings the GPUs up after the driver loads (gpu/init.py)."""
+
+    # start nvidia-persistenced (persistence mode) when the driver ships it; false: only open
+    # each GPU not initialized yet once
+    persistenced: bool = True
+    # seconds boot waits for every GPU to show its UUID (0: look once, do not wait)
+    init_timeout: int = 60
+
+
 # The Xids watch.fatal_xids and watch.ignored_xids default to (gpunode/watch/xid.py says where
 # they come from); kept here, so that every command's config needs none of xid.py's patterns
 DEFAULT_FATAL = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
@@ -163,6 +174,7 @@ class AgentConfig:
     containerd: ContainerdConfig = field(default_factory=ContainerdConfig)
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     driver: DriverConfig = field(default_factory=DriverConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
     source: str = "defaults"  # the file it was read from, for `status` and logs
@@ -263,6 +275,7 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("driver", "module_params"): lambda v: None if set(v) <= set(DRIVER_MODULES)
     else f"may only name the modules {', '.join(DRIVER_MODULES)}",
     ("driver.build", "dev_container_sha512"): lambda v: _hex_digest(v, 128),
+    ("gpu", "init_timeout"): lambda v: None if 0 <= v <= 600 else "must be 0 to 600",
     ("kubernetes", "kubeconfig"): _absolute_path,
     ("kubernetes", "node_name"): lambda v: _node_name(v),
     ("kubernetes", "labels"): _node_labels,

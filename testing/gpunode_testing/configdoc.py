@@ -75,6 +75,13 @@ MEANINGS: dict[str, str] = {
     "driver.build.driver_sha256": "required unless `allow_unverified`",
     "driver.build.allow_unverified": "accept downloads without a checksum (logged)",
     "driver.build.command": "builder argv template; empty: `systemd-nspawn`",
+    "gpu.persistenced": "start the driver's `nvidia-persistenced --persistence-mode` (as the "
+                        "unit `nvidia-persistenced.service`) when none runs; `false`: only "
+                        "open each GPU not yet initialized once "
+                        "([cli.md](cli.md#gpunode-plan---json-and-gpunode-boot))",
+    "gpu.init_timeout": "seconds `boot` waits for every GPU to show its UUID after the "
+                        "driver loads (`0`: look once); a GPU not up by then fails the "
+                        "`gpu_init` step",
     "kubernetes.kubeconfig": "the kubelet's kubeconfig (client certificate)",
     "kubernetes.node_name": "the Node's name; unset: `--hostname-override`, else the hostname",
     "kubernetes.labels": "`[kubernetes.labels]` table of extra Node labels "
