@@ -53,19 +53,20 @@ class LiveInitializer:
 
     def start_persistenced(self, binary: str, timeout: float) -> str:
         unit = init.PERSISTENCED_UNIT
-        if not self.systemd.available or self.systemd.load_state(unit) == UNKNOWN:
+        loaded = self.systemd.load_state(unit) if self.systemd.available else UNKNOWN
+        if loaded == UNKNOWN:
             raise SystemdError(unit, "start", self.systemd.unavailable_reason or "no service "
                                "manager answers", "gpunode starts nvidia-persistenced only as "
                                "a systemd unit; the GPUs are opened once instead")
-        if self.systemd.load_state(unit) == "loaded":
-            self.systemd.start(unit, max(timeout, 1.0))
+        if loaded == "loaded":
+            self.systemd.start(unit, max(timeout, 10.0))
             return f"started {unit} (its unit file)"
         argv = [SYSTEMD_RUN, f"--unit={unit}", "--collect", "--service-type=forking",
                 f"--property=PIDFile={init.PERSISTENCED_PID_FILE}",
                 "--description=NVIDIA Persistence Daemon (started by gpunode)",
                 self.host.real(binary), *init.PERSISTENCED_ARGS]
         try:
-            command.run(argv, max(timeout, 1.0))
+            command.run(argv, max(timeout, 10.0))
         except CommandFailed as exc:
             raise SystemdError(unit, "start", f"{' '.join(argv)}: {exc}",
                                f"see 'journalctl -u {unit}'") from exc

@@ -222,3 +222,61 @@ def test_status_names_a_gpu_not_yet_up_and_fails(make_host: HostFactory) -> None
                                                              contact_api=False)))
     assert "????" not in json.dumps([c for c in document["checks"] if c["name"] != "gpu_init"])
     assert once.observe(host, AgentConfig(), kmsg=[]).uuids == {}  # the watch: no UUID known
+
+
+class Manager(NoSystemd):
+    """A service manager that answers: `unit` has this load state; starts are recorded."""
+
+    available = True
+
+    def __init__(self, load: str) -> None:
+        self.load = load
+        self.started: list[str] = []
+
+    def load_state(self, unit: str) -> str:
+        return self.load
+
+    def start(self, unit: str, timeout: float) -> None:
+        self.started.append(unit)
+
+
+def test_a_unit_file_of_the_node_is_started_as_it_is(tmp_path: Path) -> None:
+    from gpunode.gpu.initializers import LiveInitializer
+
+    manager = Manager("loaded")
+    said = LiveInitializer(Host(tmp_path), manager).start_persistenced(PERSISTENCED, 60)
+    assert manager.started == ["nvidia-persistenced.service"] and "its unit file" in said
+
+
+def test_without_a_unit_file_persistenced_is_a_transient_unit_of_that_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpunode.gpu import initializers
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(initializers.command, "run", lambda argv, timeout: ran.append(argv))
+    initializers.LiveInitializer(Host(tmp_path), Manager("not-found")).start_persistenced(
+        PERSISTENCED, 60)
+    assert ran == [["systemd-run", "--unit=nvidia-persistenced.service", "--collect",
+                    "--service-type=forking",
+                    "--property=PIDFile=/run/nvidia-persistenced/nvidia-persistenced.pid",
+                    "--description=NVIDIA Persistence Daemon (started by gpunode)",
+                    f"{tmp_path}{PERSISTENCED}", "--persistence-mode"]]
+
+
+def test_where_no_service_manager_answers_nothing_is_started(tmp_path: Path) -> None:
+    from gpunode.errors import SystemdError
+    from gpunode.gpu.initializers import LiveInitializer
+
+    with pytest.raises(SystemdError, match="no systemd manages this root"):
+        LiveInitializer(Host(tmp_path), NoSystemd()).start_persistenced(PERSISTENCED, 60)
+
+
+def test_opening_reports_each_device_that_could_not_be_opened(tmp_path: Path) -> None:
+    from gpunode.gpu.initializers import LiveInitializer
+
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev/nvidia0").write_text("")
+    failed = LiveInitializer(Host(tmp_path), NoSystemd()).open_devices(
+        ["/dev/nvidia0", "/dev/nvidia1"], 5)
+    assert failed == {"/dev/nvidia1": "No such file or directory"}
