@@ -120,10 +120,6 @@ class Plan:
     refused: str | None = None  # why nothing may be started or opened here (under --root)
     running: str | None = None  # the persistenced that runs already
 
-    @property
-    def changes(self) -> bool:
-        return self.start is not None or bool(self.opens)
-
     def describe(self) -> list[str]:
         lines = []
         if self.start is not None:
