@@ -10,10 +10,10 @@ unit, Debian's, Flatcar's ebuild's) systemd starts that one, with its options; e
 --persistence-mode` (Type=forking, as NVIDIA's sample unit; `--collect`, so a start that
 failed does not keep the name). Either way the name is one unit: systemd refuses a second
 transient unit of it, and the step starts nothing while it is active (gpu/init.py
-`persistenced_running`). systemd-run is systemd's own client for transient units; gpunode's
-D-Bus client (gpunode/dbus.py) sends string arguments only, and StartTransientUnit's
-properties are variants. Where no service manager answers (a container, a chroot) nothing is
-started: the GPUs are opened once instead.
+`persistenced_running`). systemd-run is systemd's own client for transient units: it turns
+the unit's settings into StartTransientUnit's typed properties and waits for the start job,
+as nothing else in gpunode needs to. Where no service manager answers (a container, a chroot)
+nothing is started: the GPUs are opened once instead.
 
 Opening a GPU: open(2) of /dev/nvidiaN without O_NONBLOCK, closed at once. The driver initializes
 the GPU in that open (nvidia_open → nv_open_device → rm_init_adapter; a failure is EIO) and
