@@ -10,7 +10,7 @@ APT_PACKAGES := python3-venv python3-dev gcc pkg-config libsystemd-dev libudev1 
                 podman crun busybox-static e2fsprogs util-linux patchelf xz-utils libelf1
 
 .PHONY: setup demo test test-python lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm \
-        fetch-nvidia fetch-cuda fetch-promtool bench clean
+        fetch-nvidia fetch-cuda fetch-promtool bench clean gpu-check gpu-check-bundle
 
 # pystemd (gpunode's D-Bus binding to systemd) builds from source against libsystemd; pci.ids gives detect real product names;
 # shellcheck checks gpunode/driver/build.sh in the tests; podman (run by crun) starts containers
@@ -110,6 +110,18 @@ test-python: $(VENV)/.apt-done
 	    && touch $$venv/.installed || exit 1; fi; \
 	echo "pytest on $$($$venv/bin/python --version): $(TESTS)"; \
 	$$venv/bin/python -m pytest -q -p no:cacheprovider $(TESTS)
+
+# The GPU-machine check (docs/testing.md): detect, status, plan and cdi generate against the live
+# root, the CUDA program in podman with that spec; read-only (no boot, nothing written).
+gpu-check: setup
+	$(BIN)/python -m gpunode_testing.gpu_check $(GPU_CHECK_ARGS)
+
+# The CUDA program and its runtime in build/gpu-check/, for a GPU machine that cannot download
+# (then: make gpu-check GPU_CHECK_ARGS="--probe build/gpu-check").
+gpu-check-bundle: fetch-cuda
+	mkdir -p build/gpu-check
+	cp "$$($(BIN)/python -c 'from gpunode_testing import cuda_probe; print(cuda_probe.cache_dir())')/cuda-probe" \
+	   "$$($(BIN)/python -c 'from gpunode_testing import cuda_probe; print(cuda_probe.cache_dir())')/runtime/lib/libcudart.so.12" build/gpu-check/
 
 # run.py runs boot_path.py's real-systemd figures too (as root) and prints one JSON line last.
 bench: setup fetch-containerd

@@ -152,6 +152,17 @@ class CdiConfig:
         return frozenset(CDI_CAPABILITIES if "all" in self.capabilities else self.capabilities)
 
 
+@dataclass(frozen=True)
+class GpuConfig:
+    """The `[gpu]` table: how boot brings the GPUs up after the driver loads (gpu/init.py)."""
+
+    # start nvidia-persistenced (persistence mode) when the driver ships it; false: only open
+    # each GPU not initialized yet once
+    persistenced: bool = True
+    # seconds boot waits for every GPU to show its UUID (0: look once, do not wait)
+    init_timeout: int = 60
+
+
 # The Xids watch.fatal_xids and watch.ignored_xids default to (gpunode/watch/xid.py says where
 # they come from); kept here, so that every command's config needs none of xid.py's patterns
 DEFAULT_FATAL = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
@@ -193,6 +204,7 @@ class AgentConfig:
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     driver: DriverConfig = field(default_factory=DriverConfig)
     cdi: CdiConfig = field(default_factory=CdiConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -315,6 +327,7 @@ _VALUE_CHECKS: dict[tuple[str, str], Callable[[Any], str | None]] = {
     else f"may only name the modules {', '.join(DRIVER_MODULES)}",
     ("driver.build", "dev_container_sha512"): lambda v: _hex_digest(v, 128),
     ("cdi", "capabilities"): _capabilities,
+    ("gpu", "init_timeout"): lambda v: None if 0 <= v <= 600 else "must be 0 to 600",
     ("kubernetes", "kubeconfig"): _absolute_path,
     ("kubernetes", "node_name"): lambda v: _node_name(v),
     ("kubernetes", "labels"): _node_labels,

@@ -266,6 +266,32 @@ class NvidiaSmiError(DriverError):
             "/bin, /sbin, /opt/bin: remove the one that is not the loaded driver's")
 
 
+class DeviceMinorCollision(DriverError):
+    """The driver names one device minor for several GPUs: which /dev/nvidiaN is which GPU
+    cannot be told, so no CDI spec is written (a pod must never get another GPU than it asked
+    for)."""
+
+    code = "driver-device-minor-ambiguous"
+    hint = ("the driver's information files of these GPUs contradict each other: look for "
+            "NVRM errors in 'dmesg', reload the NVIDIA modules or reboot the node")
+
+
+class GpuInitError(GpunodeError):
+    """GPUs the driver sees did not initialize (no UUID yet, or RmInitAdapter failed): each
+    named by its PCI address, with what the kernel or the attempt said."""
+
+    code = "gpu-init-failed"
+    hint = ("look at the kernel log ('dmesg | grep NVRM'): a GPU whose RmInitAdapter fails needs "
+            "a reset or a reboot (and, on a VM, maybe another host); status and GPUReady say "
+            "not ready until it is up")
+
+    def __init__(self, not_ready: dict[str, str], hint: str = "") -> None:
+        self.not_ready = dict(not_ready)
+        gpus = "GPU" if len(not_ready) == 1 else f"{len(not_ready)} GPUs"
+        said = "; ".join(f"{address}: {why}" for address, why in sorted(not_ready.items()))
+        super().__init__(f"{gpus} not initialized: {said}", hint)
+
+
 class ContainerdStepError(GpunodeError):
     """The container runtime step cannot go on; the message says why."""
 

@@ -9,20 +9,17 @@ for `gpunode cdi generate --output` and boot's `cdi` step.
 
 from __future__ import annotations
 
-import re
 import stat
 from collections.abc import Collection
 from typing import Any
 
+from gpunode import log
 from gpunode.cdi import spec as cdi
 from gpunode.config import CDI_CAPABILITIES, DriverConfig
 from gpunode.driver import devices, userspace
-from gpunode.errors import DriverError, GpunodeError, UsageError
+from gpunode.errors import DeviceMinorCollision, DriverError, GpunodeError, UsageError
 from gpunode.gpu import driverinfo
 from gpunode.platform.host import Host
-
-# CDI device names: alphanumerics, '-', '_' and '.' between, alphanumeric at both ends.
-_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
 
 
 def driver_version(host: Host) -> str:
@@ -36,27 +33,65 @@ def driver_version(host: Host) -> str:
     return version.version
 
 
-def gpus(host: Host) -> list[tuple[int, str, int]]:
-    """(index, UUID, device minor) of every GPU the driver sees, indexed in PCI address order
-    as nvidia-smi numbers them."""
-    found: list[tuple[int, str, int]] = []
+def gpus(host: Host) -> list[tuple[int, str | None, int]]:
+    """(index, UUID or None, device minor) of every GPU the spec gives containers, indexed in
+    PCI address order as nvidia-smi numbers them (spec_gpus says which, and why not)."""
     infos = driverinfo.read_gpu_infos(host)
-    for index, (address, info) in enumerate(sorted(infos.items())):
-        shown = f"{driverinfo.PROC_NVIDIA}/gpus/{address}/information"
+    from gpunode.gpu import init
+
+    found, notes = spec_gpus(infos, init.read_failures(host, infos))
+    for note in notes:
+        log.get().warning("cdi.device_left_out", note=note)
+    return found
+
+
+def spec_gpus(infos: dict[str, driverinfo.GpuInfo], failed: dict[str, str],
+              ) -> tuple[list[tuple[int, str | None, int]], list[str]]:
+    """(index, UUID or None, minor) per GPU, and a note for each device left out. Pure.
+
+    - A GPU gets its index device while its UUID is not known yet (the driver shows
+      GPU-????… until it initialized the GPU): the spec never fails as a whole for it, and the
+      UUID device appears once the UUID is there (boot's cdi step and the watch regenerate).
+    - A GPU whose initialization the kernel log says failed gets no device at all (its index
+      stays taken): no pod lands on a GPU that never came up.
+    - A UUID two GPUs report gives no UUID device (driverinfo takes only a UUID of NVML's
+      form, which is a CDI device name: never an index, never `all`).
+    - Two GPUs with one device minor: DeviceMinorCollision naming them. Which /dev/nvidiaN is
+      which GPU cannot be told then, and a spec that guessed could hand a pod another GPU than
+      the one it asked for (or one GPU to two pods): no spec at all, whatever the other GPUs."""
+    by_minor: dict[int, list[str]] = {}
+    for address, info in sorted(infos.items()):
         if info.minor is None:
+            shown = f"{driverinfo.PROC_NVIDIA}/gpus/{address}/information"
             raise DriverError(f"no CDI spec: {info.minor_problem or shown}",
                               "look for NVRM errors in 'dmesg'; reload the modules or reboot")
-        if info.uuid is None or not _NAME.fullmatch(info.uuid):
-            what = "has no 'GPU UUID' line" if info.uuid is None else \
-                f"names the GPU UUID {info.uuid[:80]!r}, which is no CDI device name"
-            raise DriverError(f"no CDI spec: {shown} {what}",
-                              "look for NVRM errors in 'dmesg'; reload the modules or reboot")
-        if info.uuid.isdigit() or info.uuid == "all" or info.uuid in {u for _, u, _ in found}:
-            raise DriverError(f"no CDI spec: {shown} names the GPU UUID {info.uuid!r}, which "
-                              "another device of the spec is named already",
-                              "look for NVRM errors in 'dmesg'; reload the modules or reboot")
-        found.append((index, info.uuid, info.minor))
-    return found
+        by_minor.setdefault(info.minor, []).append(address)
+    shared = {minor: addresses for minor, addresses in by_minor.items() if len(addresses) > 1}
+    if shared:
+        said = "; ".join(f"{' and '.join(addresses)} all say Device Minor {minor} "
+                         f"(/dev/nvidia{minor})" for minor, addresses in sorted(shared.items()))
+        raise DeviceMinorCollision(f"no CDI spec: {said}: which GPU a device node reaches "
+                                   "cannot be told, and a pod must never get another GPU than "
+                                   "it asked for")
+    uuids = [i.uuid for i in infos.values() if i.uuid is not None]
+    found: list[tuple[int, str | None, int]] = []
+    notes: list[str] = []
+    for index, (address, info) in enumerate(sorted(infos.items())):
+        assert info.minor is not None  # checked above
+        if address in failed:
+            notes.append(f"GPU {index} ({address}) has no device: its initialization failed "
+                         f"({failed[address]})")
+            continue
+        uuid = info.uuid
+        if uuid is not None and uuids.count(uuid) > 1:
+            notes.append(f"GPU {index} ({address}) has no UUID device: {uuid} is reported by "
+                         "several GPUs")
+            uuid = None
+        elif uuid is None:
+            notes.append(f"GPU {index} ({address}) has its index device only: "
+                         f"{info.uuid_problem}")
+        found.append((index, uuid, info.minor))
+    return found, notes
 
 
 def hook(host: Host) -> str | None:
@@ -181,7 +216,10 @@ def preview(host: Host, has_gpus: bool,
     if host.read_optional_bytes(path) == data:
         return None, fields
     gpu_count = len(cdi.gpu_devices(document))
-    return (f"write {path}: {gpu_count} GPU{'s' if gpu_count != 1 else ''} by index and UUID, "
+    by_uuid = sum(1 for d in document["devices"] if str(d["name"]).startswith("GPU-"))
+    names = "index and UUID" if by_uuid == gpu_count else \
+        f"index ({by_uuid} by UUID too: the others' UUIDs are not known yet)"
+    return (f"write {path}: {gpu_count} GPU{'s' if gpu_count != 1 else ''} by {names}, "
             f"and all ({fields['layout']} layout)"), fields
 
 

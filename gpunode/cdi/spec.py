@@ -69,12 +69,13 @@ DEV_NAMES = {"libcuda": "libcuda.so", "libnvidia-opticalflow": "libnvidia-optica
 _VERSIONS = ("0.5.0", "0.4.0", "0.3.0")
 
 
-def spec(nodes: Sequence[Node], gpus: Iterable[tuple[int, str, int]], root: DriverRoot,
+def spec(nodes: Sequence[Node], gpus: Iterable[tuple[int, str | None, int]], root: DriverRoot,
          hooks: str | None, capabilities: Collection[str] = CDI_CAPABILITIES,
          cuda_compat: bool = False) -> dict[str, Any]:
-    """The spec: one device per GPU by index and by UUID (gpus: index, UUID, device minor),
-    `all`, and the common edits with the driver's files of `capabilities`; `hooks` is the
-    nvidia-cdi-hook's path, or None; `cuda_compat`: that hook has enable-cuda-compat."""
+    """The spec: one device per GPU by index and by UUID (gpus: index, UUID or None while the
+    driver does not know it yet, device minor), `all`, and the common edits with the driver's
+    files of `capabilities`; `hooks` is the nvidia-cdi-hook's path, or None; `cuda_compat`: that
+    hook has enable-cuda-compat."""
     gpu_nodes = {n.minor: n.path for n in nodes if re.fullmatch(r"/dev/nvidia\d+", n.path)}
     devices: list[dict[str, Any]] = []
     every: list[str] = []
@@ -82,7 +83,7 @@ def spec(nodes: Sequence[Node], gpus: Iterable[tuple[int, str, int]], root: Driv
         path = gpu_nodes.get(minor, f"/dev/nvidia{minor}")
         every.append(path)
         devices += [{"name": name, "containerEdits": {"deviceNodes": [{"path": path}]}}
-                    for name in (str(index), uuid)]  # each its own (no YAML anchors)
+                    for name in (str(index), uuid) if name]  # each its own (no YAML anchors)
     devices.sort(key=lambda d: d["name"])
     devices.append({"name": "all",
                     "containerEdits": {"deviceNodes": [{"path": p} for p in sorted(every)]}})

@@ -11,6 +11,14 @@ from gpunode.platform.integers import MAX_MAJOR, MAX_MINOR, parse_uint
 PROC_NVIDIA = "/proc/driver/nvidia"
 
 _VERSION_RE = re.compile(r"NVRM version:.*?Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+# A GPU UUID as the driver prints it (NVML's form): GPU- and 32 hex digits as 8-4-4-4-12.
+UUID_RE = re.compile(r"GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                     r"[0-9a-fA-F]{12}")
+# Until the driver has initialized a GPU (its first client open, or persistence mode) it has no
+# UUID to give and prints this instead (the open modules' kernel-open/nvidia/nv-procfs.c shows
+# what the RM answers; the text is the RM's), with `Video BIOS: ??.??.??.??.??`; a GPU whose
+# initialization failed (`RmInitAdapter failed!` in the kernel log) keeps it.
+UNINITIALIZED_UUID = "GPU-????????-????-????-????-????????????"
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,15 @@ class GpuInfo:
     # why the GPU's minor is not known: the file is missing or empty, has no 'Device Minor'
     # line, or one that is not a device minor; /dev/nvidiaN can then be neither made nor checked
     minor_problem: str | None = None
-    uuid: str | None = None  # 'GPU UUID:', e.g. GPU-5a4f…; the CDI spec names the GPU by it
+    # 'GPU UUID:', e.g. GPU-5a4f…, once the driver knows it: never the placeholder of a GPU not
+    # initialized yet. The CDI spec names the GPU by it; gpu/init.py waits for it.
+    uuid: str | None = None
+    uuid_problem: str | None = None  # why `uuid` is None: not initialized yet, no line, garbage
+
+    @property
+    def initialized(self) -> bool:
+        """The driver has initialized the GPU (it knows its UUID)."""
+        return self.uuid is not None
 
 
 def parse_version(text: str) -> DriverVersion | None:
@@ -49,9 +65,10 @@ def parse_information(address: str, text: str | None) -> GpuInfo:
     `minor_problem`, never a GPU quietly left without its /dev/nvidiaN."""
     shown = f"{PROC_NVIDIA}/gpus/{address}/information"
     if text is None or not text.strip():
+        said = f"{shown} is {'missing' if text is None else 'empty'}"
         return GpuInfo(address=address, model=None, minor=None, minor_problem=(
-            f"{shown} is {'missing' if text is None else 'empty'}: the GPU's device minor "
-            "(and so /dev/nvidiaN) is not known"))
+            f"{said}: the GPU's device minor (and so /dev/nvidiaN) is not known"),
+            uuid_problem=f"{said}: the GPU's UUID is not known")
     fields: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")
@@ -66,8 +83,22 @@ def parse_information(address: str, text: str | None) -> GpuInfo:
     elif minor is None:
         problem = (f"{shown}: 'Device Minor' is {raw[:80]!r}, expected an integer from 0 to "
                    f"{MAX_MINOR}")
+    uuid, uuid_problem = _uuid(shown, fields.get("GPU UUID"))
     return GpuInfo(address=address, model=fields.get("Model") or None, minor=minor,
-                   minor_problem=problem, uuid=fields.get("GPU UUID") or None)
+                   minor_problem=problem, uuid=uuid, uuid_problem=uuid_problem)
+
+
+def _uuid(shown: str, raw: str | None) -> tuple[str | None, str | None]:
+    """(the GPU's UUID, None) or (None, why it is not known)."""
+    if raw is None or not raw:
+        return None, f"{shown} has no 'GPU UUID' line"
+    if "?" in raw:
+        return None, (f"{shown} shows the placeholder UUID {raw[:60]!r}: the driver has not "
+                      "initialized the GPU yet (it does on the GPU's first open, or with "
+                      "persistence mode)")
+    if not UUID_RE.fullmatch(raw):
+        return None, f"{shown}: 'GPU UUID' is {raw[:80]!r}, not a GPU UUID (GPU-8-4-4-4-12 hex)"
+    return raw, None
 
 
 def parse_char_majors(text: str, problems: list[str] | None = None) -> dict[str, int]:

@@ -20,6 +20,7 @@ from gpunode.config import AgentConfig
 from gpunode.driver import smilink
 from gpunode.driver.modules import Kmod
 from gpunode.errors import ConflictError, DriverError, GpunodeError
+from gpunode.gpu import init as gpu_init
 from gpunode.gpu.detect import Detection, detect, require_decided
 from gpunode.pipeline import state
 from gpunode.platform import flatcar, timestamps
@@ -52,17 +53,21 @@ class Adapters:
     kmod: Kmod
     build: Any = None  # (fetcher, builder) for the build strategy
     probe: Any = None  # what the containerd binary says (containerd.probe); None: by the host
+    gpus: Any = None  # who brings the GPUs up (gpu/initializers.py); None: nobody (--root)
 
 
 def adapters_for(host: Host, config: AgentConfig) -> Adapters:
     from gpunode.containerd.probe import CommandProbe, NoProbe
     from gpunode.driver.modules import KmodTools
     from gpunode.driver.step import LazyBuildAdapters
+    from gpunode.gpu import initializers
     from gpunode.platform.systemd import for_host
 
-    return Adapters(systemd=for_host(host.is_live), kmod=KmodTools(may_load=host.is_live),
+    systemd = for_host(host.is_live)
+    return Adapters(systemd=systemd, kmod=KmodTools(may_load=host.is_live),
                     build=LazyBuildAdapters(config.driver.build, host),
-                    probe=CommandProbe() if host.is_live else NoProbe())
+                    probe=CommandProbe() if host.is_live else NoProbe(),
+                    gpus=initializers.for_host(host, systemd))
 
 
 @dataclass(frozen=True)
@@ -320,6 +325,9 @@ STEPS: tuple[Step, ...] = (
          gate=True, quiet=True),
     Step("driver", _driver_plan, _driver_apply, applies=_has_gpus),
     Step("nvidia_smi", smilink.step_plan, smilink.step_apply, applies=smilink.applies),
+    # The GPUs brought up (persistenced, or one open each) and waited for: the spec names each
+    # by its UUID, which the driver knows only then (gpu/init.py).
+    Step("gpu_init", gpu_init.step_plan, gpu_init.step_apply, applies=_has_gpus),
     Step("cdi", _cdi_plan, _cdi_apply, applies=_cdi_applies),
     Step("containerd", _containerd_plan, _containerd_apply, applies=_has_gpus),
     Step("registration", _registration_plan, _registration_apply,

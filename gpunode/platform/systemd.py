@@ -85,6 +85,10 @@ class Systemd(Protocol):
 
     def restart(self, unit: str, timeout: float) -> None: ...
 
+    def start(self, unit: str, timeout: float) -> None: ...
+
+    def load_state(self, unit: str) -> str: ...
+
 
 class NoSystemd:
     """No service manager owns this tree (a fixture or a mounted image): nothing runs."""
@@ -109,6 +113,12 @@ class NoSystemd:
 
     def restart(self, unit: str, timeout: float) -> None:
         raise SystemdError(unit, "restart", "no systemd manages this root")
+
+    def start(self, unit: str, timeout: float) -> None:
+        raise SystemdError(unit, "start", "no systemd manages this root")
+
+    def load_state(self, unit: str) -> str:
+        return UNKNOWN
 
 
 class BusFailure(Exception):
@@ -340,19 +350,35 @@ class DbusSystemd:
 
     def restart(self, unit: str, timeout: float) -> None:
         """Restart and wait for the job to finish and the unit to be active again."""
-        self._call(unit, "restart", _unit_path(unit), UNIT_INTERFACE, "Restart", ("replace",))
+        self._job(unit, "Restart", timeout)
+
+    def start(self, unit: str, timeout: float) -> None:
+        """Start (a unit that is active stays as it is) and wait until it is active."""
+        self._job(unit, "Start", timeout)
+
+    def load_state(self, unit: str) -> str:
+        """"loaded" where a unit file (or a transient unit) of that name exists, "not-found"
+        where none does; UNKNOWN where systemd cannot be asked."""
+        try:
+            return self._unit_state(unit, "LoadState")
+        except Unavailable:
+            return UNKNOWN
+
+    def _job(self, unit: str, method: str, timeout: float) -> None:
+        verb = method.lower()
+        self._call(unit, verb, _unit_path(unit), UNIT_INTERFACE, method, ("replace",))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             job = self._property(unit, UNIT_INTERFACE, "Job", "(uo)")
-            if job[0] == 0:  # the restart job is done (Type=notify: after READY)
+            if job[0] == 0:  # the job is done (Type=notify: after READY)
                 state = self._unit_state(unit, "ActiveState")
                 if state == "active":
                     return
                 # e.g. "activating (auto-restart)": it failed and Restart= is trying again
                 sub = self._unit_state(unit, "SubState")
-                raise SystemdError(unit, "restart", f"it is {state} ({sub}) after the restart")
+                raise SystemdError(unit, verb, f"it is {state} ({sub}) after the {verb}")
             time.sleep(0.05)
-        raise SystemdError(unit, "restart", f"the restart job did not finish within {timeout:g} s")
+        raise SystemdError(unit, verb, f"the {verb} job did not finish within {timeout:g} s")
 
 
 def _unit_path(unit: str) -> bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from gpunode.driver import devices, nouveau
+from gpunode.errors import DriverError, GpuInitError
 from gpunode.gpu import driverinfo
 from gpunode.gpu.detect import (
     COSMETIC_ATTRIBUTES,
@@ -43,6 +44,7 @@ def evaluate(facts: StatusFacts) -> Report:
         _binding(detection),
         _driver(facts, driver),
         _driver_gpus(facts, detection, driver),
+        _gpu_init(facts, driver),
         _device_nodes(facts, driver),
         _cdi_spec(facts, driver),
         containerd.runtime_check(facts),
@@ -59,7 +61,8 @@ def evaluate(facts: StatusFacts) -> Report:
     return Report(tuple(checks), verdict)
 
 
-_GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes", "cdi_spec",
+_GPU_CHECKS = ("nouveau", "gpu_binding", "driver", "driver_gpus", "gpu_init", "device_nodes",
+               "cdi_spec",
                "containerd_runtime", "toolkit", "containerd_running", "kubelet_running",
                "device_plugin", "watch", "node")
 
@@ -216,28 +219,70 @@ _CDI_HINT = ("run 'gpunode cdi generate --output /var/run/cdi/nvidia.yaml' (gpun
              "it after the driver step)")
 
 
+def _gpu_init(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
+    """Every GPU the driver sees initialized (its UUID known), as boot's gpu_init step leaves
+    them (gpu/init.py); a GPU that is not is named with what the kernel log says of it."""
+    if driver is None:
+        return Check("gpu_init", SKIP, "driver not loaded")
+    down = {a: i for a, i in sorted(facts.gpu_infos.items()) if not i.initialized}
+    if down:
+        said = "; ".join(f"{a}: {facts.gpu_failures.get(a) or i.uuid_problem}"
+                         for a, i in down.items())
+        return Check("gpu_init", FAIL, f"{_count(len(down), 'GPU')} not initialized: {said}"
+                     [:1024], "run 'gpunode boot' (it starts nvidia-persistenced, or opens each "
+                     "GPU once, and waits); a GPU whose RmInitAdapter fails ('dmesg | grep "
+                     "NVRM') needs a reset or a reboot", GpuInitError.code)
+    persistence = (f"nvidia-persistenced runs ({facts.persistenced})" if facts.persistenced
+                   else "no nvidia-persistenced runs (no persistence mode)")
+    return Check("gpu_init", OK, f"{_count(len(facts.gpu_infos), 'GPU')} initialized (UUIDs "
+                 f"known); {persistence}")
+
+
 def _cdi_spec(facts: StatusFacts, driver: driverinfo.DriverVersion | None) -> Check:
-    """The CDI spec pods ask for devices by (nvidia.com/gpu=0, =all): there, readable, one
-    device per GPU the driver sees, and every host path it names on the node."""
+    """The CDI spec pods ask for devices by (nvidia.com/gpu=0, =GPU-…, =all): there, readable,
+    each device name reaching the device node the driver says is that GPU's (cdi/node.py's
+    spec_gpus, which boot's cdi step writes from), no other name, and every host path it names
+    on the node."""
+    from gpunode.cdi import node as cdinode
+
     spec = facts.cdi_spec
     if driver is None or spec is None:
         return Check("cdi_spec", SKIP, "driver not loaded")
+    try:
+        gpus, _ = cdinode.spec_gpus(facts.gpu_infos, facts.gpu_failures)
+    except DriverError as exc:  # one device minor for several GPUs, or none known
+        return Check("cdi_spec", FAIL, str(exc), exc.hint or _CDI_HINT, exc.code)
     if not spec.present:
         return Check("cdi_spec", WARN, f"{spec.path} missing: pods cannot request GPUs "
                      "through CDI (the nvidia runtime does not need it)", _CDI_HINT)
     if spec.error is not None:
         return Check("cdi_spec", FAIL, f"{spec.path}: {spec.error}", _CDI_HINT)
-    seen = len(facts.gpu_infos)
-    if len(spec.gpu_devices) != seen:
-        devices = _count(len(spec.gpu_devices), "GPU device")
-        return Check("cdi_spec", FAIL, f"{spec.path} has {devices}, the driver sees "
-                     f"{_count(seen, 'GPU')}", _CDI_HINT)
+    wanted = {name: (f"/dev/nvidia{minor}",) for index, uuid, minor in gpus
+              for name in (str(index), uuid) if name}
+    wrong = [f"{name} gives {', '.join(spec.devices[name]) or 'no device node'}, the driver "
+             f"says {wanted[name][0]}" for name in sorted(wanted)
+             if name in spec.devices and spec.devices[name] != wanted[name]]
+    wrong += [f"it lacks {name} ({wanted[name][0]})" for name in sorted(wanted)
+              if name not in spec.devices]
+    wrong += [f"it names {name}, which the driver does not report" for name in
+              sorted(set(spec.devices) - set(wanted))]
+    every = sorted(p for paths in wanted.values() for p in set(paths))
+    if sorted(set(spec.every)) != sorted(set(every)) or len(spec.every) != len(set(every)):
+        wrong.append(f"all gives {', '.join(spec.every) or 'nothing'}, the driver's GPUs are "
+                     f"{', '.join(sorted(set(every))) or 'none'}")
+    if wrong:
+        return Check("cdi_spec", FAIL, f"{spec.path} disagrees with the driver: "
+                     f"{'; '.join(wrong)}"[:1024], _CDI_HINT)
     if spec.missing:
         shown = ", ".join(spec.missing[:5]) + (", …" if len(spec.missing) > 5 else "")
         return Check("cdi_spec", FAIL, f"{spec.path} names what is not on the node: {shown}",
                      _CDI_HINT)
-    return Check("cdi_spec", OK, f"{spec.path}: {_count(seen, 'GPU')} by index and UUID, and "
-                 "all; every path it names is there")
+    by_uuid = sum(1 for _, uuid, _ in gpus if uuid)
+    names = "index and UUID" if by_uuid == len(gpus) else f"index ({by_uuid} by UUID)"
+    left_out = len(facts.gpu_infos) - len(gpus)
+    out = f"; {_count(left_out, 'GPU')} left out (initialization failed)" if left_out else ""
+    return Check("cdi_spec", OK, f"{spec.path}: {_count(len(gpus), 'GPU')} by {names}, and "
+                 f"all, as the driver reports them{out}; every path it names is there")
 
 
 def _node_problem(path: str, why: str) -> str:

@@ -74,6 +74,9 @@ class CdiSpec:
     error: str | None = None  # why it is no CDI spec gpunode can read
     gpu_devices: tuple[str, ...] = ()  # its devices by index
     missing: tuple[str, ...] = ()  # host paths it names that are not on the node
+    # every device it names but `all` → the device nodes it gives (deviceNodes' paths)
+    devices: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    every: tuple[str, ...] = ()  # the device nodes of `all`
 
 
 @dataclass(frozen=True)
@@ -165,6 +168,9 @@ class StatusFacts:
     watch: Any = None
     watch_problem: str | None = None
     bake: Any = None  # status/baked.py's BakeFacts; None: the image was not baked
+    # the kernel log's initialization failures of GPUs not initialized (gpu/init.py)
+    gpu_failures: dict[str, str] = field(default_factory=dict)
+    persistenced: str | None = None  # how nvidia-persistenced runs, or None: it does not
 
     @property
     def undecided(self) -> str | None:

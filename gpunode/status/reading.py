@@ -10,6 +10,7 @@ from gpunode.config import AgentConfig
 from gpunode.driver import devices
 from gpunode.errors import GpunodeError
 from gpunode.gpu import driverinfo
+from gpunode.gpu import init as gpu_init
 from gpunode.gpu.detect import Detection, detect, module_loaded
 from gpunode.kube import nodename
 from gpunode.pipeline.state import BootRecord, read_record
@@ -75,6 +76,9 @@ def observe(host: Host, config: AgentConfig, contact_api: bool = True) -> Status
         watch=watch,
         watch_problem=watch_problem,
         bake=baked.observe(host),
+        gpu_failures=gpu_init.read_failures(host, gpu_infos),
+        persistenced=gpu_init.persistenced_running(
+            host, manager.active_state(gpu_init.PERSISTENCED_UNIT)),
     )
 
 
@@ -183,4 +187,12 @@ def _cdi_spec(host: Host) -> CdiSpec:
         missing = tuple(p for p in paths if not p.startswith("/") or host.lstat(p) is None)
     except (ValueError, GpunodeError) as exc:
         return CdiSpec(path, True, str(exc))
-    return CdiSpec(path, True, None, tuple(cdi.gpu_devices(document)), missing)
+    devices: dict[str, tuple[str, ...]] = {}
+    for device in document.get("devices") or []:
+        edits = device.get("containerEdits")
+        nodes = edits.get("deviceNodes") if isinstance(edits, dict) else None
+        devices[str(device.get("name"))] = tuple(
+            str(n.get("path")) for n in (nodes if isinstance(nodes, list) else [])
+            if isinstance(n, dict))
+    every = devices.pop("all", ())
+    return CdiSpec(path, True, None, tuple(cdi.gpu_devices(document)), missing, devices, every)

@@ -50,6 +50,8 @@ class Observed:
     present: list[str]  # the GPUs' addresses now
     boot_gpus: int | None  # how many GPUs this boot's `gpunode boot` detected
     vm_size: vmsize.Claim | None = None  # on Azure: the GPUs the VM size has (vmsize.py)
+    # GPUs the driver lists but has not initialized (no UUID: gpu/init.py) → why
+    uninitialized: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -78,7 +80,14 @@ def observe(host: Host, config: AgentConfig, kmsg: list[str] | None = None) -> O
     return Observed(boot_id=(host.read_optional(kernelinfo.BOOT_ID) or "").strip(),
                     records=kmsg, uuids={a: i.uuid for a, i in infos.items() if i.uuid},
                     present=[g.address for g in found.gpus], boot_gpus=_boot_gpus(host),
-                    vm_size=vmsize.claim(host))
+                    vm_size=vmsize.claim(host), uninitialized=_uninitialized(infos))
+
+
+def _uninitialized(infos: dict[str, driverinfo.GpuInfo]) -> dict[str, str]:
+    """The GPUs not up, each with why its UUID is not known (the same words every pass: the
+    kernel's own line, in the records of one pass only, is status's to show)."""
+    return {a: i.uuid_problem or "its UUID is not known"
+            for a, i in sorted(infos.items()) if not i.initialized}
 
 
 def _boot_gpus(host: Host) -> int | None:
@@ -202,6 +211,15 @@ def _condition(new: WatchState, short: bool, seen: Observed,
             said = f"of the {vm.gpus} GPUs of an Azure {vm.size} are present ({vm.source})"
         wanted = labels.Condition("False", "GPUMissing",
                                   f"gpunode watch: {len(seen.present)} {said}")
+    elif seen.uninitialized:
+        # a GPU the driver has not brought up (boot's gpu_init step failed, or it went down):
+        # no pod should land on it
+        first = next(iter(seen.uninitialized))
+        gpu = {"address": first, "uuid": None}
+        words = "; ".join(f"{a}: {why}" for a, why in seen.uninitialized.items())
+        wanted = labels.Condition("False", "GPUNotInitialized", "gpunode watch: "
+                                  f"{len(seen.uninitialized)} of the driver's GPUs not "
+                                  f"initialized: {words}")
     elif new.condition is not None and new.condition["reason"] in WATCH_REASONS:
         # its cause cleared: True here, made what `gpunode label` would say by run()
         wanted = labels.Condition("True", "GPUReady", f"gpunode watch: all {len(seen.present)} "
@@ -230,14 +248,12 @@ def run(host: Host, config: AgentConfig, dry_run: bool,
     node's metrics are written for node-exporter (`metrics` False: the daemon does it)."""
     seen = observe(host, config, kmsg)
     if dry_run:
-        decision = _decide(host, config, seen)
-        checks.run(host, config, decision.changes, decision.state.findings, dry_run=True)
+        decision = _decide(host, config, seen, dry_run=True)
         for change in decision.changes:
             print(json.dumps(change, sort_keys=False))
         return decision
     with host.lock(watchstate.WATCH_LOCK, wait=LOCK_WAIT_SECONDS):
-        decision = _decide(host, config, seen)
-        checks.run(host, config, decision.changes, decision.state.findings, dry_run=False)
+        decision = _decide(host, config, seen, dry_run=False)
         _count_repairs(decision)
         if unsent is not None:
             unsent.send(host, config, decision, api_factory)
@@ -267,12 +283,16 @@ def _count_repairs(decision: Decision) -> None:
             decision.state.counts[name] = decision.state.counts.get(name, 0) + 1
 
 
-def _decide(host: Host, config: AgentConfig, seen: Observed) -> Decision:
+def _decide(host: Host, config: AgentConfig, seen: Observed, dry_run: bool) -> Decision:
+    """decide(), then the checks (containerd's config, the CDI spec: repaired unless
+    `dry_run`), then GPUReady on recovery as `gpunode label` says it of the node as the checks
+    left it (a spec regenerated for a GPU that came back is current by then)."""
     previous, problem = watchstate.read(host)
     if problem is not None:
         log.get().warning("watch.state_unusable", error=problem,
                           note="starting afresh: what this boot logged is reported again")
     decision = decide(seen, previous, config.watch.fatal_xids, config.watch.ignored_xids)
+    checks.run(host, config, decision.changes, decision.state.findings, dry_run=dry_run)
     _recovery_as_label_says(host, config, decision, previous)
     return decision
 

@@ -28,7 +28,7 @@ SCHEMA = 1
 MAX_FINDINGS = 64  # fatal Xids kept (the first of each GPU and code)
 MAX_EVENT_KEYS = 256  # GPU and Xid pairs whose last Event (and count) is remembered
 # the GPUReady reasons the watch itself sets (once.py); any other is `gpunode label`'s
-WATCH_REASONS = ("GPUFellOffBus", "GPUXidFatal", "GPUMissing")
+WATCH_REASONS = ("GPUFellOffBus", "GPUXidFatal", "GPUMissing", "GPUNotInitialized")
 # the Event reasons of checks.py's repairs that `counts` counts, and under which name
 COUNTED = {"ContainerdConfigRepaired": "containerd_repairs",
            "CDISpecRegenerated": "cdi_regenerations"}

@@ -79,6 +79,13 @@ MEANINGS: dict[str, str] = {
                         "spec mounts into every GPU container; `all`: every one, as `nvidia-ctk "
                         "cdi generate` mounts every library "
                         "([what each mounts](gpu-requests.md#what-the-cdi-spec-mounts))",
+    "gpu.persistenced": "start the driver's `nvidia-persistenced --persistence-mode` (as the "
+                        "unit `nvidia-persistenced.service`) when none runs; `false`: only "
+                        "open each GPU not yet initialized once "
+                        "([cli.md](cli.md#gpunode-plan---json-and-gpunode-boot))",
+    "gpu.init_timeout": "seconds `boot` waits for every GPU to show its UUID after the "
+                        "driver loads (`0`: look once); a GPU not up by then fails the "
+                        "`gpu_init` step",
     "kubernetes.kubeconfig": "the kubelet's kubeconfig (client certificate)",
     "kubernetes.node_name": "the Node's name; unset: `--hostname-override`, else the hostname",
     "kubernetes.labels": "`[kubernetes.labels]` table of extra Node labels "

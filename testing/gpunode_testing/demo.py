@@ -296,6 +296,11 @@ def _step_line(event: dict[str, Any]) -> str:
         made = [n.split()[0] for n in event.get("device_nodes", []) if n.endswith("missing")]
         what = (f"{event.get('reason')} ({event.get('strategy')}); "
                 + (f"made {', '.join(made)}" if made else "device nodes already there"))
+    elif step == "gpu_init":
+        persistenced = event.get("persistenced") or "no nvidia-persistenced"
+        what = (f"{len(event.get('ready') or [])} GPU(s) up ({persistenced})"
+                + (f"; not up: {', '.join(event.get('not_ready') or {})}"
+                   if event.get("not_ready") else ""))
     elif step == "cdi":
         what = (f"{'wrote' if event.get('changed') else 'kept'} {event.get('path')}: "
                 f"{event.get('devices')} devices, {event.get('layout')} layout, "

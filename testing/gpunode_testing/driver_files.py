@@ -24,6 +24,16 @@ LIBRARIES = {
 BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control",
             "nvidia-cuda-mps-server")
 OPEN_FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+# nvidia-persistenced's stand-in daemonizes as the daemon does (the parent exits once the
+# daemon's pid file is written, /run/nvidia-persistenced/nvidia-persistenced.pid) and stays, so
+# that a node booted in the real-systemd harness has a persistenced systemd keeps running; it
+# initializes no GPU. The daemon is a fork of this script: its comm is the script's name.
+PERSISTENCED_STAND_IN = """\
+#!/bin/sh
+mkdir -p /run/nvidia-persistenced
+( exec </dev/null >/dev/null 2>&1; trap 'exit 0' TERM; while :; do sleep 3600; done ) &
+echo $! > /run/nvidia-persistenced/nvidia-persistenced.pid
+"""
 
 
 def elf_library(soname: str | None = None) -> bytes:
@@ -67,7 +77,8 @@ def write_userspace(root: Path, version: str, open_modules: bool, lib_dir: str =
     bins = root / bin_dir.lstrip("/")
     bins.mkdir(parents=True, exist_ok=True)
     for name in BINARIES:
-        (bins / name).write_text("#!/bin/sh\n")
+        (bins / name).write_text(PERSISTENCED_STAND_IN if name == "nvidia-persistenced"
+                                 else "#!/bin/sh\n")
         (bins / name).chmod(0o755)
     if open_modules and firmware_dir is not None:
         firmware = root / firmware_dir.format(version=version).lstrip("/")

@@ -310,10 +310,44 @@ def load_driver(root: Path, machine: Machine, flat: bool = False) -> None:
         _write(root, f"/proc/driver/nvidia/gpus/{g.address}/information",
                f"Model: \t\t {names.get(g.device, 'NVIDIA Graphics Device')}\nIRQ:   \t\t 0\n"
                f"GPU UUID: \t {gpu_uuid(machine.name, g.address)}\n"
-               f"Video BIOS: \t 92.00.00.00.01\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
+               f"Video BIOS: \t {VBIOS}\nBus Type: \t PCIe\nDMA Size: \t 47 bits\n"
                f"DMA Mask: \t 0x7fffffffffff\nBus Location: \t {g.address}\n"
                f"Device Minor: \t {minor}\nGPU Excluded:\t No\n")
     write_userspace(root, machine.driver_version, machine.open_modules)
+
+
+# What the driver shows of a GPU it has not initialized yet (no client has opened it, no
+# persistence mode): gpunode/gpu/driverinfo.py UNINITIALIZED_UUID says where it comes from.
+UNINITIALIZED_UUID = "GPU-????????-????-????-????-????????????"
+UNINITIALIZED_VBIOS = "??.??.??.??.??"
+VBIOS = "92.00.00.00.01"
+
+
+def uninitialize_gpus(root: Path) -> list[Path]:
+    """Every GPU of a fixture node as the driver shows it right after the modules loaded: the
+    UUID and the VBIOS version are placeholders. Returns the files changed."""
+    return [_set_info(info, UNINITIALIZED_UUID, UNINITIALIZED_VBIOS)
+            for info in sorted(root.glob("proc/driver/nvidia/gpus/*/information"))]
+
+
+def initialize_gpu(root: Path, machine: Machine, address: str) -> None:
+    """The GPU at `address` as the driver shows it once it initialized it: its UUID (the one
+    load_driver gives it) and VBIOS version back. A stand-in for the kernel's part of a first
+    open or of nvidia-persistenced, for tests (gpunode cannot initialize a fixture's GPU)."""
+    from gpunode_testing.driver_files import gpu_uuid
+
+    _set_info(root / f"proc/driver/nvidia/gpus/{address}/information",
+              gpu_uuid(machine.name, address), VBIOS)
+
+
+def _set_info(info: Path, uuid: str, vbios: str) -> Path:
+    import re
+
+    text = re.sub(r"^GPU UUID: \t .*$", f"GPU UUID: \t {uuid}", info.read_text(),
+                  flags=re.MULTILINE)
+    info.write_text(re.sub(r"^Video BIOS: \t .*$", f"Video BIOS: \t {vbios}", text,
+                           flags=re.MULTILINE))
+    return info
 
 
 def _write_cdi_spec(root: Path) -> None:

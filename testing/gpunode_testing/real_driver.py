@@ -277,21 +277,12 @@ def install_build_entry(root: Path, source: DriverSource, *, kernel: str, flavou
 def write_uninitialized_gpus(root: Path) -> list[Path]:
     """Make every GPU of a fixture node read as the driver shows it before the GPU was opened
     once (no persistence mode, no client yet): the UUID and the VBIOS version are placeholders
-    (the open modules' kernel-open/nvidia/nv-procfs.c prints what rm_get_gpu_uuid and
-    rm_get_vbios_version answer). Returns the files changed."""
-    changed = []
-    for info in sorted(root.glob("proc/driver/nvidia/gpus/*/information")):
-        text = re.sub(r"^GPU UUID: \t .*$", f"GPU UUID: \t {UNINITIALIZED_UUID}",
-                      info.read_text(), flags=re.MULTILINE)
-        text = re.sub(r"^Video BIOS: \t .*$", f"Video BIOS: \t {UNINITIALIZED_VBIOS}", text,
-                      flags=re.MULTILINE)
-        info.write_text(text)
-        changed.append(info)
-    return changed
+    (fixtures.uninitialize_gpus). Returns the files changed."""
+    return fixtures.uninitialize_gpus(root)
 
 
-UNINITIALIZED_UUID = "GPU-????????-????-????-????-????????????"
-UNINITIALIZED_VBIOS = "??.??.??.??.??"
+UNINITIALIZED_UUID = fixtures.UNINITIALIZED_UUID
+UNINITIALIZED_VBIOS = fixtures.UNINITIALIZED_VBIOS
 
 # NVIDIA/nvidia-persistenced init/systemd/nvidia-persistenced.service.template with the user
 # the Gentoo ebuild (Flatcar's) puts in (`sed s/__USER__/nvpd/`).

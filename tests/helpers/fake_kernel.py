@@ -4,10 +4,14 @@ module named in `fail` fails as the kernel refuses it, and `systemd-sysext refre
 it would — each sysext linked from /run/extensions gets its release file under /usr — unless
 `merge` is False or `refresh_error` says how it fails. No module can be loaded and no
 extension merged here; tests/integration has the real tools (test_kmod_tree.py) and a real
-systemd-sysext merge (test_sysext.py)."""
+systemd-sysext merge (test_sysext.py).
+
+FakeGpus stands in for nvidia-persistenced and a GPU's first open (gpu/init.py's Initializer):
+no GPU can be initialized here either."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,3 +66,73 @@ class FakeKernel:
                            f"extension-release.{name.removesuffix('.raw')}")
                 release.parent.mkdir(parents=True, exist_ok=True)
                 release.write_text("ID=flatcar\n")
+
+
+@dataclass
+class FakeGpus:
+    """gpu/init.py's Initializer on a fixture host: a stand-in for nvidia-persistenced and for
+    the kernel's side of a GPU's first open, which gpunode cannot reach in a fixture tree.
+    Starting persistenced writes its pid file and /proc entry (as the daemon's start leaves
+    them) and initializes every GPU the fixture's driver lists; opening /dev/nvidiaN
+    initializes that GPU (fixtures.initialize_gpu). A GPU in `fail` logs `RmInitAdapter
+    failed!` to the fixture's /dev/kmsg instead (and its open fails with EIO); one in `hang`
+    never comes up and says nothing."""
+
+    root: Path
+    machine: fixtures.Machine
+    fail: tuple[str, ...] = ()
+    hang: tuple[str, ...] = ()
+    start_error: str | None = None  # starting persistenced fails, saying this
+    pid: int = 4242
+    may_act: bool = True
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def unit_state(self) -> str | None:
+        return None  # no service manager: persistenced is found by its pid file
+
+    def start_persistenced(self, binary: str, timeout: float) -> str:
+        self.calls.append(("start", binary))
+        if self.start_error is not None:
+            raise CommandFailed(("systemd-run", binary), 1, self.start_error)
+        run = self.root / "run/nvidia-persistenced"
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "nvidia-persistenced.pid").write_text(f"{self.pid}\n")
+        proc = self.root / f"proc/{self.pid}"
+        proc.mkdir(parents=True, exist_ok=True)
+        (proc / "comm").write_text("nvidia-persiste\n")
+        for address in self._addresses():
+            self._bring_up(address)
+        return "started nvidia-persistenced.service (fixture stand-in)"
+
+    def open_devices(self, paths: Sequence[str], timeout: float) -> dict[str, str]:
+        minors = {minor: address for address, minor in self._minors().items()}
+        failed = {}
+        for path in paths:
+            self.calls.append(("open", path))
+            address = minors[int(path.removeprefix("/dev/nvidia"))]
+            if not self._bring_up(address):
+                failed[path] = "Input/output error"
+        return failed
+
+    def _bring_up(self, address: str) -> bool:
+        if address in self.hang:
+            return True  # the open returned; the GPU just never shows a UUID
+        if address in self.fail:
+            kmsg = self.root / "dev/kmsg"
+            kmsg.parent.mkdir(parents=True, exist_ok=True)
+            with kmsg.open("a") as log:
+                log.write(f"3,{900 + len(self.calls)},{5000 + len(self.calls)},-;NVRM: GPU "
+                          f"{address}: RmInitAdapter failed! (0x22:0x56:667)\n")
+            return False
+        fixtures.initialize_gpu(self.root, self.machine, address)
+        return True
+
+    def _addresses(self) -> list[str]:
+        return sorted(p.name for p in (self.root / "proc/driver/nvidia/gpus").iterdir())
+
+    def _minors(self) -> dict[str, int]:
+        found = {}
+        for address in self._addresses():
+            info = (self.root / f"proc/driver/nvidia/gpus/{address}/information").read_text()
+            found[address] = int(info.split("Device Minor:")[1].split()[0])
+        return found

@@ -186,7 +186,8 @@ def test_boot_on_the_live_root_without_a_bus_configures_and_notes_what_it_skippe
     record = json.loads((tmp_path / "state.json").read_text())
     assert record["outcome"] == "ok"
     steps = {s["name"]: s for s in record["steps"]}
-    assert list(steps) == ["detect", "driver", "cdi", "containerd", "registration"]
+    assert list(steps) == ["detect", "driver", "gpu_init", "cdi", "containerd",
+                           "registration"]
     assert "nvidia.com/gpu" in (tmp_path / "nvidia.yaml").read_text()
     assert steps["containerd"]["config"] == "/etc/containerd/config.toml"
     assert str(steps["registration"]["daemon_reload"]).startswith(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpunode_testing import fixtures
+from gpunode_testing import driver_files, fixtures
 from gpunode_testing.boot_harness import (
     CONTAINERD_UNIT,
     KUBELET_UNIT,
@@ -39,6 +39,11 @@ def boot_node(workdir: Path, machine: str, state: str, shipped_dropin: bool = Fa
     fixture = workdir / "fixture"
     fixtures.build(fixtures.MACHINES[machine], fixture,
                    fixtures.Options(state=state, flat_sysfs=True, dev_nodes="plain"))
+    return boot_node_at(workdir, fixture, shipped_dropin, prepare)
+
+
+def boot_node_at(workdir: Path, fixture: Path, shipped_dropin: bool = False,
+                 prepare: tuple[str, ...] = ()) -> SystemdNamespace:
     units = {"gpunode.service": (UNITS / "gpunode.service").read_text(),
              "containerd.service": CONTAINERD_UNIT, "kubelet.service": KUBELET_UNIT}
     return SystemdNamespace(units, workdir, overlays=("usr", "var/lib"),
@@ -116,7 +121,7 @@ def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runt
         events = [json.loads(e["MESSAGE"]) for e in ns.journal("gpunode.service")
                   if str(e.get("MESSAGE", "")).startswith("{")]
         steps = {e["step"]: e for e in events if e["event"] == "step.done"}
-        assert set(steps) == {"detect", "driver", "cdi", "containerd"}
+        assert set(steps) == {"detect", "driver", "gpu_init", "cdi", "containerd"}
         assert all(isinstance(e["duration_ms"], float) for e in steps.values())
 
         # A second boot of gpunode changes nothing and restarts nothing. The restart returns at
@@ -130,7 +135,7 @@ def test_gpu_node_boot_gpunode_before_containerd_which_starts_once_with_the_runt
                         if str(e.get("MESSAGE", "")).startswith("{")][len(events):]
         assert again_events[-1]["event"] == "boot.done"
         assert [e.get("changed") for e in again_events if e["event"] == "step.done"] == [
-            False, False, False, False]
+            False, False, False, False, False]
         # the second boot says READY=1 too (without it the unit would fail: protocol)
         assert props(ns, "gpunode.service", "Result", "SubState") == {
             "Result": "success", "SubState": "exited"}
@@ -193,3 +198,54 @@ def test_failing_gpunode_does_not_keep_containerd_or_kubelet_down(workdir: Path)
         assert "driver: nothing can provide the NVIDIA modules" in checks["last_boot"]["detail"]
         # the runtime step still ran: containerd came up with the nvidia runtime
         assert checks["containerd_runtime"]["state"] == "ok"
+
+
+def test_boot_starts_persistenced_as_a_unit_that_outlives_it_and_waits_for_the_gpus(
+    workdir: Path,
+) -> None:
+    """A T4 right after `modprobe nvidia` (its UUID GPU-????…): gpunode.service starts the
+    driver's nvidia-persistenced as the unit nvidia-persistenced.service through the real
+    systemd, waits until the GPU shows its UUID, and writes the spec with it; persistenced keeps
+    running after gpunode exits, in its own unit, and a second boot starts no second one.
+    The stand-in persistenced does to the fixture's /proc what the daemon's first open does
+    to a GPU: it writes the GPU's information file as the driver shows it initialized."""
+    fixture = workdir / "fixture"
+    machine = fixtures.MACHINES["nc4as-t4-v3"]
+    fixtures.build(machine, fixture, fixtures.Options(state="driver", flat_sysfs=True,
+                                                      dev_nodes="plain"))
+    info = fixture / "proc/driver/nvidia/gpus/0001:00:00.0/information"
+    initialized = workdir / "initialized-information"
+    initialized.write_text(info.read_text())
+    uuid = next(line.split()[-1] for line in info.read_text().splitlines()
+                if line.startswith("GPU UUID"))
+    fixtures.uninitialize_gpus(fixture)
+    (fixture / "usr/bin/nvidia-persistenced").write_text(
+        driver_files.PERSISTENCED_STAND_IN
+        + f"cat {initialized} > /{info.relative_to(fixture)}\n")
+    with boot_node_at(workdir, fixture) as ns:
+        ns.wait_active("containerd.service")
+        assert props(ns, "gpunode.service", "Result")["Result"] == "success"
+        unit = props(ns, "nvidia-persistenced.service", "ActiveState", "MainPID", "ControlGroup",
+                     "InvocationID", "ExecStart")
+        assert unit["ActiveState"] == "active", ns.diagnose("nvidia-persistenced.service")
+        assert "/usr/bin/nvidia-persistenced --persistence-mode" in unit["ExecStart"]
+        pid_file = ns.run(["cat", "/run/nvidia-persistenced/nvidia-persistenced.pid"]).stdout
+        assert pid_file.strip() == unit["MainPID"]
+        assert unit["ControlGroup"].endswith("/nvidia-persistenced.service")
+        record = json.loads(ns.run(["cat", "/run/gpunode/state.json"]).stdout)
+        gpu_init = next(s for s in record["steps"] if s["name"] == "gpu_init")
+        assert (gpu_init["outcome"], gpu_init["changed"], gpu_init["ready"]) == (
+            "ok", True, ["0001:00:00.0"])
+        spec = json.loads(ns.run(["sed", "1d", "/var/run/cdi/nvidia.yaml"]).stdout)
+        assert [d["name"] for d in spec["devices"]] == ["0", uuid, "all"]
+        checks = {c["name"]: c for c in gpunode_json(ns, "status", "--json")["checks"]}  # type: ignore[attr-defined]
+        assert checks["gpu_init"]["state"] == "ok"
+        assert "nvidia-persistenced.service is active" in checks["gpu_init"]["detail"]
+        assert checks["cdi_spec"]["state"] == "ok"
+
+        ns.systemctl("restart", "gpunode.service")
+        again = props(ns, "nvidia-persistenced.service", "InvocationID", "MainPID")
+        assert again == {"InvocationID": unit["InvocationID"], "MainPID": unit["MainPID"]}
+        record = json.loads(ns.run(["cat", "/run/gpunode/state.json"]).stdout)
+        gpu_init = next(s for s in record["steps"] if s["name"] == "gpu_init")
+        assert (gpu_init["outcome"], gpu_init["changed"]) == ("ok", False)

@@ -198,7 +198,7 @@ def test_gpu_node_fetches_verifies_and_merges_then_gpunode_runs_before_container
         events = [json.loads(str(e["MESSAGE"])) for e in ns.journal("gpunode.service")
                   if str(e.get("MESSAGE", "")).startswith("{")]
         assert {e["step"] for e in events if e["event"] == "step.done"} >= {
-            "detect", "driver", "cdi", "containerd"}
+            "detect", "driver", "gpu_init", "cdi", "containerd"}
         assert ns.run(["cat", "/etc/gpunode/config.toml"]).stdout == AGENT
 
         # A later boot finds the image verified and merged: nothing is downloaded again.

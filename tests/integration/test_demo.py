@@ -30,7 +30,7 @@ def test_make_demo_boots_a_bare_t4_node_to_ready_and_a_container_sees_its_gpu(
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "booted in a real systemd" in out
-    for step in ("detect", "driver", "cdi", "containerd"):
+    for step in ("detect", "driver", "gpu_init", "cdi", "containerd"):
         assert re.search(rf"^   {step} +[\d.]+ ms  ", out, re.M), (step, out)
     assert "made /dev/nvidiactl, /dev/nvidia0" in out  # gpunode made the nodes, not the fixture
     assert "containerd.service started once, after gpunode.service was done" in out
@@ -47,7 +47,8 @@ def test_without_systemd_the_demo_boots_the_fixture_under_root_and_says_so(
     result = demo.run(work=tmp_path, systemd=False)
     lines = demo.render(result)
     assert "booted with `gpunode --root <fixture> boot` instead" in lines[1]
-    assert [e["step"] for e in result.steps()] == ["detect", "driver", "cdi", "containerd"]
+    assert [e["step"] for e in result.steps()] == ["detect", "driver", "gpu_init", "cdi",
+                                                   "containerd"]
     assert result.verdict == "ready"
     if os.geteuid() != 0:
         assert result.container is None and "need root" in str(result.container_skipped)

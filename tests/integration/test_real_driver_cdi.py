@@ -14,6 +14,7 @@ flips to a failure, to be unmarked, once gpunode does it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -27,8 +28,11 @@ import pytest
 import yaml
 
 from gpunode.driver import elf
-from gpunode_testing import real_driver
+from gpunode.pipeline import boot
+from gpunode_testing import fixtures, real_driver
 from gpunode_testing.driver_files import elf_library
+from helpers.fake_kernel import FakeGpus
+from hostile.support import Cli
 from real.nvidia_driver import ensure_driver
 from real.nvidia_modules import BuiltModules, ensure_modules
 
@@ -288,8 +292,6 @@ def test_the_unit_tests_stand_in_libraries_carry_the_soname_readelf_reads(
         assert elf.read(stream) == elf.Library(64, soname)
 
 
-@pytest.mark.xfail(strict=True, reason=f"{ISSUE} item 1: a GPU the driver has not initialized "
-                   "reads a placeholder UUID, and gpunode refuses the whole spec")
 def test_a_gpu_not_yet_initialized_still_gets_its_index_device(
         tmp_path: Path, source: real_driver.DriverSource,
         modules: dict[str, BuiltModules]) -> None:
@@ -301,3 +303,37 @@ def test_a_gpu_not_yet_initialized_still_gets_its_index_device(
     assert done.returncode == 0, done.stderr
     names = {device["name"] for device in yaml.safe_load(done.stdout)["devices"]}
     assert {"0", "all"} <= names and not any("?" in name for name in names)
+
+
+@pytest.mark.parametrize("machine", [T4, "nd96amsr-a100-v4"])
+def test_a_node_on_real_files_goes_from_gpus_not_initialized_to_ready_through_boot(
+        tmp_path: Path, source: real_driver.DriverSource, cli: Cli,
+        monkeypatch: pytest.MonkeyPatch, machine: str) -> None:
+    """The driver loaded and every GPU still GPU-????…, as right after `modprobe nvidia`:
+    status says not ready; `gpunode boot` starts the real driver's nvidia-persistenced and
+    waits, the spec names every GPU by index and UUID, and status says ready. The fixture's
+    GPUs cannot be initialized by a real persistenced: FakeGpus stands in for what it does to
+    them (tests/helpers/fake_kernel.py), through the initializer boot is given."""
+    root = real_driver.build_node(machine, tmp_path / machine, source, "sysext", state="ready",
+                                  flavour="open")
+    real_driver.write_uninitialized_gpus(root)
+    before = cli("--root", str(root), "status", "--json")
+    failed = {c["name"] for c in json.loads(before.out)["checks"] if c["state"] == "fail"}
+    assert before.code == 1 and "gpu_init" in failed
+    fake = FakeGpus(root, fixtures.MACHINES[machine])
+    real = boot.adapters_for
+    monkeypatch.setattr(boot, "adapters_for", lambda host, config: dataclasses.replace(
+        real(host, config), gpus=fake))
+    done = cli("--root", str(root), "boot")
+    assert done.code == 0, done.err
+    assert fake.calls == [("start", "/usr/bin/nvidia-persistenced")]  # the driver's own
+    after = cli("--root", str(root), "status", "--json")
+    report = json.loads(after.out)
+    assert (after.code, report["verdict"]) == (0, "ready"), [
+        c for c in report["checks"] if c["state"] not in ("ok", "skip")]
+    spec = yaml.safe_load((root / "var/run/cdi/nvidia.yaml").read_text())
+    names = [d["name"] for d in spec["devices"]]
+    gpus = len(list((root / "proc/driver/nvidia/gpus").iterdir()))
+    assert len([n for n in names if n.startswith("GPU-")]) == gpus
+    assert len([n for n in names if n.isdigit()]) == gpus and names[-1] == "all"
+    assert not any("?" in n for n in names)

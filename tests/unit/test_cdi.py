@@ -19,7 +19,7 @@ from conftest import HostFactory
 from gpunode.cdi import node as cdinode
 from gpunode.cdi import spec as cdi
 from gpunode.config import AgentConfig
-from gpunode.errors import DriverError
+from gpunode.errors import DeviceMinorCollision, DriverError
 from gpunode.gpu import driverinfo
 from gpunode.pipeline import boot
 from gpunode.platform.host import Host
@@ -152,11 +152,54 @@ def test_a_gpu_is_named_by_the_uuid_its_driver_reports(make_host: HostFactory) -
     assert [d["name"] for d in spec_of(host)["devices"]] == ["0", uuid, "all"]
 
 
-def test_a_gpu_without_a_uuid_is_refused_by_name(make_host: HostFactory) -> None:
+def test_a_gpu_without_a_uuid_line_keeps_its_index_device(make_host: HostFactory) -> None:
+    """A UUID the driver does not give is a UUID device less, never a spec less."""
     info = "/proc/driver/nvidia/gpus/0001:00:00.0/information"
     host = make_host(T4, "driver", extra={info: "Model: \t Tesla T4\nDevice Minor: \t 0\n"})
-    with pytest.raises(DriverError, match=r"0001:00:00.0/information has no 'GPU UUID' line"):
-        spec_of(host)
+    assert [d["name"] for d in spec_of(host)["devices"]] == ["0", "all"]
+
+
+def _infos(*lines: tuple[str, str, int]) -> dict[str, driverinfo.GpuInfo]:
+    return {address: driverinfo.parse_information(
+        address, f"GPU UUID: \t {uuid}\nDevice Minor: \t {minor}\n")
+        for address, uuid, minor in lines}
+
+
+UUID_A = "GPU-5a4f2c1e-9b7d-4e3a-8c6f-0123456789ab"
+UUID_B = "GPU-0b11d014-1111-4e3a-8c6f-0123456789ab"
+
+
+def test_the_spec_leaves_out_the_uuid_device_of_a_gpu_not_yet_initialized() -> None:
+    """The placeholder UUID names no device; the GPU's index device and `all` stay."""
+    gpus, notes = cdinode.spec_gpus(_infos(("0000:3b:00.0", UUID_A, 0),
+                                           ("0000:af:00.0", driverinfo.UNINITIALIZED_UUID, 1)),
+                                    {})
+    assert gpus == [(0, UUID_A, 0), (1, None, 1)]
+    assert "GPU 1 (0000:af:00.0) has its index device only" in notes[0]
+
+
+def test_a_gpu_whose_initialization_failed_gets_no_device_and_keeps_its_index() -> None:
+    """No pod lands on a GPU the kernel log says failed RmInitAdapter: neither by index nor by
+    `all`; the next GPU keeps its index (nvidia-smi's numbering)."""
+    failed = {"0000:3b:00.0": "NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x22:0x56:667)"}
+    gpus, notes = cdinode.spec_gpus(_infos(("0000:3b:00.0", driverinfo.UNINITIALIZED_UUID, 0),
+                                           ("0000:af:00.0", UUID_B, 1)), failed)
+    assert gpus == [(1, UUID_B, 1)]
+    assert "RmInitAdapter failed" in notes[0]
+
+
+def test_a_uuid_two_gpus_report_names_neither() -> None:
+    gpus, notes = cdinode.spec_gpus(_infos(("0000:3b:00.0", UUID_A, 0),
+                                           ("0000:af:00.0", UUID_A, 1)), {})
+    assert gpus == [(0, None, 0), (1, None, 1)] and len(notes) == 2
+
+
+def test_one_device_minor_for_two_gpus_is_no_spec_naming_both() -> None:
+    """Which /dev/nvidia0 is which GPU cannot be told: no spec rather than a wrong GPU."""
+    with pytest.raises(DeviceMinorCollision, match=r"0000:3b:00.0 and 0000:af:00.0 all say "
+                       r"Device Minor 0 \(/dev/nvidia0\)"):
+        cdinode.spec_gpus(_infos(("0000:3b:00.0", UUID_A, 0), ("0000:af:00.0", UUID_B, 0),
+                                 ("0000:d8:00.0", UUID_B.replace("1111", "2222"), 1)), {})
 
 
 def test_mig_capability_nodes_are_not_given_to_every_gpu_container(
@@ -284,7 +327,7 @@ def test_boot_writes_the_spec_after_the_driver_step(make_host: HostFactory) -> N
     host = make_host(ND96, "driver")
     run = boot_run(host)
     step = next(s for s in run.steps if s["name"] == "cdi")
-    assert [s["name"] for s in run.steps][:3] == ["detect", "driver", "cdi"]
+    assert [s["name"] for s in run.steps][:4] == ["detect", "driver", "gpu_init", "cdi"]
     assert (step["outcome"], step["changed"], step["devices"]) == ("ok", True, 17)
     assert spec_file(host).read_bytes() == cdi.render(spec_of(host))
     again = next(s for s in boot_run(host).steps if s["name"] == "cdi")
@@ -320,14 +363,39 @@ def test_status_passes_the_spec_boot_wrote(make_host: HostFactory) -> None:
     assert check.state == "ok", check
 
 
+def _swap_first_device_nodes(root: Path) -> None:
+    """Device 0 gives GPU 1's node: a pod asking for GPU 0 would get GPU 1."""
+    document = json.loads(spec_file_at(root).read_text().removeprefix(cdi.HEADER))
+    by_name = {d["name"]: d for d in document["devices"]}
+    by_name["0"]["containerEdits"]["deviceNodes"] = [{"path": "/dev/nvidia1"}]
+    spec_file_at(root).write_text(cdi.HEADER + json.dumps(document))
+
+
+def _uninitialize(root: Path, address: str) -> None:
+    """A GPU down: placeholder UUID, and RmInitAdapter failed in the kernel log."""
+    info = root / "proc/driver/nvidia/gpus" / address / "information"
+    info.write_text(re.sub(r"GPU UUID: \t .*", f"GPU UUID: \t {driverinfo.UNINITIALIZED_UUID}",
+                           info.read_text()))
+    (root / "dev/kmsg").write_text(f"3,100,5,-;NVRM: GPU {address}: RmInitAdapter failed! "
+                                   "(0x22:0x56:667)\n")
+
+
 @pytest.mark.parametrize(("change", "detail"), [
     (lambda root: (root / "usr/bin/nvidia-smi").unlink(), "names what is not on the node: "
      "/usr/bin/nvidia-smi"),
     (lambda root: spec_file_at(root).write_text("devices: [\n"), "not YAML"),
     (lambda root: spec_file_at(root).write_text(
         spec_file_at(root).read_text().replace('"name": "1",', '"name": "one",')),
-     "has 7 GPU devices, the driver sees 8 GPUs"),
-], ids=["a-path-gone", "not-yaml", "a-gpu-missing"])
+     "disagrees with the driver: it lacks 1 (/dev/nvidia1); it names one, which the driver "
+     "does not report"),
+    (lambda root: _swap_first_device_nodes(root), "0 gives /dev/nvidia1, the driver says "
+     "/dev/nvidia0"),
+    (lambda root: spec_file_at(root).write_text(spec_file_at(root).read_text().replace(
+        "GPU-", "GPU-0", 1)), "which the driver does not report"),
+    (lambda root: _uninitialize(root, "0001:00:00.0"), "it names 0, which the driver does not "
+     "report"),
+], ids=["a-path-gone", "not-yaml", "a-gpu-missing", "an-index-to-another-gpu",
+        "a-uuid-the-driver-does-not-report", "a-gpu-whose-init-failed-still-in-the-spec"])
 def test_status_fails_a_spec_that_does_not_fit_the_node(
     make_host: HostFactory, change: Any, detail: str
 ) -> None:

@@ -49,6 +49,7 @@ def test_plan_on_a_bare_node_exits_0_and_names_what_boot_would_fail_at(
     assert (doc["changes"], doc["would_fail"]) == (False, True)
     assert [(p["step"], p["error"].split(":")[0]) for p in doc["problems"]] == [
         ("driver", "nothing can provide the NVIDIA modules for kernel 6.6.60-flatcar"),
+        ("gpu_init", "no GPU to bring up"),  # no driver, no GPU it could initialize
         ("cdi", "no CDI spec"),  # it names the driver's nodes and files
         ("containerd", f"runtime binary {host.root}/usr/bin/nvidia-container-runtime is not "
                        "an executable file on this host")]
@@ -67,16 +68,18 @@ def test_boot_configures_records_and_a_second_boot_changes_nothing(
     assert code == 0
     record = json.loads((node.root / "run/gpunode/state.json").read_text())
     assert record["outcome"] == "ok"
-    assert [s["name"] for s in record["steps"]] == ["detect", "driver", "cdi", "containerd"]
+    assert [s["name"] for s in record["steps"]] == ["detect", "driver", "gpu_init", "cdi",
+                                                    "containerd"]
     assert record["steps"][1]["strategy"] == "external"  # the fixture's driver is loaded
-    assert record["steps"][2]["changed"] is record["steps"][3]["changed"] is True
+    assert record["steps"][2]["ready"] == ["0001:00:00.0"]  # the fixture's GPU is up
+    assert record["steps"][3]["changed"] is record["steps"][4]["changed"] is True
     assert {e["event"] for e in events} >= {"step.done", "boot.done"}
 
     code, out, _ = run(capsys, "--root", str(node.root), "plan")
     assert (code, out.strip()) == (0, "nothing to change: the node is already configured")
     code, _, _ = run(capsys, "--root", str(node.root), "boot")
     record = json.loads((node.root / "run/gpunode/state.json").read_text())
-    assert record["steps"][2]["changed"] is False
+    assert [s["changed"] for s in record["steps"]] == [False] * 5
 
 
 def test_boot_on_a_cpu_node_is_a_no_op(

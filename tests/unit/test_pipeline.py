@@ -24,6 +24,7 @@ from gpunode.platform import flatcar
 from gpunode.platform.host import Host
 from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
+from helpers.fake_kernel import FakeGpus
 from hostile.support import Cli
 
 T4 = "nc4as-t4-v3"
@@ -66,9 +67,13 @@ class Case:
     nvidia_service: bool = False  # Flatcar's nvidia.service is enabled
     dev_nodes: str = "auto"  # "plain": the device nodes are plain files (boot remakes them)
     stack: str = "gpunode"  # kubernetes.stack ("gpu-operator": the nvidia_smi step runs too)
+    uninitialized: bool = False  # the GPUs show the placeholder UUID (driver just loaded)
+    gpus: bool = False  # a stand-in persistenced and kernel bring them up (FakeGpus)
 
     def host(self, make_host: HostFactory) -> Host:
         host = make_host(self.machine, self.state, extra=self.extra, dev_nodes=self.dev_nodes)
+        if self.uninitialized:
+            fixtures.uninitialize_gpus(host.root)
         if self.runtime:
             binary = host.root / "usr/bin/nvidia-container-runtime"
             binary.write_text("#!/bin/sh\n")
@@ -81,8 +86,9 @@ class Case:
 
     def adapters(self, host: Host) -> boot.Adapters:
         systemd = FlatcarNvidiaEnabled() if self.nvidia_service else NoSystemd()
-        return boot.Adapters(systemd=systemd,
-                             kmod=FakeKernel(host.root, fixtures.MACHINES[self.machine]))
+        machine = fixtures.MACHINES[self.machine]
+        return boot.Adapters(systemd=systemd, kmod=FakeKernel(host.root, machine),
+                             gpus=FakeGpus(host.root, machine) if self.gpus else None)
 
 
 CASES = {f"{name}-{state}": Case(name, state)
@@ -98,6 +104,12 @@ CASES |= {
                                          register_with="kubelet"),
     "t4-ready-nvidia-service-enabled": Case(T4, "ready", nvidia_service=True),
     "cpu-nvidia-service-enabled": Case("azure-d4s-v5", "bare", nvidia_service=True),
+    # Right after the driver loaded: the GPUs show GPU-????…. A stand-in persistenced brings
+    # them up (boot starts it, then waits); under --root nothing does (boot fails, as planned).
+    **{f"{name}-driver-uninitialized": Case(name, "driver", runtime=True, uninitialized=True,
+                                            gpus=True)
+       for name, machine in fixtures.MACHINES.items() if "driver" in machine.states},
+    "t4-driver-uninitialized-under-root": Case(T4, "driver", runtime=True, uninitialized=True),
 }
 
 
@@ -348,7 +360,8 @@ def test_a_failure_to_locate_early_is_the_containerd_step_s_own(
     tries = located_while(monkeypatch, lambda: None)
     run = boot.boot(host, case.config(), case.adapters(host))
     outcomes = {s["name"]: s["outcome"] for s in run.steps}
-    assert outcomes == {"detect": "ok", "driver": "ok", "cdi": "ok", "containerd": "failed"}
+    assert outcomes == {"detect": "ok", "driver": "ok", "gpu_init": "ok", "cdi": "ok",
+                        "containerd": "failed"}
     step = next(s for s in run.steps if s["name"] == "containerd")
     assert "exists but is not the config containerd uses" in step["error"]
     assert step["code"] == "containerd-step-failed" and len(tries) == 1

@@ -14,14 +14,14 @@ from gpunode.platform.host import Host
 from gpunode.status import Report, evaluate, observe
 from gpunode_testing import fixtures
 
-CHECKS = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus", "device_nodes",
-          "cdi_spec", "containerd_runtime", "toolkit", "containerd_running", "kubelet_running",
-          "device_plugin", "watch", "node", "last_boot")
+CHECKS = ("gpus", "pci_scan", "nouveau", "gpu_binding", "driver", "driver_gpus", "gpu_init",
+          "device_nodes", "cdi_spec", "containerd_runtime", "toolkit", "containerd_running",
+          "kubelet_running", "device_plugin", "watch", "node", "last_boot")
 
 # Checks that are not "ok" in each (machine, state); every other check must be ok.
 NODE = {"node": "skip", "watch": "skip"}  # no kubeconfig (not joined), no watch run
-BARE = {**NODE, "driver": "fail", "driver_gpus": "skip", "device_nodes": "skip",
-        "cdi_spec": "skip",
+BARE = {**NODE, "driver": "fail", "driver_gpus": "skip", "gpu_init": "skip",
+        "device_nodes": "skip", "cdi_spec": "skip",
         "containerd_runtime": "fail", "toolkit": "fail", "containerd_running": "warn",
         "kubelet_running": "warn", "device_plugin": "warn", "last_boot": "skip"}
 DRIVER = {**NODE, "cdi_spec": "warn", "containerd_runtime": "fail", "toolkit": "fail",

@@ -233,3 +233,33 @@ def test_two_passes_at_once_report_a_change_once(nd96: Host) -> None:
     for thread in passes:
         thread.join(10)
     assert api.calls == ["GET nd96-0", "PATCH nd96-0/status"]
+
+
+def test_a_gpu_not_initialized_is_gpu_ready_false_until_it_is_up(nd96: Host) -> None:
+    """A GPU the driver lists but never brought up (boot's gpu_init failed): GPUReady False
+    GPUNotInitialized naming it, never its placeholder as a UUID, and the spec the watch keeps
+    gives it to no pod; once it shows its UUID, GPUReady is what `gpunode label` says and the
+    spec has it again."""
+    from gpunode_testing import fixtures
+
+    api = FakeApi()
+    kmsg(nd96, (SECOND, f"NVRM: GPU {GPU1}: RmInitAdapter failed! (0x22:0x56:667)"))
+    info = nd96.root / f"proc/driver/nvidia/gpus/{GPU1}/information"
+    text = info.read_text()
+    info.write_text(text.replace(gpu_uuid(ND96, GPU1), fixtures.UNINITIALIZED_UUID))
+    once.run(nd96, CONFIG, False, lambda: api)
+    [down] = api.conditions
+    assert (down["status"], down["reason"]) == ("False", "GPUNotInitialized")
+    assert down["message"].startswith(f"gpunode watch: 1 of the driver's GPUs not initialized: "
+                                      f"{GPU1}: ")
+    spec = nd96.root / "var/run/cdi/nvidia.yaml"
+    assert '"name": "1"' not in spec.read_text() and '"name": "0"' in spec.read_text()
+    once.run(nd96, CONFIG, False, lambda: api)
+    assert len(api.conditions) == 1  # said once
+    info.write_text(text)
+    kmsg(nd96, (SECOND, f"NVRM: GPU {GPU1}: RmInitAdapter succeeded!"))
+    once.run(nd96, CONFIG, False, lambda: api)
+    back = api.conditions[-1]
+    assert back["status"] == "True", back
+    assert "????" not in json.dumps(api.conditions)
+    assert gpu_uuid(ND96, GPU1) in spec.read_text()
