@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from conftest import HostFactory
 from gpunode.driver import build as b
@@ -131,8 +132,12 @@ class BuiltKernel:
     machine: object
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
-    def depends(self, path: str) -> list[str]:
-        return [] if Path(path).name == "nvidia.ko" else ["nvidia"]
+    def modinfo(self, paths: list[str]) -> dict[str, Any]:
+        from helpers.fake_kernel import stand_in_modinfo
+
+        deps = {"nvidia_uvm": ["nvidia"], "nvidia_modeset": ["nvidia"]}
+        return {p: stand_in_modinfo(self.root, self.machine, p, deps)  # type: ignore[arg-type]
+                for p in paths}
 
     def run(self, argv: tuple[str, ...]) -> None:
         from gpunode_testing import fixtures
