@@ -23,6 +23,7 @@ build has the driver's version; nvidia.ko of both flavours names `nvidia/<versio
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -62,18 +63,24 @@ class Fit:
 
 
 def parse(text: str) -> list[dict[str, list[str]]]:
-    """`modinfo -0 FILE…` output → one {field: [values]} per file, in order. Each field is
-    `key:<padding>value` ended by NUL; a file's fields start with `filename`."""
+    """`modinfo -0 FILE…` output → one {field: [values]} per file, in order. Each field ends
+    with NUL; kmod 30 writes the .modinfo strings as they are (`key=value`) and its own
+    fields (`filename`, `parm`) as `key:<padding>value`. A file's fields start with
+    `filename`."""
     blocks: list[dict[str, list[str]]] = []
     for field in text.split("\0"):
-        key, sep, value = field.lstrip("\n").partition(":")
-        if not sep or not key or " " in key:
+        match = _FIELD.match(field.lstrip("\n"))
+        if match is None:
             continue
+        key, value = match.groups()
         if key == "filename":
             blocks.append({})
         if blocks:
             blocks[-1].setdefault(key, []).append(value.strip())
     return blocks
+
+
+_FIELD = re.compile(r"([A-Za-z0-9_.-]+)(?::[ \t]*|=)(.*)", re.DOTALL)
 
 
 def from_fields(path: str, fields: Mapping[str, list[str]]) -> ModuleInfo:
