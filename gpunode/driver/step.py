@@ -372,6 +372,10 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
         # Not where the modules cannot be loaded anyway (under --root: KmodTools refuses).
         firmware.apply(host, fw)
     loaded = tuple(modules.execute(host, load, kmod))
+    if the_plan.choice.strategy == "build" and source and getattr(kmod, "may_load", True):
+        from gpunode.driver import cache
+
+        cache.refresh(host, source, the_plan.kernel, config.version)
     nodes = make_nodes(host)
     problems = verify(host, the_plan.gpu_addresses)
     if problems:
