@@ -82,8 +82,9 @@ fetch-cuda: setup
 test: lint fetch-containerd fetch-kmod-tree fetch-cri-api fetch-helm fetch-nvidia fetch-cuda
 	$(BIN)/python -m pytest -q
 
-# run.py runs boot_path.py's real-systemd figures too (as root) and prints one JSON line last.
-bench: setup fetch-containerd
+# run.py runs boot_path.py's real-systemd figures too (as root), driver_cache.py's on the real
+# NVIDIA files, and prints one JSON line last.
+bench: setup fetch-containerd fetch-nvidia
 	$(BIN)/python benchmarks/run.py
 
 clean:

@@ -19,9 +19,9 @@ never loaded.
 Hashing a whole entry (hundreds of MB) on every boot and every `status` would cost more than
 the rest of either, so an entry is verified *fully* (the sha256 of every file against the
 manifest) only after its build, on demand (`gpunode driver verify`), and whenever the cheap
-check cannot vouch for it. A full verification leaves a stamp in the entry (`STAMP`): the
-sha256 of the manifest it checked against, when, and each file's device, inode, size, mtime
-and ctime as they were when hashed. The cheap check compares those with each file's lstat
+check cannot vouch for it. A full verification leaves a stamp in the entry (`STAMP`): when,
+and the device, inode, size, mtime and ctime of the manifest it checked against and of each
+file as it was when hashed. The cheap check compares those with each file's lstat
 now: any difference — a file replaced (new inode), rewritten (size, mtime, and ctime, which no
 one can set back), copied elsewhere (device, inode), a manifest changed, a stamp missing or
 not understood — makes it a full verification, whose verdict counts. As git does for its
@@ -46,8 +46,6 @@ Every file operation goes through the Host.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import re
 import stat
@@ -226,18 +224,18 @@ def check_entry(host: Host, path: str, kernel: str, driver: str, flavour: str,
     """(the entry, None) when usable; (None, why not) when it is there but unusable;
     (None, None) when there is none. Cheap when the entry's stamp vouches for every file;
     else (and always with `full`) every file is hashed."""
-    raw = host.read_optional_bytes(f"{path}/{MANIFEST}")
-    if raw is None:
+    text = host.read_optional(f"{path}/{MANIFEST}")
+    if text is None:
         return None, ("it has no manifest.json" if host.lstat(path) is not None else None)
     try:
-        manifest = records.loads_json(raw.decode("utf-8", "replace"), "manifest.json")
+        manifest = records.loads_json(text, "manifest.json")
     except ValueError as exc:  # not JSON, or nested too deeply to read
         return None, str(exc)
     problem = manifest_problem(manifest, kernel, driver, flavour)
     if problem is not None:
         return None, problem
     files = {**manifest["modules"], **manifest["userspace"]}
-    seen = {} if full else _stamped(host, path, raw, files)
+    seen = {} if full else _stamped(host, path, files)
     verified = "stamp" if seen else "full"
     if not seen:
         seen, problem = _files_problem(host, path, files)
@@ -268,12 +266,14 @@ def restamp(host: Host, entry: CacheEntry) -> bool:
     since it was hashed (the next check hashes it again). True when written."""
     if entry.verified != "full":
         return False
-    raw = host.read_optional_bytes(f"{entry.path}/{MANIFEST}")
+    import json
+
     seen = dict(entry.seen)
-    if raw is None or any(_key(host.lstat(f"{entry.path}/{rel}")) != key
-                          for rel, key in seen.items()):
+    manifest = _key(host.lstat(f"{entry.path}/{MANIFEST}"))
+    if manifest is None or any(_key(host.lstat(f"{entry.path}/{rel}")) != key
+                               for rel, key in seen.items()):
         return False
-    stamp = {"schema_version": STAMP_SCHEMA, "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+    stamp = {"schema_version": STAMP_SCHEMA, "manifest": list(manifest),
              "stamped_ns": time.time_ns(), "files": {rel: list(k) for rel, k in seen.items()}}
     host.write_atomic(f"{entry.path}/{STAMP}", (json.dumps(stamp, indent=1) + "\n").encode())
     log.get().info("driver.cache.stamped", entry=host.display(entry.path), files=len(seen))
@@ -292,30 +292,29 @@ def refresh(host: Host, path: str, kernel: str, driver: str) -> None:
         log.get().warning("driver.cache.unstamped", entry=host.display(path), error=str(exc))
 
 
-def _stamped(host: Host, path: str, manifest: bytes,
-             files: Mapping[str, str]) -> dict[str, tuple[int, ...]]:
-    """{file: its stat key} when the stamp vouches for every file of the manifest (same
-    manifest, each file's lstat as stamped and settled before the stamp); {} otherwise."""
+def _stamped(host: Host, path: str, files: Mapping[str, str]) -> dict[str, tuple[int, ...]]:
+    """{file: its stat key} when the stamp vouches for the manifest and every file it lists
+    (each one's lstat as stamped, and settled before the stamp); {} otherwise."""
     try:
         raw = host.read_optional(f"{path}/{STAMP}", limit=1 << 20)
         stamp = records.loads_json(raw, STAMP) if raw is not None else None
     except (ValueError, HostError):
         return {}  # unreadable or not JSON: the full check decides
     if not (isinstance(stamp, dict) and stamp.get("schema_version") == STAMP_SCHEMA
-            and stamp.get("manifest_sha256") == hashlib.sha256(manifest).hexdigest()
-            and isinstance(stamp.get("stamped_ns"), int)
+            and isinstance(stamp.get("stamped_ns"), int) and isinstance(stamp.get("manifest"), list)
             and isinstance(stamp.get("files"), dict) and set(stamp["files"]) == set(files)):
         return {}
     seen: dict[str, tuple[int, ...]] = {}
-    for rel in files:
+    for rel in (MANIFEST, *files):
         try:
             key = _key(host.lstat(f"{path}/{rel}"))
         except HostError:
             return {}
-        recorded = stamp["files"][rel]
+        recorded = stamp["manifest"] if rel == MANIFEST else stamp["files"][rel]
         if key is None or list(key) != recorded or key[4] >= stamp["stamped_ns"] - SETTLED_NS:
             return {}
         seen[rel] = key
+    del seen[MANIFEST]
     return seen
 
 
