@@ -47,6 +47,7 @@ from helpers.driver_build import (
     write_build_setup,
 )
 from hostile.support import Cli
+from real.nvidia_modules import ensure_headers
 
 
 @pytest.fixture
@@ -186,6 +187,57 @@ def test_build_sh_builds_on_a_split_tree_and_caches_stripped_modules(
                                 text=True, check=True).stdout.strip() for f in ("syssrc", "sysout")}
     assert fields == {"syssrc": str(tmp_path / "kernel/usr/src/linux-headers-6.1.0-50-common"),
                       "sysout": str(tmp_path / f"kernel/usr/src/linux-headers-{kernel}")}
+    sections = subprocess.run(["readelf", "-S", "--wide", str(module)], capture_output=True,
+                              text=True, check=True).stdout
+    assert ".modinfo" in sections and ".debug_info" not in sections
+
+
+# The trees handed to kbuild as NVIDIA's kernel-open/Makefile hands them (`$(MAKE) -C
+# $(KERNEL_SOURCES) KBUILD_OUTPUT=$(KERNEL_OUTPUT) M=$(CURDIR) modules`, SYSSRC and SYSOUT),
+# and real (tiny) kernel modules with the .modinfo fields NVIDIA's have.
+KBUILD_MAKEFILE = """\
+modules:
+\t$(MAKE) -C $(SYSSRC) KBUILD_OUTPUT=$(SYSOUT) M=$(CURDIR) modules
+"""
+KBUILD_MODULE = """\
+#include <linux/module.h>
+static int __init stand_in_init(void) {{ return 0; }}
+static void __exit stand_in_exit(void) {{ }}
+module_init(stand_in_init);
+module_exit(stand_in_exit);
+MODULE_LICENSE("{license}");
+MODULE_VERSION("{version}");
+"""
+
+
+def real_kbuild_modules(tree: Path) -> None:
+    """The installer's kernel/ and kernel-open/ as kbuild external modules of its version."""
+    version = tree.name.rsplit("-", 1)[1]
+    for directory, license_ in (("kernel", "NVIDIA"), ("kernel-open", "Dual MIT/GPL")):
+        (tree / directory / "stand-in-modules.sh").unlink()
+        (tree / directory / "Makefile").write_text(KBUILD_MAKEFILE)
+        (tree / directory / "Kbuild").write_text("obj-m := nvidia.o nvidia-uvm.o "
+                                                 "nvidia-modeset.o\n")
+        for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
+            (tree / directory / f"{name}.c").write_text(KBUILD_MODULE.format(
+                license=license_, version=version))
+
+
+def test_build_sh_compiles_against_debians_real_split_headers(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    """Debian's real linux-headers-6.1.0-50-amd64 and -common (tests/real/nvidia_modules.py
+    ensure_headers): build.sh finds both trees through /lib/modules/<kernel>/build and /source,
+    kbuild compiles real modules with them (vermagic 6.1.0-50-amd64, by the real modinfo),
+    and the cache gets them without their debug info."""
+    kernel = "6.1.0-50-amd64"
+    root = built_node_root(make_host, tmp_path, kernel=kernel, tree=ensure_headers(),
+                           mutate=real_kbuild_modules)
+    built = cli("--root", str(root), "driver", "build")
+    assert built.code == 0, built.err
+    module = root / f"opt/gpunode/drivers/{kernel}/{T4.driver_version}-proprietary/nvidia.ko"
+    info = modules.KmodTools().modinfo([str(module)])[str(module)]
+    assert (info.vermagic, info.license, info.version) == (
+        f"{kernel} SMP preempt mod_unload modversions", "NVIDIA", T4.driver_version)
     sections = subprocess.run(["readelf", "-S", "--wide", str(module)], capture_output=True,
                               text=True, check=True).stdout
     assert ".modinfo" in sections and ".debug_info" not in sections
