@@ -222,6 +222,9 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
                                                     needs=needs)
         else:
             load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
+            if facts.merged_sysexts:
+                fit, fw = loadable.check_tree(host, config, kernel, needs, load, kmod,
+                                              facts.merged_sysexts[0])
     found = None
     if version is not None:
         # The loaded driver's user-space: apply ends by finding it, so a plan that cannot is a

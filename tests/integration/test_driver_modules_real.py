@@ -327,3 +327,20 @@ def test_a_merged_sysexts_modules_are_read_where_it_put_them(
                            r"license is 'NVIDIA', so these are the proprietary modules, not "
                            r"the open ones"):
             step.plan(host, DriverConfig(), detect(host), kmod)
+
+
+def test_a_module_missing_beside_a_loaded_driver_is_checked_before_modprobe(
+        tmp_path: Path, source: real_driver.DriverSource, open_modules: BuiltModules) -> None:
+    """udev loaded nvidia, never nvidia_uvm: the step modprobes what is missing from the
+    merged sysext, after reading it where the sysext put it: modules of another kernel are
+    refused by name there too."""
+    root = real_driver.build_node(A100, tmp_path / "node", source, "sysext", state="driver",
+                                  modules=open_modules.directory, kernel="6.12.102-flatcar")
+    proc_modules = root / "proc/modules"
+    proc_modules.write_text("".join(line + "\n" for line in proc_modules.read_text().splitlines()
+                                    if not line.startswith("nvidia_uvm ")))
+    host = Host(root)
+    with pytest.raises(ModuleRefused, match=re.escape(
+            "Refused to load '/usr/lib/modules/6.12.102-flatcar/video/nvidia-uvm.ko': its "
+            "vermagic is '6.1.0-50-amd64 SMP preempt mod_unload modversions'")):
+        step.plan(host, DriverConfig(), detect(host), kmod_for(host, A100, open_modules))
