@@ -123,8 +123,9 @@ gpu-check-bundle: fetch-cuda
 	cp "$$($(BIN)/python -c 'from gpunode_testing import cuda_probe; print(cuda_probe.cache_dir())')/cuda-probe" \
 	   "$$($(BIN)/python -c 'from gpunode_testing import cuda_probe; print(cuda_probe.cache_dir())')/runtime/lib/libcudart.so.12" build/gpu-check/
 
-# run.py runs boot_path.py's real-systemd figures too (as root) and prints one JSON line last.
-bench: setup fetch-containerd
+# run.py runs boot_path.py's real-systemd figures too (as root), driver_cache.py's on the real
+# NVIDIA files, and prints one JSON line last.
+bench: setup fetch-containerd fetch-nvidia
 	$(BIN)/python benchmarks/run.py
 
 clean:

@@ -24,6 +24,10 @@ What it measures, on a fixture of the biggest machine we model (ND96amsr A100 v4
    namespace harness runs; otherwise its keys are null and the reason is printed).
 7. `gpunode watch`, the daemon (watch_daemon.py): an Xid line to its GPUReady PATCH (median,
    budget 1 s), its idle CPU over 60 s, its VmRSS before and after a flood of kernel lines.
+8. The build strategy on NVIDIA's real 550 files (driver_cache.py): `driver status` on a
+   node whose driver comes from a real build cache entry, the verification share of it (budget
+   2x `python -c pass`), without the entry's stamp (every file hashed, as before), `driver
+   verify`, a cache-hit boot's driver step, and the compile times of the real modules (cold).
 
 Whole-process timings alternate the commands so drift on the machine hits both alike, and report
 medians rather than means so one slow run does not move the result. The subprocesses run without
@@ -34,7 +38,9 @@ among them the keys one run is compared with another by: python_pass_ms, noop_bo
 node's `gpunode boot`: nothing to do), pipeline_boot_ratio (a GPU node's boot with nothing to
 change: the whole pipeline), status_ratio, bundle_version_ratio_vs_venv,
 bundle_noop_boot_ratio_vs_venv, boot_path_gpunode_ms, boot_path_peers_ms,
-boot_path_gpunode_share_ms, boot_path_gpunode_share_ratio (the share over
+boot_path_gpunode_share_ms, driver_cache_verification_share_ratio (a reader's check of a real
+550 build cache entry over python -c pass), driver_status_cache_ratio,
+boot_path_gpunode_share_ratio (the share over
 boot_path_python_pass_ms, `python -c pass` timed between the boots; before 2026-12-04 over
 python_pass_ms, timed minutes earlier: boot_path.py says why) and cpu_node_noop_ratio;
 boot_path_gpunode_share_with_spawn_ms and its ratio are the share as runs before 2026-12-04
@@ -54,7 +60,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import watch_daemon  # beside this file (a script's directory is on sys.path)
+import driver_cache  # beside this file (a script's directory is on sys.path)
+import watch_daemon
 
 from gpunode.gpu.detect import detect
 from gpunode.platform.host import Host
@@ -384,6 +391,7 @@ def main() -> int:
           f"(the venv's python -c pass, which the ratios are against: "
           f"{summary['python_pass_ms']:.1f} ms)")
     summary.update(watch_daemon.report(watched))
+    summary.update(driver_cache.report(driver_cache.measure()))
     figures = boot_path_figures()
     pass_ms = figures["boot_path_python_pass_ms"]  # timed between the boots (boot_path.py)
     share = figures["boot_path_gpunode_share_ms"]

@@ -250,11 +250,34 @@ class ExtractedFileError(DriverBuildError):
     code = "driver-build-userspace-refused"
 
 
+class ModuleRefused(DriverError):
+    """A kernel module about to be loaded does not fit this node (its .modinfo names another
+    kernel, flavour or version than the node's): names the file and both values; nothing was
+    loaded."""
+
+    code = "driver-module-refused"
+
+    def __init__(self, path: str, what: str, found: str, wanted: str, hint: str = "") -> None:
+        self.path = path
+        self.what = what
+        self.found = found
+        self.wanted = wanted
+        super().__init__(f"Refused to load '{path}': its {what} is {found}, {wanted}", hint)
+
+
 class FirmwarePathError(DriverError):
-    """The open modules of a build need their GSP firmware, and the kernel's firmware search
-    path (firmware_class.path) is set by someone else to a place without it."""
+    """The modules about to load need firmware the kernel would not find, and the kernel's
+    firmware search path (firmware_class.path) is set by someone else (or missing), so gpunode
+    cannot point it at the firmware that came with the modules."""
 
     code = "driver-firmware-path-taken"
+
+
+class FirmwareMissing(DriverError):
+    """A module about to load names firmware that neither the kernel's firmware search nor the
+    modules' own firmware directory has: names the module file and the firmware."""
+
+    code = "driver-firmware-missing"
 
 
 class NvidiaSmiError(DriverError):

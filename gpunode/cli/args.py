@@ -77,6 +77,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
                               "the cache (once per kernel, driver and flavour)")
     _json_flag(driver_actions.add_parser("status", help="what the driver step would do, "
                                          "and the driver checks"))
+    _json_flag(driver_actions.add_parser("verify", help="hash every file of every build cache "
+                                         "entry against its manifest (boot checks them "
+                                         "cheaply)"))
 
     cdi_parser = commands.add_parser("cdi", help="the node's CDI spec (nvidia.com/gpu)")
     generate = cdi_parser.add_subparsers(dest="action", required=True, metavar="ACTION") \

@@ -187,6 +187,31 @@ def driver_status(host: Host, config: AgentConfig, args: argparse.Namespace) -> 
     return EXIT_OK if report.ready else EXIT_FAILED
 
 
+def driver_verify(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
+    """The full verification of every build cache entry, whatever its stamp says; exit 1 when
+    one is unusable (its stamp is removed, so boot verifies it fully and refuses it too)."""
+    from gpunode.driver import cache
+
+    rows = []
+    with log.step("driver.verify") as fields:
+        for path, kernel, driver, flavour in cache.entries(host):
+            try:
+                entry, problem = cache.verify(host, path, kernel, driver, flavour)
+            except GpunodeError as exc:  # a name that is no entry's, an unwritable stamp
+                entry, problem = None, str(exc)
+            rows.append({"entry": path, "kernel": kernel, "driver": driver, "flavour": flavour,
+                         "usable": entry is not None, "problem": problem,
+                         "files": len(entry.seen) if entry else None})
+        fields.update(entries=len(rows), unusable=[r["entry"] for r in rows if not r["usable"]])
+    if args.json:
+        print_json({"schema_version": 1, "root": str(host.root), "entries": rows})
+    else:
+        print("\n".join(f"{r['entry']}: " + (f"ok, {r['files']} files as the manifest says"
+                                              if r["usable"] else f"UNUSABLE: {r['problem']}")
+                        for r in rows) or f"no build cache entries in {cache.CACHE_ROOT}")
+    return EXIT_OK if all(r["usable"] for r in rows) else EXIT_FAILED
+
+
 def cdi_generate(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
     """The spec on stdout, or written to --output (a host path) only when its bytes change."""
     from gpunode.cdi import node as cdinode
@@ -276,7 +301,8 @@ def status(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Command] = {
     "detect": detect, "status": status, "plan": plan, "boot": boot, "label": label,
     "ignition": ignition, "driver load": driver_load, "driver build": driver_build,
-    "driver status": driver_status, "containerd configure": cli_containerd.configure,
+    "driver status": driver_status, "driver verify": driver_verify,
+    "containerd configure": cli_containerd.configure,
     "containerd revert": cli_containerd.revert, "cdi generate": cdi_generate,
     "nodes": nodes, "watch": watch.command, "metrics": metrics.command,
     "image bake": image_bake,

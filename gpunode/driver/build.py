@@ -289,11 +289,16 @@ def _build_entry(host: Host, plan: BuildPlan, fetcher: Fetcher, builder: Builder
     host.write_atomic(f"{staging}/{cache.MANIFEST}",
                       (json.dumps(manifest, indent=2) + "\n").encode())  # last: marks it whole
     cache.publish(host, staging, plan.entry)
+    # Verified once, fully, as published (its stamp makes the next boots' checks cheap).
+    entry, problem = cache.verify(host, plan.entry, plan.kernel, plan.driver, plan.flavour)
+    if entry is None:
+        raise DriverBuildError("verify", host.display(plan.entry), f"the entry just built is "
+                               f"not usable: {problem}", hint="did something change it while "
+                               "it was published? build again")
     log.get().info("driver.build.done", entry=host.display(plan.entry),
                    modules=sorted(modules), userspace_files=len(files),
                    build_seconds=manifest["build_seconds"])
-    return cache.CacheEntry(plan.entry, manifest,
-                            tuple(f"{plan.entry}/{n}" for n in sorted(modules)))
+    return entry
 
 
 def wanted_list(driver: str) -> str:

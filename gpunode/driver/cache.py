@@ -14,9 +14,27 @@ An entry is `<CACHE_ROOT>/<kernel>/<driver>-<flavour>/`:
 An entry is *usable* only when its manifest parses, names the same kernel, driver and flavour,
 and every module and user-space file it lists is there, a regular file with the recorded
 sha256, and every link points where it says: a half-copied or tampered entry is rebuilt,
-never loaded. An entry of schema_version 1 (gpunode before builds carried the user-space) is
-unusable the same way: its node would have modules but no libcuda, so it is rebuilt (or, with
-building disabled, refused with that reason), never silently used.
+never loaded.
+
+Hashing a whole entry (hundreds of MB) on every boot and every `status` would cost more than
+the rest of either, so an entry is verified *fully* (the sha256 of every file against the
+manifest) only after its build, on demand (`gpunode driver verify`), and whenever the cheap
+check cannot vouch for it. A full verification leaves a stamp in the entry (`STAMP`): when,
+and the device, inode, size, mtime and ctime of the manifest it checked against and of each
+file as it was when hashed. The cheap check compares those with each file's lstat
+now: any difference — a file replaced (new inode), rewritten (size, mtime, and ctime, which no
+one can set back), copied elsewhere (device, inode), a manifest changed, a stamp missing or
+not understood — makes it a full verification, whose verdict counts. As git does for its
+index, a file whose ctime is within `SETTLED_NS` of the stamp's time is never trusted from
+the stamp (a second write in the same clock tick can leave its times as they were): it makes
+a full verification too. Boot, which acts, writes a new stamp after a full verification
+passed (`restamp`); `plan`, `status` and the other readers write nothing. The stamp is a
+cache of a verdict, not a signature: whoever may rewrite the entry may rewrite it too (and the
+manifest), which is why `gpunode driver verify` ignores it.
+
+An entry of schema_version 1 (gpunode before builds carried the user-space) is unusable the
+same way: its node would have modules but no libcuda, so it is rebuilt (or, with building
+disabled, refused with that reason), never silently used.
 
 A build (driver/build.py) stages its entry in a directory next to it
 (`.staging-<driver>-<flavour>-<random>`) and publishes it by one rename (`publish`); staging
@@ -28,6 +46,7 @@ Every file operation goes through the Host.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import stat
 import time
@@ -44,6 +63,9 @@ from gpunode.platform.host import Host
 CACHE_ROOT = "/opt/gpunode/drivers"
 LOCK_FILE = f"{CACHE_ROOT}/.lock"
 MANIFEST = "manifest.json"
+STAMP = ".verified.json"  # in the entry: what its last full verification saw
+STAMP_SCHEMA = 1
+SETTLED_NS = 2_000_000_000  # a file changed this close to the stamp is hashed, never trusted
 SCHEMA_VERSION = 2
 MODULES_ONLY_SCHEMA = 1  # manifests of builds that had no user-space
 USERSPACE_DIRS = ("lib", "bin", "firmware")
@@ -68,6 +90,10 @@ class CacheEntry:
     path: str  # host path of the entry directory
     manifest: dict[str, Any]
     modules: tuple[str, ...]  # host paths of the .ko files, sorted by name
+    # how it was found usable: "stamp" (the cheap check) or "full" (every file hashed), and
+    # the stat of each file as verified (entry-relative path → _key), for a new stamp
+    verified: str = "full"
+    seen: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def userspace(self, directory: str) -> tuple[str, ...]:
         """Host paths of the user-space files the manifest lists under `directory` ("lib",
@@ -183,10 +209,8 @@ def _userspace_shape_problem(files: Any, links: Any, driver: str) -> str | None:
 
 
 def find_usable(host: Host, kernel: str, driver: str, flavour: str) -> CacheEntry | None:
-    """The entry for these names if it is complete and every module has its recorded sha256.
-
-    Hashes every module (tens of MB: a fraction of a second), so call it once per boot.
-    """
+    """The entry for these names if it is complete and every file has its recorded sha256
+    (check_entry: cheap while its stamp vouches for it)."""
     entry, problem = check_entry(host, entry_path(kernel, driver, flavour), kernel, driver,
                                  flavour)
     if problem is not None:
@@ -195,10 +219,11 @@ def find_usable(host: Host, kernel: str, driver: str, flavour: str) -> CacheEntr
     return entry
 
 
-def check_entry(host: Host, path: str, kernel: str, driver: str,
-                flavour: str) -> tuple[CacheEntry | None, str | None]:
+def check_entry(host: Host, path: str, kernel: str, driver: str, flavour: str,
+                full: bool = False) -> tuple[CacheEntry | None, str | None]:
     """(the entry, None) when usable; (None, why not) when it is there but unusable;
-    (None, None) when there is none."""
+    (None, None) when there is none. Cheap when the entry's stamp vouches for every file;
+    else (and always with `full`) every file is hashed."""
     text = host.read_optional(f"{path}/{MANIFEST}")
     if text is None:
         return None, ("it has no manifest.json" if host.lstat(path) is not None else None)
@@ -207,35 +232,124 @@ def check_entry(host: Host, path: str, kernel: str, driver: str,
     except ValueError as exc:  # not JSON, or nested too deeply to read
         return None, str(exc)
     problem = manifest_problem(manifest, kernel, driver, flavour)
-    if problem is None:
-        problem = (_files_problem(host, path, manifest["modules"])
-                   or _files_problem(host, path, manifest["userspace"])
-                   or _links_problem(host, path, manifest["links"]))
+    if problem is not None:
+        return None, problem
+    files = {**manifest["modules"], **manifest["userspace"]}
+    seen = {} if full else _stamped(host, path, files)
+    verified = "stamp" if seen else "full"
+    if not seen:
+        seen, problem = _files_problem(host, path, files)
+    problem = problem or _links_problem(host, path, manifest["links"])
     if problem is not None:
         return None, problem
     names = sorted(manifest["modules"])
-    return CacheEntry(path, manifest, tuple(f"{path}/{name}" for name in names)), None
+    return CacheEntry(path, manifest, tuple(f"{path}/{name}" for name in names), verified,
+                      tuple(sorted(seen.items()))), None
 
 
-def _files_problem(host: Host, path: str, files: Mapping[str, str]) -> str | None:
-    """Why a listed module or user-space file is not as recorded: missing, not a regular file
-    (a link, a FIFO: never followed, never opened), too large, or another sha256."""
+def verify(host: Host, path: str, kernel: str, driver: str,
+           flavour: str) -> tuple[CacheEntry | None, str | None]:
+    """The full verification (check_entry with every file hashed, whatever the stamp says),
+    then the stamp: written when it passed, removed when it did not, so that the next cheap
+    check cannot vouch for an entry found bad."""
+    entry, problem = check_entry(host, path, kernel, driver, flavour, full=True)
+    if entry is not None:
+        restamp(host, entry)
+    elif host.lstat(f"{path}/{STAMP}") is not None:
+        host.remove(f"{path}/{STAMP}")
+    return entry, problem
+
+
+def restamp(host: Host, entry: CacheEntry) -> bool:
+    """Write the stamp of an entry found usable by a full verification, so that the next
+    checks are cheap; nothing when the stamp vouched for it already, or when a file changed
+    since it was hashed (the next check hashes it again). True when written."""
+    if entry.verified != "full":
+        return False
+    import json
+
+    seen = dict(entry.seen)
+    manifest = _key(host.lstat(f"{entry.path}/{MANIFEST}"))
+    if manifest is None or any(_key(host.lstat(f"{entry.path}/{rel}")) != key
+                               for rel, key in seen.items()):
+        return False
+    stamp = {"schema_version": STAMP_SCHEMA, "manifest": list(manifest),
+             "stamped_ns": time.time_ns(), "files": {rel: list(k) for rel, k in seen.items()}}
+    host.write_atomic(f"{entry.path}/{STAMP}", (json.dumps(stamp, indent=1) + "\n").encode())
+    log.get().info("driver.cache.stamped", entry=host.display(entry.path), files=len(seen))
+    return True
+
+
+def refresh(host: Host, path: str, kernel: str, driver: str) -> None:
+    """Boot, having loaded the modules of the entry `path`: a new stamp when its check had to
+    hash it (changed since its stamp, or never stamped), so that the next boot's is cheap. A
+    read-only cache keeps every boot's check full, and says so."""
+    entry, _ = check_entry(host, path, kernel, driver, path.rpartition("-")[2])
+    try:
+        if entry is not None:
+            restamp(host, entry)
+    except HostError as exc:
+        log.get().warning("driver.cache.unstamped", entry=host.display(path), error=str(exc))
+
+
+def _stamped(host: Host, path: str, files: Mapping[str, str]) -> dict[str, tuple[int, ...]]:
+    """{file: its stat key} when the stamp vouches for the manifest and every file it lists
+    (each one's lstat as stamped, and settled before the stamp); {} otherwise."""
+    try:
+        raw = host.read_optional(f"{path}/{STAMP}", limit=1 << 20)
+        stamp = records.loads_json(raw, STAMP) if raw is not None else None
+    except (ValueError, HostError):
+        return {}  # unreadable or not JSON: the full check decides
+    if not (isinstance(stamp, dict) and stamp.get("schema_version") == STAMP_SCHEMA
+            and isinstance(stamp.get("stamped_ns"), int) and isinstance(stamp.get("manifest"), list)
+            and isinstance(stamp.get("files"), dict) and set(stamp["files"]) == set(files)):
+        return {}
+    seen: dict[str, tuple[int, ...]] = {}
+    for rel in (MANIFEST, *files):
+        try:
+            key = _key(host.lstat(f"{path}/{rel}"))
+        except HostError:
+            return {}
+        recorded = stamp["manifest"] if rel == MANIFEST else stamp["files"][rel]
+        if key is None or list(key) != recorded or key[4] >= stamp["stamped_ns"] - SETTLED_NS:
+            return {}
+        seen[rel] = key
+    del seen[MANIFEST]
+    return seen
+
+
+def _key(st: os.stat_result | None) -> tuple[int, ...] | None:
+    """What the stamp records of a regular file: device, inode, size, mtime, ctime (ns)."""
+    if st is None or not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _files_problem(host: Host, path: str,
+                   files: Mapping[str, str]) -> tuple[dict[str, tuple[int, ...]], str | None]:
+    """Each listed module and user-space file hashed: ({file: its stat key as hashed}, None),
+    or why one is not as recorded: missing, not a regular file (a link, a FIFO: never
+    followed, never opened), too large, or another sha256."""
+    seen: dict[str, tuple[int, ...]] = {}
     for name, recorded in sorted(files.items()):
         file = f"{path}/{name}"
         try:
             st = host.lstat(file)
             if st is None:
-                return f"{name} is missing"
+                return seen, f"{name} is missing"
             if not stat.S_ISREG(st.st_mode):
-                return f"{name} is not a regular file"
+                return seen, f"{name} is not a regular file"
             if st.st_size > MAX_FILE_BYTES:
-                return f"{name} is {st.st_size} bytes, more than any driver file"
+                return seen, f"{name} is {st.st_size} bytes, more than any driver file"
             actual = digest(host, file, st)
         except HostError as exc:
-            return f"{name} cannot be read ({exc})"
+            return seen, f"{name} cannot be read ({exc})"
         if actual != recorded:
-            return f"{name} has sha256 {actual}, the manifest says {recorded}"
-    return None
+            return seen, f"{name} has sha256 {actual}, the manifest says {recorded}"
+        key = _key(st)
+        assert key is not None  # a regular file, as checked above
+        seen[name] = key
+    return seen, None
 
 
 def _links_problem(host: Host, path: str, links: Mapping[str, str]) -> str | None:
@@ -257,7 +371,7 @@ def digest(host: Host, path: str, st: Any = None) -> str:
     A file changed in the last seconds is always hashed (as git treats "racily clean" files):
     a second write within the clock's granularity can leave its times as they were."""
     st = st if st is not None else host.lstat(path)
-    if st is None or time.time_ns() - st.st_ctime_ns < _SETTLED_NS:
+    if st is None or time.time_ns() - st.st_ctime_ns < SETTLED_NS:
         return host.digest(path, "sha256")
     key = (host.display(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns,
            st.st_ctime_ns)
@@ -267,7 +381,6 @@ def digest(host: Host, path: str, st: Any = None) -> str:
 
 
 _DIGESTS: dict[tuple[Any, ...], str] = {}
-_SETTLED_NS = 2_000_000_000
 
 
 def installed_kernels(host: Host) -> set[str]:
@@ -278,6 +391,20 @@ def installed_kernels(host: Host) -> set[str]:
     if running:
         kernels.add(running)
     return kernels
+
+
+def entries(host: Host) -> list[tuple[str, str, str, str]]:
+    """(host path, kernel, driver, flavour) of every entry directory in the cache, sorted;
+    staging dirs and other dot-names are not entries."""
+    found = []
+    for kernel in sorted(host.list_dir(CACHE_ROOT)):
+        if kernel.startswith(".") or not _is_dir(host, f"{CACHE_ROOT}/{kernel}"):
+            continue
+        for name in sorted(host.list_dir(f"{CACHE_ROOT}/{kernel}")):
+            driver, _, flavour = name.rpartition("-")
+            if not name.startswith(".") and _is_dir(host, f"{CACHE_ROOT}/{kernel}/{name}"):
+                found.append((f"{CACHE_ROOT}/{kernel}/{name}", kernel, driver, flavour))
+    return found
 
 
 # -- lock, publish, prune ------------------------------------------------------------------------

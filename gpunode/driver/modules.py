@@ -3,8 +3,8 @@
 Modules from the running kernel's tree (the Flatcar sysext merges them into /usr/lib/modules)
 are loaded with `modprobe`, which resolves dependencies itself. Modules from a directory
 (prebuilt or a cached build) are loaded with `insmod` by path, nvidia first, after `modprobe`
-of the kernel modules each one depends on (`modinfo -F depends`). No shell anywhere; a failure
-keeps the tool's stderr and the kernel's last NVRM lines.
+of the kernel modules each one depends on (their .modinfo `depends`, driver/modinfo.py). No
+shell anywhere; a failure keeps the tool's stderr and the kernel's last NVRM lines.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gpunode.config import DRIVER_MODULES, EXTRA_MODULES
+from gpunode.driver import modinfo
+from gpunode.driver.modinfo import ModuleInfo
 from gpunode.errors import CommandFailed, HostError, LoadError
 from gpunode.platform import command
 from gpunode.platform.host import Host
@@ -73,6 +75,25 @@ def directory_plan(modules: list[str], files: dict[str, str], depends: dict[str,
     return LoadPlan(tuple(steps))
 
 
+# Where a kernel's tree keeps modules that are not its own: Flatcar's driver sysext and its
+# nvidia.service (`video`, as the ebuild's linux-mod-r1 installs them), kbuild's default for
+# external modules (`extra`), DKMS (`updates/dkms`) and `updates`.
+TREE_SUBDIRS = ("video", "extra", "updates")
+MODULE_DIRS = ("/usr/lib/modules", "/lib/modules")
+
+
+def tree_files(host: Host, kernel: str) -> dict[str, str]:
+    """module name → host path of the NVIDIA .ko files in the running kernel's own tree (a
+    merged driver sysext puts them there); empty when none is a file gpunode can read."""
+    found: dict[str, str] = {}
+    for base in MODULE_DIRS:
+        for sub in TREE_SUBDIRS:
+            for name, path in module_files(host, f"{base}/{kernel}/{sub}").items():
+                if name.startswith("nvidia"):
+                    found.setdefault(name, path)
+    return found
+
+
 def module_files(host: Host, directory: str) -> dict[str, str]:
     """module name → host path of its .ko under `directory` (nvidia-uvm.ko is nvidia_uvm)."""
     found: dict[str, str] = {}
@@ -89,7 +110,9 @@ def module_files(host: Host, directory: str) -> dict[str, str]:
 
 
 class Kmod(Protocol):
-    def depends(self, path: str) -> list[str]: ...
+    def modinfo(self, paths: list[str]) -> dict[str, ModuleInfo]:
+        """Each module file's .modinfo, by the (real) path asked for."""
+        ...
 
     def run(self, argv: tuple[str, ...]) -> None: ...
 
@@ -104,9 +127,18 @@ class KmodTools:
     may_load: bool = True
     timeout: float = 120.0
 
-    def depends(self, path: str) -> list[str]:
-        out = command.run(["modinfo", "-F", "depends", path], 10)
-        return [d.strip().replace("-", "_") for d in out.strip().split(",") if d.strip()]
+    def modinfo(self, paths: list[str]) -> dict[str, ModuleInfo]:
+        """One `modinfo -0` for all files; each answer must be for the file asked (modinfo
+        takes a path it cannot read for a module name of the running kernel)."""
+        if not paths:
+            return {}
+        blocks = modinfo.parse(command.run(["modinfo", "-0", *paths], 30))
+        named = [b.get("filename", [""])[0] for b in blocks]
+        if named != list(paths):
+            raise CommandFailed(["modinfo", "-0", *paths], 0,
+                                f"answered for {named}, not for the files asked")
+        return {path: modinfo.from_fields(path, block) for path, block in zip(paths, blocks,
+                                                                                strict=True)}
 
     def run(self, argv: tuple[str, ...]) -> None:
         if not self.may_load:

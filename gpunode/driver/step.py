@@ -1,5 +1,9 @@
 """The driver step: observe, plan (strategy, flavour, load steps), apply, create nodes, verify.
 
+Whatever the strategy, the modules about to load are checked first (driver/loadable.py: their
+.modinfo against the kernel, the GPUs and the user-space; the firmware they name), and the
+flavour the step reports is theirs.
+
 `plan()` reads the host and decides; `apply()` acts on the decision through a Kmod adapter
 (real modprobe/insmod on a node; tests use a recording fake, since no module can be loaded
 here) and the build adapters.
@@ -20,6 +24,8 @@ from gpunode.driver import (
     devices,
     firmware,
     flavour,
+    loadable,
+    modinfo,
     modules,
     nouveau,
     strategy,
@@ -66,8 +72,11 @@ class Plan:
     load: modules.LoadPlan = field(default_factory=modules.LoadPlan)
     sysext_line: str | None = None  # to add to /etc/flatcar/enabled-sysext.conf
     gpu_addresses: tuple[str, ...] = ()  # GPUs the driver must see (not those on vfio-pci)
+    needs: tuple[flavour.Need, ...] = ()  # what they need of the modules (driver/modinfo.py)
     node_fixes: tuple[str, ...] = ()  # device nodes a loaded driver lacks: "<path>: <why>"
-    firmware: firmware.FirmwarePath | None = None  # the open modules of a build: their GSP
+    # the firmware search path the modules about to load need (firmware they name that the
+    # kernel would not find elsewhere); a build's is decided once its modules exist
+    firmware: firmware.FirmwarePath | None = None
     baked: str | None = None  # the baked driver sysext file to merge before loading
     # A "verify" plan's user-space of the loaded driver: apply merges, builds and loads
     # nothing that could change it, and takes it for its own when the version is the same.
@@ -90,7 +99,11 @@ class Plan:
             lines.append(f"link {sysext_link(name)} to {self.baked}, then run "
                          f"{' '.join(SYSEXT_REFRESH)}")
         if self.choice.action == "build":
-            lines.append(f"build {', '.join(self.modules)} for {self.kernel}, then load them")
+            lines.append(f"build {', '.join(self.modules)} for {self.kernel}, then check and "
+                         "load them")
+        if self.choice.action == "activate":
+            lines.append("check the merged sysext's modules (kernel, flavour, version, "
+                         "firmware) before loading them")
         if self.firmware is not None:
             lines.append(self.firmware.describe())
         lines += [f"run {step}" for step in self.load.describe()]
@@ -187,32 +200,48 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
     sysext_line = (None if baked_path else _missing_sysext_line(host, config, chosen.flavour))
     if choice.action == "fail" and sysext_line is None:
         raise DriverError(choice.reason, choice.hint)
+    needs = gpu_needs(host, detection)
     load = modules.LoadPlan()
+    fit: modinfo.Fit | None = None
+    fw = None
     if choice.action in ("load", "activate") and choice.strategy == "flatcar-sysext":
         load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
+        if choice.action == "load":
+            fit, fw = loadable.check_tree(host, config, kernel, needs, load, kmod,
+                                          str(choice.source))
     elif choice.action == "load" and choice.source:
-        load = directory_load(host, choice.source, wanted, config, kmod)
+        load, fit, fw = loadable.directory_load(host, choice.source, wanted, config, kmod,
+                                                needs=needs,
+                                                **_source_claims(choice, chosen, config))
     elif choice.action == "verify" and not set(wanted) <= loaded:
         # udev autoloads nvidia for the GPU, never nvidia_uvm: load what is missing from
         # where the loaded ones came from.
         directory = facts.prebuilt_dir or facts.cache_entry
         if directory and not facts.merged_sysexts:
-            load = directory_load(host, directory, wanted, config, kmod)
+            load, fit, fw = loadable.directory_load(host, directory, wanted, config, kmod,
+                                                    needs=needs)
         else:
             load = modules.modprobe_plan(list(wanted), config.module_params, loaded)
+            if facts.merged_sysexts:
+                fit, fw = loadable.check_tree(host, config, kernel, needs, load, kmod,
+                                              facts.merged_sysexts[0])
     found = None
     if version is not None:
         # The loaded driver's user-space: apply ends by finding it, so a plan that cannot is a
         # refusal now, not a surprise after the modules and nodes (a driver not loaded yet is
         # judged once it is).
         found = userspace.find(host, version.version, prebuilt_dirs=config.prebuilt_dirs)
-    fw = None
-    if chosen.flavour == "open" and choice.strategy == "build" and choice.action in ("build",
-                                                                                  "load"):
-        # Refused now when the kernel's firmware search path is someone else's.
-        fw = firmware.plan(host, choice.source or driver_cache.entry_path(
-            kernel, config.version, chosen.flavour), config.version, kernel,
-            built=choice.action == "load")
+    if choice.action == "build" and not loadable.gsp_off(config, chosen.flavour):
+        # Refused now, not after the build, when the kernel's firmware search path is
+        # someone else's; the built modules' own firmware is planned once they exist.
+        fw = firmware.plan_build(host, driver_cache.entry_path(kernel, config.version,
+                                                               chosen.flavour),
+                                 config.version, kernel)
+    if fit is not None:
+        chosen = _reported(chosen, fit)
+    elif version is not None and _family(version.flavour) != _family(chosen.flavour):
+        chosen = flavour.FlavourChoice(version.flavour, f"the loaded driver's "
+                                       f"({driverinfo.PROC_NVIDIA}/version)")
     node_fixes: tuple[str, ...] = ()
     if choice.action == "verify" and not load.steps:  # all loaded: its nodes can be checked
         node_fixes = tuple(f"{n.path} ({n.major}:{n.minor}): {why}" for n in wanted_nodes(host)
@@ -220,6 +249,7 @@ def plan(host: Host, config: DriverConfig, detection: Detection, kmod: modules.K
     return Plan(kernel=kernel, flavour=chosen, choice=choice, modules=wanted, load=load,
                 sysext_line=sysext_line, node_fixes=node_fixes, firmware=fw, baked=baked_path,
                 gpu_addresses=tuple(g.address for g in detection.gpus if g.driver != "vfio-pci"),
+                needs=tuple(needs),
                 driver_root=found if choice.action == "verify" else None)
 
 
@@ -281,18 +311,28 @@ def load_preview(host: Host, config: DriverConfig, detection: Detection | None,
         return [], str(exc)
 
 
-def directory_load(host: Host, directory: str, wanted: tuple[str, ...], config: DriverConfig,
-                   kmod: modules.Kmod) -> modules.LoadPlan:
-    """insmod steps for a directory of modules, after modprobe of their kernel dependencies."""
-    files = modules.module_files(host, directory)
-    _require(files, wanted, directory)
-    try:
-        depends = {m: kmod.depends(host.real(files[m])) for m in wanted}
-    except CommandFailed as exc:
-        raise DriverError(f"cannot read the module information in {directory}: {exc}",
-                          "are these kernel modules for this kernel?") from exc
-    return modules.directory_plan(list(wanted), files, depends, config.module_params,
-                                  loaded_modules(host))
+def gpu_needs(host: Host, detection: Detection) -> list[flavour.Need]:
+    """What each GPU the driver is to drive (not those on vfio-pci) needs of the modules."""
+    azure = on_azure(host)
+    return [flavour.need(g, azure) for g in detection.gpus if g.driver != "vfio-pci"]
+
+
+def _source_claims(choice: strategy.Choice, chosen: flavour.FlavourChoice,
+                   config: DriverConfig) -> dict[str, Any]:
+    """What a module directory's source says its modules are: a cache entry is of the
+    configured driver version and the flavour it was built as."""
+    if choice.strategy == "build":
+        return {"claimed": chosen.flavour, "version": config.version}
+    return {}
+
+
+def _reported(chosen: flavour.FlavourChoice, fit: modinfo.Fit | None) -> flavour.FlavourChoice:
+    """The flavour gpunode reports: the modules' own, once read."""
+    return chosen if fit is None else flavour.FlavourChoice(fit.flavour, fit.reason)
+
+
+def _family(name: str) -> str:
+    return "open" if name == "open" else "proprietary"
 
 
 def _missing_sysext_line(host: Host, config: DriverConfig, chosen: str) -> str | None:
@@ -303,14 +343,6 @@ def _missing_sysext_line(host: Host, config: DriverConfig, chosen: str) -> str |
     text = host.read_optional(flatcar.ENABLED_SYSEXT) or ""
     listed = {line.strip() for line in text.splitlines() if not line.startswith("#")}
     return None if name in listed else name
-
-
-def _require(files: dict[str, str], wanted: tuple[str, ...], directory: str) -> None:
-    missing = [m for m in wanted if m not in files]
-    if missing:
-        raise DriverError(f"{directory} has no module file for {', '.join(missing)}",
-                          "ship all of nvidia, nvidia_uvm and nvidia_modeset (plus the "
-                          "configured extra modules) together")
 
 
 # -- apply ---------------------------------------------------------------------------------------
@@ -326,19 +358,27 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
                               "fetches and merges the sysext at the next boot")
     load = the_plan.load
     source = the_plan.choice.source
+    chosen, fw = the_plan.flavour, the_plan.firmware
     if the_plan.baked is not None:
         merge_baked(host, str(source).removeprefix("flatcar-"), the_plan.baked, kmod)
+        # Its modules are files to read only now that the sysext is merged.
+        fit, fw = loadable.check_tree(host, config, the_plan.kernel, list(the_plan.needs),
+                             load, kmod, str(source))
+        chosen = _reported(chosen, fit)
     if the_plan.choice.action == "build":
         source = _build(host, the_plan, config, build_adapters)
-        load = directory_load(host, source, the_plan.modules, config, kmod)
-    if the_plan.firmware is not None and source is not None and getattr(kmod, "may_load", True):
-        # Planned again now that the entry exists: nothing changed it meanwhile, or the same
-        # refusal; then the kernel can find the open modules' firmware when nvidia.ko asks.
+        load, fit, fw = loadable.directory_load(host, source, the_plan.modules, config, kmod,
+                                       needs=list(the_plan.needs),
+                                       claimed=the_plan.flavour.flavour, version=config.version)
+        chosen = _reported(chosen, fit)
+    if fw is not None and getattr(kmod, "may_load", True):
         # Not where the modules cannot be loaded anyway (under --root: KmodTools refuses).
-        wanted = firmware.plan(host, source, config.version, the_plan.kernel)
-        if wanted is not None:
-            firmware.apply(host, wanted)
+        firmware.apply(host, fw)
     loaded = tuple(modules.execute(host, load, kmod))
+    if the_plan.choice.strategy == "build" and source and getattr(kmod, "may_load", True):
+        from gpunode.driver import cache
+
+        cache.refresh(host, source, the_plan.kernel, config.version)
     nodes = make_nodes(host)
     problems = verify(host, the_plan.gpu_addresses)
     if problems:
@@ -350,7 +390,7 @@ def apply(host: Host, the_plan: Plan, config: DriverConfig, kmod: modules.Kmod,
     found = the_plan.driver_root
     if found is None or found.version != version.version:
         found = userspace.find(host, version.version, prebuilt_dirs=config.prebuilt_dirs)
-    return Outcome(strategy=the_plan.choice.strategy, flavour=the_plan.flavour.flavour,
+    return Outcome(strategy=the_plan.choice.strategy, flavour=chosen.flavour,
                    version=version.version, loaded=loaded, nodes=tuple(nodes), source=source,
                    driver_root=found)
 

@@ -56,7 +56,8 @@ MEANINGS: dict[str, str] = {
     "kubelet.device_plugin_socket": "the socket the NVIDIA device plugin registers with the "
                                     "kubelet",
     "driver.strategy": "how the modules get there; `external`: something else owns the "
-                       "driver, verify only ([cli.md](cli.md#gpunode-driver-loadbuildstatus))",
+                       "driver, verify only "
+                       "([cli.md](cli.md#gpunode-driver-loadbuildstatusverify))",
     "driver.flavour": "open, proprietary or GRID modules; `auto`: from the GPUs",
     "driver.version": "the driver version built and cached (its major names the sysext "
                       "branch)",

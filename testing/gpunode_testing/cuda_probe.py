@@ -169,12 +169,23 @@ def _unpack(wheels: Path, prefix: str, member_prefix: str, target: Path) -> None
                 path.write_bytes(archive.read(member))
 
 
+# The real libcuda makes the control node /dev/nvidiactl (195:255) when it runs as root and
+# finds none, as nvidia-modprobe would: as root the program runs with a /dev of its own (a
+# private mount namespace), so that nothing is left in this machine's /dev.
+OWN_DEV = ("mount -t tmpfs -o mode=0755 gpunode-cuda-probe /dev && mknod -m 666 /dev/null c 1 3 "
+           "&& mknod -m 666 /dev/zero c 1 5 && mknod -m 666 /dev/urandom c 1 9 "
+           '&& exec "$0" "$@"')
+
+
 def run_here(probe: Probe, libcuda_dir: Path | None, timeout: float = 60) -> Answer:
     """Run the program on this machine with libcudart beside it and, when given, the directory
     of a driver's libcuda.so.1 on LD_LIBRARY_PATH (None: none, as a machine without a driver)."""
     dirs = [str(probe.cudart.parent)] + ([str(libcuda_dir)] if libcuda_dir else [])
-    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": ":".join(dirs)}
-    out = _run([str(probe.binary)], "the CUDA probe failed", timeout, env=env)
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "LD_LIBRARY_PATH": ":".join(dirs)}
+    argv = [str(probe.binary)]
+    if os.geteuid() == 0:
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", OWN_DEV, *argv]
+    out = _run(argv, "the CUDA probe failed", timeout, env=env)
     return parse(out)
 
 

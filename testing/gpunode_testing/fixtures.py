@@ -151,6 +151,9 @@ def build(machine: Machine, root: Path, options: Options | None = None) -> Path:
     _write(root, "/sys/class/dmi/id/product_name", machine.dmi_product + "\n")
     _write(root, "/sys/class/dmi/id/sys_vendor", machine.dmi_vendor + "\n")
     _write(root, "/proc/sys/kernel/osrelease", KERNEL + "\n")
+    # the firmware loader's search path parameter, empty as a kernel boots without
+    # firmware_class.path= (Flatcar's kernel has the loader built in)
+    _write(root, "/sys/module/firmware_class/parameters/path", "\n")
     _write(root, "/proc/sys/kernel/hostname", f"{machine.name}-vmss000000\n")
     _write(root, "/proc/stat", f"cpu  1 0 1 100 0 0 0 0 0 0\nbtime {BOOT_TIME}\n")
     for fn in machine.functions:

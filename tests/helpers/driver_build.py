@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from conftest import HostFactory
 from gpunode.driver import build as b
@@ -131,8 +132,12 @@ class BuiltKernel:
     machine: object
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
-    def depends(self, path: str) -> list[str]:
-        return [] if Path(path).name == "nvidia.ko" else ["nvidia"]
+    def modinfo(self, paths: list[str]) -> dict[str, Any]:
+        from helpers.fake_kernel import stand_in_modinfo
+
+        deps = {"nvidia_uvm": ["nvidia"], "nvidia_modeset": ["nvidia"]}
+        return {p: stand_in_modinfo(self.root, self.machine, p, deps)  # type: ignore[arg-type]
+                for p in paths}
 
     def run(self, argv: tuple[str, ...]) -> None:
         from gpunode_testing import fixtures
@@ -181,9 +186,37 @@ def write_build_setup(root: Path, version: str, installer: bytes, image: bytes,
 # -- an installer for the real build.sh ----------------------------------------------------------
 
 KERNEL_MAKEFILE = """\
-# stand-in for the driver's kbuild: `make modules` writes the modules it would build
+# stand-in for the driver's kbuild: `make modules` compiles objects that look like the modules
 modules:
-\tfor m in nvidia nvidia-uvm nvidia-modeset; do printf '\\177ELF %s\\n' "$$m" > "$$m.ko"; done
+\tsh ./stand-in-modules.sh "$(SYSSRC)" "$(SYSOUT)"
+"""
+
+# Compiles each module as a relocatable ELF object with debug info (-g: strip has something to
+# remove) and a .modinfo of NUL-separated key=value strings, as modpost writes it: vermagic
+# from the output tree as kbuild takes it (UTS_RELEASE, else kernel.release), the flavour's
+# license, the version, nvidia's GSP firmware, and the trees it was given (syssrc, sysout).
+STAND_IN_MODULES = r"""#!/bin/sh
+set -e
+utsrelease="$2/include/generated/utsrelease.h"
+release=""
+if [ -f "$utsrelease" ]; then
+  release=$(sed -n 's/^#define UTS_RELEASE "\(.*\)"$/\1/p' "$utsrelease")
+fi
+[ -n "$release" ] || release=$(cat "$2/include/config/kernel.release")
+for m in nvidia nvidia-uvm nvidia-modeset; do
+  name=$(echo "$m" | tr - _)
+  firmware=""
+  if [ "$m" = nvidia ]; then
+    firmware='firmware=nvidia/@VERSION@/gsp_ga10x.bin\0firmware=nvidia/@VERSION@/gsp_tu10x.bin\0'
+  fi
+  cat >"$m.c" <<EOF
+static const char modinfo[] __attribute__((section(".modinfo"), used)) =
+  "vermagic=$release SMP mod_unload \0license=@LICENSE@\0version=@VERSION@\0name=$name\0"
+  "${firmware}syssrc=$1\0sysout=$2";
+int stand_in_$name;
+EOF
+  gcc -g -c -o "$m.ko" "$m.c"
+done
 """
 
 
@@ -194,8 +227,9 @@ def fake_installer(tmp: Path, version: str,
     one (gpunode/driver/extracted.py cites the layout): the 64-bit libraries at the top (real
     shared objects with their SONAMEs, made by gcc, so `ldconfig -n` links them), 32-bit
     copies in 32/, a library gpunode does not take, the binaries, firmware/gsp_*.bin, and
-    kernel/ and kernel-open/ whose Makefile writes stand-in modules. `mutate(tree)` changes
-    the tree before it is packed (a hostile installer). gcc must be installed."""
+    kernel/ and kernel-open/ whose Makefile compiles stand-in modules (STAND_IN_MODULES).
+    `mutate(tree)` changes the tree before it is packed (a hostile installer). gcc must be
+    installed."""
     import base64
     import shutil
     import subprocess
@@ -221,9 +255,11 @@ def fake_installer(tmp: Path, version: str,
         (tree / name).chmod(0o755)
     for name in driver_files.OPEN_FIRMWARE:
         (tree / "firmware" / name).write_bytes(b"GSP firmware stand-in\n")
-    for directory in ("kernel", "kernel-open"):
+    for directory, license_ in (("kernel", "NVIDIA"), ("kernel-open", "Dual MIT/GPL")):
         (tree / directory).mkdir()
         (tree / directory / "Makefile").write_text(KERNEL_MAKEFILE)
+        (tree / directory / "stand-in-modules.sh").write_text(
+            STAND_IN_MODULES.replace("@VERSION@", version).replace("@LICENSE@", license_))
     if mutate is not None:
         mutate(tree)
     archive = tmp / "installer-tree" / "tree.tar.gz"
@@ -240,6 +276,31 @@ def kernel_tree(root: Path, kernel: str) -> Path:
     release = root / f"lib/modules/{kernel}/build/include/config/kernel.release"
     release.parent.mkdir(parents=True)
     release.write_text(kernel + "\n")
+    return root
+
+
+def split_kernel_tree(root: Path, kernel: str, upstream: str,
+                      release: str | None = None) -> Path:
+    """Kernel headers under `root` laid out as Debian's packages install them (and Ubuntu's,
+    alike): /lib/modules/<kernel>/build and /source, absolute links to the configured output
+    tree /usr/src/linux-headers-<kernel> and the source tree /usr/src/linux-headers-<abi>-common.
+    Debian's output tree says the upstream version in include/config/kernel.release and the
+    kernel's release (`release`, default `kernel`) in include/generated/utsrelease.h, which is
+    what modules built against it carry (read in Debian's linux-headers-6.1.0-50-amd64)."""
+    abi = kernel.rsplit("-", 1)[0]
+    output = root / f"usr/src/linux-headers-{kernel}"
+    source = root / f"usr/src/linux-headers-{abi}-common"
+    (output / "include/config").mkdir(parents=True)
+    (output / "include/generated").mkdir(parents=True)
+    (output / "include/config/kernel.release").write_text(upstream + "\n")
+    (output / "include/generated/utsrelease.h").write_text(
+        f'#define UTS_RELEASE "{release or kernel}"\n')
+    source.mkdir(parents=True)
+    (source / "Makefile").write_text(f"VERSION = {upstream}\n")
+    modlib = root / f"lib/modules/{kernel}"
+    modlib.mkdir(parents=True)
+    (modlib / "build").symlink_to(f"/usr/src/linux-headers-{kernel}")
+    (modlib / "source").symlink_to(f"/usr/src/linux-headers-{abi}-common")
     return root
 
 

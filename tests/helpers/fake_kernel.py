@@ -2,9 +2,10 @@
 hosts: loading nvidia makes the fixture's /proc show a loaded driver (fixtures.load_driver), a
 module named in `fail` fails as the kernel refuses it, and `systemd-sysext refresh` does what
 it would — each sysext linked from /run/extensions gets its release file under /usr — unless
-`merge` is False or `refresh_error` says how it fails. No module can be loaded and no
-extension merged here; tests/integration has the real tools (test_kmod_tree.py) and a real
-systemd-sysext merge (test_sysext.py).
+`merge` is False or `refresh_error` says how it fails; `modinfo` answers what the stand-in
+module files say (stand_in_module). No module can be loaded and no extension merged here;
+tests/integration has the real tools on the real modules (test_driver_modules_real.py) and a
+real systemd-sysext merge (test_sysext.py).
 
 FakeGpus stands in for nvidia-persistenced and a GPU's first open (gpu/init.py's Initializer):
 no GPU can be initialized here either."""
@@ -15,9 +16,54 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpunode.driver import step
+from gpunode.driver import modinfo, step
+from gpunode.driver.modinfo import ModuleInfo
 from gpunode.errors import CommandFailed
-from gpunode_testing import fixtures
+from gpunode_testing import driver_files, fixtures
+
+LICENSES = {"open": "Dual MIT/GPL", "proprietary": "NVIDIA", "grid": "NVIDIA"}
+
+
+def stand_in_module(name: str, *, version: str, flavour: str = "proprietary",
+                    kernel: str = fixtures.KERNEL, firmware: tuple[str, ...] = (),
+                    depends: tuple[str, ...] = ()) -> bytes:
+    """A stand-in .ko whose bytes carry a .modinfo's `key=value` strings, NUL-separated as
+    modpost writes them, for the fake Kmod adapters below to read. A stand-in because the
+    real modules exist for Debian's 6.1.0-50-amd64 only, and these tests need modules of the
+    fixture's kernel, of any version and flavour; tests/integration/test_driver_modules_real.py
+    reads the real ones with the real modinfo."""
+    fields = [f"name={name.replace('-', '_')}", f"license={LICENSES[flavour]}",
+              f"version={version}", *(f"firmware={f}" for f in firmware),
+              *([f"depends={','.join(depends)}"] if depends else []),
+              f"vermagic={kernel} SMP preempt mod_unload modversions "]
+    return b"\x7fELF stand-in module\0" + "\0".join(fields).encode() + b"\0"
+
+
+def stand_in_modinfo(root: Path, machine: fixtures.Machine, path: str,
+                     deps: dict[str, list[str]] | None = None) -> ModuleInfo:
+    """What a stand-in module says (stand_in_module's fields); what its bytes do not say is
+    the fixture's: its running kernel, the machine's driver version and flavour, the GSP
+    firmware for nvidia.ko of the open modules (the fixture writes GSP firmware for those
+    only), and `deps`."""
+    name = Path(path).name.split(".ko")[0].replace("-", "_")
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise CommandFailed(("modinfo", path), 1, f"modinfo: ERROR: {exc}") from exc
+    fields: dict[str, list[str]] = {}
+    for item in data.split(b"\0")[1:]:
+        key, sep, value = item.decode(errors="replace").partition("=")
+        if sep:
+            fields.setdefault(key, []).append(value)
+    release = root / "proc/sys/kernel/osrelease"
+    kernel = release.read_text().strip() if release.is_file() else fixtures.KERNEL
+    flavour = "open" if machine.open_modules else "proprietary"
+    firmware = [f"nvidia/{machine.driver_version}/{f}" for f in driver_files.OPEN_FIRMWARE]
+    defaults = {"vermagic": [f"{kernel} SMP preempt mod_unload modversions "],
+                "license": [LICENSES[flavour]], "version": [machine.driver_version],
+                "firmware": firmware if name == "nvidia" and machine.open_modules else [],
+                "depends": [",".join((deps or {}).get(name, []))]}
+    return modinfo.from_fields(path, {**defaults, **fields})
 
 
 @dataclass
@@ -35,9 +81,8 @@ class FakeKernel:
     refresh_error: str | None = None  # or fails, saying this
     refreshes: list[list[str]] = field(default_factory=list)  # /run/extensions at each refresh
 
-    def depends(self, path: str) -> list[str]:
-        name = Path(path).name.split(".ko")[0].replace("-", "_")
-        return self.deps[name]
+    def modinfo(self, paths: list[str]) -> dict[str, ModuleInfo]:
+        return {p: stand_in_modinfo(self.root, self.machine, p, self.deps) for p in paths}
 
     def run(self, argv: tuple[str, ...]) -> None:
         self.calls.append(argv)

@@ -146,17 +146,18 @@ PARAMETER = "sys/module/firmware_class/parameters/path"
 
 
 def _parameter(make: Callable[[Path], None] | None) -> Callable[[Path], None]:
+    """The fixture's (empty) parameter replaced by what `make` makes, or removed (None)."""
     def mutate(root: Path) -> None:
+        (root / PARAMETER).unlink()
         if make is not None:
-            (root / PARAMETER).parent.mkdir(parents=True, exist_ok=True)
             make(root / PARAMETER)
     return mutate
 
 
 FIRMWARE_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "set-by-someone-else": (_parameter(lambda p: p.write_text("/vendor/firmware\n")),
-                            r"already set to /vendor/firmware, which has no nvidia/.*gpunode "
-                            r"does not overwrite it .*clear it"),
+                            r"only .*/firmware has, but .* is already set to /vendor/firmware; "
+                            r"gpunode does not overwrite it .*clear it"),
     "is-a-fifo": (_parameter(os.mkfifo),
                   r"cannot read the kernel's firmware search path: .*is a FIFO"),
     "is-a-directory": (_parameter(Path.mkdir),

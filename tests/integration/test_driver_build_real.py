@@ -13,7 +13,9 @@ import http.server
 import json
 import mimetypes
 import multiprocessing
+import re
 import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +24,7 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.driver import build as b
-from gpunode.driver import builders, cache
+from gpunode.driver import builders, cache, modules
 from gpunode.platform import command
 from gpunode.platform.host import Host
 from gpunode_testing import fixtures
@@ -40,10 +42,12 @@ from helpers.driver_build import (
     kernel_tree,
     mirror_host,
     sha,
+    split_kernel_tree,
     strip_system_userspace,
     write_build_setup,
 )
 from hostile.support import Cli
+from real.nvidia_modules import ensure_headers
 
 
 @pytest.fixture
@@ -149,18 +153,108 @@ def test_a_configured_builder_command_runs_for_real_through_the_whole_build(host
 # -- build.sh run for real on a stand-in installer -----------------------------------------------
 
 T4 = fixtures.MACHINES["nc4as-t4-v3"]
-def built_node_root(make_host: HostFactory, tmp_path: Path, **installer: object) -> Path:
-    """A T4 node with the driver loaded and no user-space of its own, set up for `gpunode
-    driver build` with build.sh run for real on a stand-in installer of the loaded version."""
+def built_node_root(make_host: HostFactory, tmp_path: Path, kernel: str = fixtures.KERNEL,
+                    tree: Path | None = None, **installer: object) -> Path:
+    """A T4 node running `kernel` with the driver loaded and no user-space of its own, set up
+    for `gpunode driver build` with build.sh run for real on a stand-in installer of the
+    loaded version, against `tree` (default: a one-tree kernel_tree)."""
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed: the stand-in installer's libraries need it")
-    host = make_host(T4, "driver")
+    host = make_host(T4, "driver", extra={"/proc/sys/kernel/osrelease": kernel + "\n"})
     root = host.root
     strip_system_userspace(root)
     data = fake_installer(tmp_path, T4.driver_version, **installer)  # type: ignore[arg-type]
     write_build_setup(root, T4.driver_version, data, b"developer container image\n",
-                      build_sh_command(kernel_tree(tmp_path / "kernel", fixtures.KERNEL)))
+                      build_sh_command(tree or kernel_tree(tmp_path / "kernel", kernel)))
     return root
+
+
+def test_build_sh_builds_on_a_split_tree_and_caches_stripped_modules(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    """On Debian's layout (sources and output tree apart, kernel.release saying the upstream
+    version) build.sh gives NVIDIA's Makefile SYSSRC = the source tree and SYSOUT = the
+    output tree; the modules carry the kernel's release from utsrelease.h in their vermagic,
+    reach the cache without their debug info, and keep their .modinfo (real modinfo, readelf)."""
+    kernel = "6.1.0-50-amd64"
+    root = built_node_root(make_host, tmp_path, kernel=kernel,
+                           tree=split_kernel_tree(tmp_path / "kernel", kernel, "6.1.176"))
+    built = cli("--root", str(root), "driver", "build")
+    assert built.code == 0, built.err
+    module = root / f"opt/gpunode/drivers/{kernel}/{T4.driver_version}-proprietary/nvidia.ko"
+    info = modules.KmodTools().modinfo([str(module)])[str(module)]
+    assert info.kernel == kernel and info.license == "NVIDIA"
+    fields = {f: subprocess.run(["modinfo", "-F", f, str(module)], capture_output=True,
+                                text=True, check=True).stdout.strip() for f in ("syssrc", "sysout")}
+    assert fields == {"syssrc": str(tmp_path / "kernel/usr/src/linux-headers-6.1.0-50-common"),
+                      "sysout": str(tmp_path / f"kernel/usr/src/linux-headers-{kernel}")}
+    sections = subprocess.run(["readelf", "-S", "--wide", str(module)], capture_output=True,
+                              text=True, check=True).stdout
+    assert ".modinfo" in sections and ".debug_info" not in sections
+
+
+# The trees handed to kbuild as NVIDIA's kernel-open/Makefile hands them (`$(MAKE) -C
+# $(KERNEL_SOURCES) KBUILD_OUTPUT=$(KERNEL_OUTPUT) M=$(CURDIR) modules`, SYSSRC and SYSOUT),
+# and real (tiny) kernel modules with the .modinfo fields NVIDIA's have.
+KBUILD_MAKEFILE = """\
+modules:
+\t$(MAKE) -C $(SYSSRC) KBUILD_OUTPUT=$(SYSOUT) M=$(CURDIR) modules
+"""
+KBUILD_MODULE = """\
+#include <linux/module.h>
+static int __init stand_in_init(void) {{ return 0; }}
+static void __exit stand_in_exit(void) {{ }}
+module_init(stand_in_init);
+module_exit(stand_in_exit);
+MODULE_LICENSE("{license}");
+MODULE_VERSION("{version}");
+"""
+
+
+def real_kbuild_modules(tree: Path) -> None:
+    """The installer's kernel/ and kernel-open/ as kbuild external modules of its version."""
+    version = tree.name.rsplit("-", 1)[1]
+    for directory, license_ in (("kernel", "NVIDIA"), ("kernel-open", "Dual MIT/GPL")):
+        (tree / directory / "stand-in-modules.sh").unlink()
+        (tree / directory / "Makefile").write_text(KBUILD_MAKEFILE)
+        (tree / directory / "Kbuild").write_text("obj-m := nvidia.o nvidia-uvm.o "
+                                                 "nvidia-modeset.o\n")
+        for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
+            (tree / directory / f"{name}.c").write_text(KBUILD_MODULE.format(
+                license=license_, version=version))
+
+
+def test_build_sh_compiles_against_debians_real_split_headers(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    """Debian's real linux-headers-6.1.0-50-amd64 and -common (tests/real/nvidia_modules.py
+    ensure_headers): build.sh finds both trees through /lib/modules/<kernel>/build and /source,
+    kbuild compiles real modules with them (vermagic 6.1.0-50-amd64, by the real modinfo),
+    and the cache gets them without their debug info."""
+    kernel = "6.1.0-50-amd64"
+    root = built_node_root(make_host, tmp_path, kernel=kernel, tree=ensure_headers(),
+                           mutate=real_kbuild_modules)
+    built = cli("--root", str(root), "driver", "build")
+    assert built.code == 0, built.err
+    module = root / f"opt/gpunode/drivers/{kernel}/{T4.driver_version}-proprietary/nvidia.ko"
+    info = modules.KmodTools().modinfo([str(module)])[str(module)]
+    assert (info.vermagic, info.license, info.version) == (
+        f"{kernel} SMP preempt mod_unload modversions", "NVIDIA", T4.driver_version)
+    sections = subprocess.run(["readelf", "-S", "--wide", str(module)], capture_output=True,
+                              text=True, check=True).stdout
+    assert ".modinfo" in sections and ".debug_info" not in sections
+
+
+def test_build_sh_names_the_release_of_a_tree_that_is_not_the_kernels(
+        make_host: HostFactory, tmp_path: Path, cli: Cli) -> None:
+    """A developer container whose tree is for another release: the build fails naming the
+    tree and the release it is for (utsrelease.h), not just "no prepared build tree"."""
+    kernel = "6.1.0-50-amd64"
+    root = built_node_root(make_host, tmp_path, kernel=kernel, tree=split_kernel_tree(
+        tmp_path / "kernel", kernel, "6.1.176", release="6.1.0-49-amd64"))
+    built = cli("--root", str(root), "driver", "build")
+    assert built.code == 1
+    assert re.search(rf"no build tree for kernel {kernel} in this developer container; "
+                     rf"\S*/lib/modules/{kernel}/build is for kernel 6\.1\.0-49-amd64",
+                     built.err), built.err
 
 
 def test_build_sh_caches_the_installers_user_space_and_cdi_generate_mounts_its_libcuda(

@@ -1,10 +1,10 @@
 """gpunode's load plans, resolved by the real kmod tools on a real module tree (Debian's
 kernel plus NVIDIA stand-in modules with real symbol dependencies): modprobe is run with
---dry-run --show-depends, so nothing is loaded, and what it would insmod is asserted."""
+--dry-run --show-depends, so nothing is loaded, and what it would insmod is asserted. The
+plans of a directory of modules, on NVIDIA's real ones: test_driver_modules_real.py."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 
@@ -13,8 +13,8 @@ import pytest
 from conftest import HostFactory
 from gpunode.config import DriverConfig
 from gpunode.driver import modules, step
+from gpunode.driver.modinfo import ModuleInfo
 from gpunode.gpu.detect import detect
-from gpunode_testing import fixtures
 from real.kmod_tree import ModuleTree, ensure_module_tree, kmod_tool
 
 
@@ -31,8 +31,8 @@ class DryRunKmod:
     tree: ModuleTree
     insmods: list[str] = field(default_factory=list)
 
-    def depends(self, path: str) -> list[str]:
-        return modules.KmodTools().depends(path)
+    def modinfo(self, paths: list[str]) -> dict[str, ModuleInfo]:
+        return modules.KmodTools().modinfo(paths)
 
     def run(self, argv: tuple[str, ...]) -> None:
         if argv[0] == "insmod":  # by path: record it as the kernel would receive it
@@ -69,28 +69,6 @@ def test_sysext_plan_resolves_through_real_modprobe_in_dependency_order(
         "extra/nvidia.ko", "extra/nvidia-modeset.ko",
         "kernel/drivers/gpu/drm/drm.ko", "kernel/drivers/gpu/drm/drm_kms_helper.ko",
         "extra/nvidia.ko", "extra/nvidia-modeset.ko", "extra/nvidia-drm.ko"]
-
-
-def test_directory_plan_takes_kernel_dependencies_from_real_modinfo(
-    make_host: HostFactory, tree: ModuleTree
-) -> None:
-    host = make_host("nc4as-t4-v3", "bare")
-    directory = host.root / "opt/nvidia/modules" / fixtures.KERNEL
-    directory.mkdir(parents=True)
-    for name in ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidia_peermem"):
-        shutil.copy(tree.module_path(name), directory)
-    config = DriverConfig(extra_modules=("nvidia_drm", "nvidia_peermem"),
-                          module_params={"nvidia_drm": "modeset=1"})
-    kmod = DryRunKmod(tree)
-    the_plan = step.plan(host, config, detect(host), kmod)
-    base = f"/opt/nvidia/modules/{fixtures.KERNEL}"  # host paths in the plan
-    assert [" ".join(s.argv) for s in the_plan.load.steps] == [
-        f"insmod {base}/nvidia.ko", f"insmod {base}/nvidia-uvm.ko",
-        f"insmod {base}/nvidia-modeset.ko", "modprobe drm", "modprobe drm_kms_helper",
-        f"insmod {base}/nvidia-drm.ko modeset=1", "modprobe ib_core",
-        f"insmod {base}/nvidia-peermem.ko"]
-    modules.execute(host, the_plan.load, kmod)  # the kernel modules resolve for real
-    assert "kernel/drivers/infiniband/core/ib_core.ko" in short(kmod.insmods, tree)
 
 
 def test_a_module_modprobe_cannot_find_fails_with_its_message(

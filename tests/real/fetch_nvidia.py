@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from real.nvidia_driver import RELEASES, ensure_driver
-from real.nvidia_modules import FLAVOURS, ensure_modules
+from real.nvidia_modules import FLAVOURS, ensure_headers, ensure_modules
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({unstripped:.0f} MB unstripped)\tcompiled in {built.build['compile_seconds']} s "
               f"({built.build['compile_cpu_seconds']} s CPU on {built.build['cpus']} cores)"
               f"\t(now {time.monotonic() - started:.1f} s)\t{built.directory}")
+    started = time.monotonic()
+    headers = ensure_headers()  # build.sh's split-tree test compiles against them
+    print(f"headers\t{headers}\t(now {time.monotonic() - started:.1f} s)")
     return 0
 
 

@@ -26,6 +26,10 @@ kernel, the flavour's license, the driver's version. Layout:
         BUILD    JSON: kernel, headers, driver version, flavour, each module's size before and
                  after stripping, the build's wall and CPU seconds, the recipe (RECIPE)
 
+The headers themselves stay in the cache too, installed as Debian installs them (`ensure_headers`:
+$GPUNODE_TEST_CACHE/kernel-headers/<kver>/root/, ~85 MB), for the test that runs gpunode's
+build.sh against a real split tree.
+
 Built in a temporary directory next to it and renamed into place, so a directory that exists is
 complete; an flock on nvidia-modules/.lock makes concurrent builds wait for one another. A
 cached build is used without the network or a compiler as long as its BUILD names RECIPE and
@@ -182,6 +186,41 @@ def _build(final: Path, kver: str, headers_version: str, source: Path, version: 
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BuiltModules(final, kver, version, flavour, build)
+
+
+def ensure_headers() -> Path:
+    """A root holding the kmod tree's kernel headers as Debian installs them, for build.sh:
+    /lib/modules/<kver>/build and /source (absolute links into /usr/src), the output tree
+    /usr/src/linux-headers-<kver>, the source tree /usr/src/linux-headers-<abi>-common and
+    /usr/lib/linux-kbuild-<series> (~85 MB), cached in $GPUNODE_TEST_CACHE/kernel-headers/<kver>/
+    (the output tree's Makefile includes the source tree's by this cached path). Unpacked in a
+    directory next to it and renamed into place, under the same lock as the module builds."""
+    tree = ensure_module_tree()
+    final = cache_root().parent / "kernel-headers" / tree.kver
+    if (final / "BUILD").is_file():
+        return final / "root"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(cache_root().parent / "kernel-headers" / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "BUILD").is_file():
+            return final / "root"
+        work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".fetch-{tree.kver}-"))
+        try:
+            headers = _headers_version(tree.root / "BUILD", tree.kver)
+            sysout, _ = _kernel_trees(work, tree.kver, headers)
+            makefile = sysout / "Makefile"
+            makefile.write_text(makefile.read_text().replace(f"{work}/kernel/",
+                                                             f"{final}/root/"))
+            staged = work / "staged"
+            staged.mkdir()
+            (work / "kernel").replace(staged / "root")
+            (staged / "BUILD").write_text(json.dumps({"kernel": tree.kver,
+                                                      "headers": headers}) + "\n")
+            shutil.rmtree(final, ignore_errors=True)
+            staged.replace(final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return final / "root"
 
 
 def _kernel_trees(work: Path, kver: str, version: str) -> tuple[Path, Path]:

@@ -21,9 +21,9 @@ from gpunode.driver.modules import LoadError
 from gpunode.gpu.detect import PciFunction, detect
 from gpunode.platform.host import Host
 from gpunode_testing import fixtures
-from gpunode_testing.driver_files import write_build_userspace
+from gpunode_testing.driver_files import OPEN_FIRMWARE, write_build_userspace, write_userspace
 from helpers.driver_build import wanted_version
-from helpers.fake_kernel import FakeKernel
+from helpers.fake_kernel import FakeKernel, stand_in_module
 
 T4 = fixtures.MACHINES["nc4as-t4-v3"]
 SYSEXT = "flatcar-nvidia-drivers-570"
@@ -34,12 +34,21 @@ def kernel_for(host: Host, machine: fixtures.Machine = T4, **kw: object) -> Fake
     return FakeKernel(host.root, machine, **kw)
 
 
-def prebuilt(host: Host, base: str = "/opt/nvidia/modules") -> str:
+def prebuilt(host: Host, base: str = "/opt/nvidia/modules", machine: fixtures.Machine = T4,
+             **module: object) -> str:
+    """Stand-in modules of the machine's driver in <base>/<kernel>/ (what they say: `module`,
+    see stand_in_module), and their user-space beside them as gpunode's prebuilt layout has it."""
     directory = f"{base}/{fixtures.KERNEL}"
+    fields: dict[str, object] = {"version": machine.driver_version,
+                                 "flavour": "open" if machine.open_modules else "proprietary",
+                                 **module}
     for name in ("nvidia", "nvidia-uvm", "nvidia-modeset", "nvidia-drm", "nvidia-peermem"):
         path = host.root / directory.lstrip("/") / f"{name}.ko"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(b"\x7fELF fake module")
+        path.write_bytes(stand_in_module(name, **fields))  # type: ignore[arg-type]
+    write_userspace(host.root, str(fields["version"]), fields["flavour"] == "open",
+                    lib_dir=f"{directory}/lib", bin_dir=f"{directory}/bin",
+                    firmware_dir=f"{directory}/firmware/nvidia/{{version}}", dev_link=False)
     return directory
 
 
@@ -270,7 +279,7 @@ def test_build_enabled_without_cache_plans_a_build(make_host: HostFactory) -> No
     the_plan = step.plan(host, config, detect(host), kernel_for(host))
     assert (the_plan.choice.strategy, the_plan.choice.action) == ("build", "build")
     assert the_plan.describe()[1] == (f"build nvidia, nvidia_uvm, nvidia_modeset for "
-                                      f"{fixtures.KERNEL}, then load them")
+                                      f"{fixtures.KERNEL}, then check and load them")
 
 
 # -- build strategy through the step ---------------------------------------------------------
@@ -286,9 +295,13 @@ class ModuleBuilder:
     def build(self, workdir: Path, dev_container: Path, driver_installer: Path, kernel: str,
               flavour: str, out_dir: Path) -> None:
         self.calls += 1
+        version = wanted_version(workdir)
         for name in ("nvidia", "nvidia-uvm", "nvidia-modeset"):
-            (out_dir / f"{name}.ko").write_bytes(f"\x7fELF {name} {kernel} {flavour}".encode())
-        write_build_userspace(out_dir, wanted_version(workdir))
+            firmware = (tuple(f"nvidia/{version}/{f}" for f in OPEN_FIRMWARE)
+                        if name == "nvidia" else ())
+            (out_dir / f"{name}.ko").write_bytes(stand_in_module(
+                name, version=version, flavour=flavour, kernel=kernel, firmware=firmware))
+        write_build_userspace(out_dir, version)
 
 
 def build_config(host: Host) -> DriverConfig:

@@ -95,11 +95,15 @@ def entry_dir(host: Host, kernel: str = KERNEL, flavour: str = "open") -> Path:
 # -- a build, and the cache hit after it ---------------------------------------------------------
 
 
-def test_a_build_leaves_exactly_the_modules_and_a_manifest_of_what_it_used(host: Host) -> None:
+def test_a_build_leaves_exactly_the_modules_a_manifest_of_what_it_used_and_a_stamp(
+        host: Host) -> None:
+    """What a build leaves in the cache: the modules, the user-space, the manifest, and the
+    stamp of the full verification made once it was published (cache.STAMP)."""
     result = run_build(host, FakeBuilder())
 
     assert not result.cache_hit
-    files = sorted(f"{KERNEL}/{DRIVER}-open/{name}" for name in (*MODULES, "manifest.json"))
+    files = sorted(f"{KERNEL}/{DRIVER}-open/{name}"
+                   for name in (*MODULES, "manifest.json", cache.STAMP))
     listing = cache_listing(host)
     assert [p for p in listing if p.count("/") <= 2 and not p.endswith(("/lib", "/bin",
                                                                         "/firmware"))] == [

@@ -22,6 +22,7 @@ from gpunode import log
 from gpunode.config import DriverConfig
 from gpunode.driver import build as b
 from gpunode.driver import builders, cache, firmware, step, userspace
+from gpunode.driver.modinfo import ModuleInfo
 from gpunode.errors import DriverError, ExtractedFileError, FirmwarePathError
 from gpunode.gpu.detect import detect
 from gpunode.platform.host import Host
@@ -37,6 +38,7 @@ from helpers.driver_build import (
     inputs,
     mirror_host,
 )
+from helpers.fake_kernel import stand_in_modinfo
 from hostile.support import Cli
 
 PARAMETER = "/sys/module/firmware_class/parameters/path"
@@ -208,8 +210,9 @@ def built_node(make_host: HostFactory, machine: str = "nc4as-t4-v3",
     loaded from the cache entry, no user-space anywhere else."""
     spec = fixtures.MACHINES[machine]
     host = make_host(machine, "bare")
-    if firmware_path is not None:
-        (host.root / PARAMETER.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+    if firmware_path is None:
+        (host.root / PARAMETER.lstrip("/")).unlink()
+    else:
         (host.root / PARAMETER.lstrip("/")).write_text(firmware_path)
     config = build_config(host, spec.driver_version)
     return host, config, BuiltKernel(host.root, spec)  # type: ignore[return-value]
@@ -260,9 +263,8 @@ def test_open_modules_of_a_build_load_after_the_firmware_path_names_the_entry(
     host, config, kmod = built_node(make_host, "nc24ads-a100-v4")
     the_plan = step.plan(host, config, detect(host), kmod)
     entry = cache.entry_path(fixtures.KERNEL, config.version, "open")
-    assert (f"set the kernel's firmware search path ({PARAMETER}) to {entry}/firmware (the GSP "
-            f"firmware nvidia/{config.version}/gsp_*.bin of the open modules)"
-            in the_plan.describe())
+    assert (f"set the kernel's firmware search path ({PARAMETER}) to {entry}/firmware (for "
+            f"nvidia/{config.version}/gsp_*.bin)" in the_plan.describe())
     outcome = step.apply(host, the_plan, config, kmod,
                          (builders.UrlFetcher(host), FakeBuilder()))
     assert (host.root / PARAMETER.lstrip("/")).read_text() == f"{entry}/firmware"
@@ -295,8 +297,9 @@ def test_no_firmware_path_is_set_when_the_kernel_finds_the_firmware_already(
 
 def test_a_firmware_path_someone_else_set_is_never_overwritten(make_host: HostFactory) -> None:
     host, config, kmod = built_node(make_host, "nc24ads-a100-v4", firmware_path="/vendor/fw\n")
-    with pytest.raises(FirmwarePathError, match=r"already set to /vendor/fw, which has no "
-                       r"nvidia/550.127.08/gsp_\*.bin; gpunode does not overwrite it") as taken:
+    with pytest.raises(FirmwarePathError, match=r"name their GSP firmware nvidia/550.127.08/"
+                       r"gsp_\*.bin, which only .*/firmware has, but .* is already set to "
+                       r"/vendor/fw; gpunode does not overwrite it") as taken:
         step.plan(host, config, detect(host), kmod)
     assert "clear it" in taken.value.hint
     assert (host.root / PARAMETER.lstrip("/")).read_text() == "/vendor/fw\n"
@@ -318,10 +321,17 @@ def test_a_kernel_without_the_firmware_path_parameter_is_a_refusal_with_a_hint(
     assert "/lib/firmware/nvidia/550.127.08" in no.value.hint
 
 
+def gsp_module(name: str = "gsp_tu10x.bin") -> ModuleInfo:
+    """nvidia.ko's .modinfo as far as the firmware goes: it names nvidia/<version>/<name>."""
+    return ModuleInfo("/opt/e/nvidia.ko", KERNEL, "NVIDIA", DRIVER, (f"nvidia/{DRIVER}/{name}",))
+
+
 def test_the_firmware_path_is_ours_already_nothing_is_written(tmp_path: Path) -> None:
     (tmp_path / PARAMETER.lstrip("/")).parent.mkdir(parents=True)
     (tmp_path / PARAMETER.lstrip("/")).write_text("/opt/e/firmware\n")
-    assert firmware.plan(Host(tmp_path), "/opt/e", DRIVER, KERNEL) is None
+    os.makedirs(tmp_path / f"opt/e/firmware/nvidia/{DRIVER}")
+    (tmp_path / f"opt/e/firmware/nvidia/{DRIVER}/gsp_tu10x.bin").write_bytes(b"GSP")
+    assert firmware.plan(Host(tmp_path), [gsp_module()], "/opt/e/firmware", KERNEL) is None
 
 
 def test_the_firmware_path_is_written_without_a_newline_through_the_host(
@@ -330,8 +340,8 @@ def test_the_firmware_path_is_written_without_a_newline_through_the_host(
     (tmp_path / PARAMETER.lstrip("/")).write_text("\n")
     os.makedirs(tmp_path / f"opt/e/firmware/nvidia/{DRIVER}")
     (tmp_path / f"opt/e/firmware/nvidia/{DRIVER}/gsp_tu10x.bin").write_bytes(b"GSP")
-    wanted = firmware.plan(Host(tmp_path), "/opt/e", DRIVER, KERNEL)
-    assert wanted == firmware.FirmwarePath("/opt/e/firmware", DRIVER)
+    wanted = firmware.plan(Host(tmp_path), [gsp_module()], "/opt/e/firmware", KERNEL)
+    assert wanted == firmware.FirmwarePath("/opt/e/firmware", (f"nvidia/{DRIVER}/gsp_tu10x.bin",))
     firmware.apply(Host(tmp_path), wanted)
     assert (tmp_path / PARAMETER.lstrip("/")).read_bytes() == b"/opt/e/firmware"
 
@@ -360,7 +370,7 @@ def test_writing_the_firmware_path_into_a_fifo_is_refused_without_blocking(
     (tmp_path / PARAMETER.lstrip("/")).parent.mkdir(parents=True)
     os.mkfifo(tmp_path / PARAMETER.lstrip("/"))
     with pytest.raises(HostError, match=r"Failed to write '.*/path': is a FIFO"):
-        firmware.apply(Host(tmp_path), firmware.FirmwarePath("/opt/e/firmware", DRIVER))
+        firmware.apply(Host(tmp_path), firmware.FirmwarePath("/opt/e/firmware", ("f.bin",)))
 
 
 def test_the_firmware_path_is_not_written_where_the_modules_cannot_be_loaded(
@@ -369,11 +379,13 @@ def test_the_firmware_path_is_not_written_where_the_modules_cannot_be_loaded(
     from gpunode.driver.modules import KmodTools
     from gpunode.errors import LoadError
 
-    class RootTools(KmodTools):
-        def depends(self, path: str) -> list[str]:
-            return []  # no modinfo of the fake modules
-
     host, config, _ = built_node(make_host, "nc24ads-a100-v4")
+
+    class RootTools(KmodTools):
+        def modinfo(self, paths: list[str]) -> dict[str, ModuleInfo]:
+            # the stand-in modules have no .modinfo for the real tool to read
+            return {p: stand_in_modinfo(host.root, fixtures.MACHINES["nc24ads-a100-v4"], p)
+                    for p in paths}
     tools = RootTools(may_load=False)
     the_plan = step.plan(host, config, detect(host), tools)
     with pytest.raises(LoadError):

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -191,8 +192,8 @@ def test_every_gpu_has_a_distinct_uuid_in_the_drivers_format(make_host: HostFact
 class NoKernel:
     """A loaded driver needs no modprobe."""
 
-    def depends(self, path: str) -> list[str]:
-        return []
+    def modinfo(self, paths: list[str]) -> dict[str, Any]:
+        raise AssertionError(f"boot read modules on a loaded node: {paths}")
 
     def run(self, argv: tuple[str, ...]) -> None:
         raise AssertionError(f"boot loaded a module on a loaded node: {argv}")

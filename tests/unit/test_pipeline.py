@@ -18,13 +18,14 @@ import pytest
 
 from conftest import HostFactory
 from gpunode.config import AgentConfig, KubernetesConfig
+from gpunode.driver.modinfo import ModuleInfo
 from gpunode.errors import GpunodeError
 from gpunode.pipeline import boot
 from gpunode.platform import flatcar
 from gpunode.platform.host import Host
 from gpunode.platform.systemd import NoSystemd
 from gpunode_testing import fixtures
-from helpers.fake_kernel import FakeGpus
+from helpers.fake_kernel import FakeGpus, stand_in_modinfo
 from hostile.support import Cli
 
 T4 = "nc4as-t4-v3"
@@ -43,8 +44,9 @@ class FakeKernel:
     machine: fixtures.Machine
     calls: list[tuple[str, ...]] = field(default_factory=list)
 
-    def depends(self, path: str) -> list[str]:
-        return [] if Path(path).name.startswith("nvidia.ko") else ["nvidia"]
+    def modinfo(self, paths: list[str]) -> dict[str, ModuleInfo]:
+        deps = {"nvidia_uvm": ["nvidia"], "nvidia_modeset": ["nvidia"]}
+        return {p: stand_in_modinfo(self.root, self.machine, p, deps) for p in paths}
 
     def run(self, argv: tuple[str, ...]) -> None:
         self.calls.append(argv)

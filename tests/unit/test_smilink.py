@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,8 +30,8 @@ OPERATOR = AgentConfig(kubernetes=KubernetesConfig(stack="gpu-operator"))
 class NoKernel:
     """A loaded driver needs no modprobe."""
 
-    def depends(self, path: str) -> list[str]:
-        return []
+    def modinfo(self, paths: list[str]) -> dict[str, Any]:
+        raise AssertionError(f"boot read modules on a loaded node: {paths}")
 
     def run(self, argv: tuple[str, ...]) -> None:
         raise AssertionError(f"boot loaded a module on a loaded node: {argv}")
