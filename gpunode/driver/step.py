@@ -34,13 +34,12 @@ from gpunode.driver import (
 from gpunode.errors import CommandFailed, DriverError, GpunodeError
 from gpunode.gpu import driverinfo
 from gpunode.gpu.detect import Detection, PciFunction, loaded_modules
-from gpunode.platform import command, flatcar, kernelinfo
+from gpunode.platform import flatcar, kernelinfo
 from gpunode.platform.host import Host
 
 if TYPE_CHECKING:
     from gpunode.driver.build import BuildInputs, BuildResult
 
-NVIDIA_SMI = ("/opt/bin/nvidia-smi", "/usr/bin/nvidia-smi")
 # A baked driver sysext merged at boot: linked where systemd-sysext looks and gone at the next
 # boot, which chooses again (the GPUs of a resized VM may be another generation).
 RUN_EXTENSIONS = "/run/extensions"
@@ -478,19 +477,4 @@ def verify(host: Host, gpu_addresses: tuple[str, ...]) -> list[str]:
         return [f"cannot parse {driverinfo.PROC_NVIDIA}/version"]
     seen = driverinfo.read_gpu_infos(host)
     missing = [a for a in gpu_addresses if a not in seen]
-    problems = [f"the driver does not see {', '.join(missing)}"] if missing else []
-    if host.is_live:
-        problems += _nvidia_smi(host)
-    return problems
-
-
-def _nvidia_smi(host: Host) -> list[str]:
-    binary = next((b for b in NVIDIA_SMI if host.is_executable_file(b)), None)
-    if binary is None:
-        return []
-    try:
-        out = command.run([binary, "-L"], 30)
-    except CommandFailed as exc:
-        return [f"{binary} -L failed: {exc}"]
-    log.get().info("driver.nvidia_smi", gpus=out.strip().splitlines())
-    return []
+    return [f"the driver does not see {', '.join(missing)}"] if missing else []

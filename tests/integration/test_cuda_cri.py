@@ -43,13 +43,6 @@ def node() -> Iterator[CriNode]:
 
         def build(root: Path, options: fixtures.Options) -> None:
             real_driver.build_node(T4, root, source, "sysext", options=options)
-            # A stand-in nvidia-smi, the one file that is not the driver's: boot checks a live
-            # node with `nvidia-smi -L`, and the real one needs the kernel driver, which this
-            # machine lacks ("couldn't communicate with the NVIDIA driver", exit 9).
-            smi = root / "usr/bin/nvidia-smi"
-            smi.unlink()
-            smi.write_text(f"#!/bin/sh\necho 'GPU 0: Tesla T4 (UUID: {uuid(root)})'\n")
-            smi.chmod(0o755)
 
         with cri.cri_node(workdir, T4, containerd.path, build=build,
                           images=[workdir / "cuda.tar"]) as booted:
