@@ -2,7 +2,7 @@
 
 A URL is fetched with the standard library (urllib: proxies from the environment, http(s)
 redirects), each wait bounded by a stall timeout and all of it — every attempt and pause —
-by an overall deadline (gpunode/deadline.py: a server dripping one byte at a time never trips a
+by an overall deadline (platform/deadline.py: a server dripping one byte at a time never trips a
 stall timeout), up to `attempts` tries with a short pause between them (a refused connection, a
 reset, a 5xx or 429 answer is worth another try; a 404, a redirect elsewhere than http(s), an
 answer that is not HTTP or a wrong digest is not). A file is read through the

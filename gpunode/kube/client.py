@@ -92,7 +92,7 @@ class NodeApi:
             payload = json.dumps(body).encode()
             headers["Content-Type"] = content_type
         # One deadline for all of it (connect, TLS, request, the whole reply): a server that
-        # drips its answer never trips a socket timeout (gpunode/deadline.py).
+        # drips its answer never trips a socket timeout (platform/deadline.py).
         with Deadline(self.timeout) as deadline:
             connection = Connection(self.host, self.port, timeout=self.timeout,
                                     deadline=deadline, context=self.context)

@@ -19,7 +19,8 @@ from gpunode.platform.timestamps import TIMESTAMP_FORMAT
 
 BOOT_OUTCOMES = ("ok", "failed", "no-gpu", "none", "unreadable")
 # A GPU's state, in the order one wins over the next (gpu_states)
-GPU_STATES = ("fell-off-bus", "xid-fatal", "missing", "passthrough", "no-driver", "ready")
+GPU_STATES = ("fell-off-bus", "xid-fatal", "missing", "passthrough", "no-driver", "not-initialized",
+              "ready")
 FELL_OFF_BUS = 79  # as watch/xid.py (that module's patterns are not needed here)
 
 
@@ -108,8 +109,7 @@ def gpu_states(facts: MetricFacts) -> list[GpuRow]:
     rows = []
     for address in sorted({*present, *missing, *fatal}):
         info = facts.gpu_infos.get(address)
-        uuid = info.uuid if info is not None and info.uuid and "?" not in info.uuid else None
-        uuid = uuid or fatal.get(address, (0, None))[1] or ""
+        uuid = (info.uuid if info is not None else None) or fatal.get(address, (0, None))[1] or ""
         if address in fatal:
             state = "fell-off-bus" if fatal[address][0] == FELL_OFF_BUS else "xid-fatal"
         elif address in missing or address not in present:
@@ -118,6 +118,8 @@ def gpu_states(facts: MetricFacts) -> list[GpuRow]:
             state = "passthrough"
         elif info is None:
             state = "no-driver"
+        elif info.uuid is None:  # the driver has not initialized it (gpu/init.py)
+            state = "not-initialized"
         else:
             state = "ready"
         rows.append(GpuRow(address, str(known.index(address)) if address in known else "",

@@ -424,8 +424,10 @@ def _write_ready(root: Path, machine: Machine) -> None:
     if not socket.exists():
         os.mknod(socket, stat.S_IFSOCK | 0o600)
     outcome = "ok" if machine.gpus else "no-gpu"
+    # the steps of a GPU node's boot, as the pipeline records them
     steps = [{"name": n, "outcome": "ok", "duration_ms": ms, "error": None, "hint": None}
-             for n, ms in (("detect", 3.1), ("driver", 412.0), ("containerd", 18.4))]
+             for n, ms in (("detect", 3.1), ("driver", 412.0), ("gpu_init", 1650.0),
+                           ("cdi", 2.2), ("containerd", 18.4))]
     _write(root, "/run/gpunode/state.json", json.dumps(
         {"schema_version": 1, "started_at": "2026-11-29T08:00:01Z",
          "finished_at": "2026-11-29T08:00:02Z", "outcome": outcome,
