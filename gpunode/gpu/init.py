@@ -45,6 +45,7 @@ PERSISTENCED_PID_FILE = "/run/nvidia-persistenced/nvidia-persistenced.pid"
 PERSISTENCED_COMM = PERSISTENCED[:15]
 KMSG = "/dev/kmsg"
 POLL_SECONDS = 0.2
+OPEN_SECONDS = 10.0  # at least, for the opens of the GPUs persistenced did not bring up
 
 _DEV_ADDRESS = r"([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])"
 _FAILED_AT = re.compile(r"NVRM: GPU " + _DEV_ADDRESS + r": (RmInitAdapter failed!.*|"
@@ -134,21 +135,29 @@ class Plan:
         return lines
 
 
-def plan(facts: Facts, may_act: bool, use_persistenced: bool = True) -> Plan:
-    """`may_act` False: nothing may be started or opened (under --root the tree's GPUs are not
-    this machine's), so the plan only waits for nothing and names what is not up."""
+UNDER_ROOT = "under --root gpunode starts nothing and opens no device: the tree's GPUs are not " \
+    "this machine's"
+EXTERNAL = "driver.strategy is external: whoever owns the driver brings its GPUs up, not gpunode"
+
+
+def plan(facts: Facts, may_act: bool, use_persistenced: bool = True,
+         refused: str = UNDER_ROOT) -> Plan:
+    """`may_act` False: nothing may be started or opened (`refused` says why: under --root the
+    tree's GPUs are not this machine's; an external driver is its owner's), so the plan only
+    names what is not up."""
     waits = facts.waiting
     if not may_act:
-        return Plan(waits=waits, refused="under --root gpunode starts nothing and opens no "
-                    "device: the tree's GPUs are not this machine's", running=facts.running)
+        return Plan(waits=waits, refused=refused, running=facts.running)
     start = facts.persistenced if (use_persistenced and facts.running is None) else None
     opens = () if start is not None else open_paths(facts.infos, waits)
     return Plan(start=start, opens=opens, waits=waits, running=facts.running)
 
 
 def open_paths(infos: dict[str, driverinfo.GpuInfo], addresses: Iterable[str]) -> tuple[str, ...]:
+    """The device node of each of `addresses` the driver still lists with a minor (a GPU may
+    have gone since it was planned for)."""
     return tuple(f"/dev/nvidia{infos[a].minor}" for a in addresses
-                 if infos[a].minor is not None)
+                 if a in infos and infos[a].minor is not None)
 
 
 def _gpus(n: int) -> str:
@@ -234,7 +243,9 @@ def apply(host: Host, the_plan: Plan, initializer: Initializer, timeout: float,
         except GpunodeError as exc:
             outcome.persistenced = f"not started: {exc}"
             opens = open_paths(driverinfo.read_gpu_infos(host), the_plan.waits)
-    tried = initializer.open_devices(opens, max(0.0, deadline - clock())) if opens else {}
+    # A GPU initializes in its first open, which takes seconds: the opens get that long even
+    # where a failed persistenced start used up the step's own bound (or it is 0).
+    tried = initializer.open_devices(opens, max(OPEN_SECONDS, deadline - clock())) if opens else {}
     outcome.opened = [p for p in opens if p not in tried]
     outcome.changed = outcome.changed or bool(outcome.opened)
     acted = outcome.changed
@@ -314,6 +325,8 @@ def _plan_now(ctx: Any) -> tuple[Plan, Facts, tuple[str, ...]]:
     if facts.running is None and initializer.may_act:
         facts = Facts(facts.infos, facts.failures, facts.persistenced,
                       persistenced_running(ctx.host, initializer.unit_state()))
+    if ctx.config.driver.strategy == "external":
+        return plan(facts, False, refused=EXTERNAL), facts, binaries
     return plan(facts, initializer.may_act, ctx.config.gpu.persistenced), facts, binaries
 
 

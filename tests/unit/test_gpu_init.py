@@ -280,3 +280,51 @@ def test_opening_reports_each_device_that_could_not_be_opened(tmp_path: Path) ->
     failed = LiveInitializer(Host(tmp_path), NoSystemd()).open_devices(
         ["/dev/nvidia0", "/dev/nvidia1"], 5)
     assert failed == {"/dev/nvidia1": "No such file or directory"}
+
+
+def test_a_failed_persistenced_start_that_took_the_whole_bound_leaves_the_opens_their_time(
+    make_host: HostFactory,
+) -> None:
+    """The start ran into the step's bound and failed: the opens it falls back to still get
+    the seconds a GPU's first open takes, not nothing."""
+    host = node(make_host, T4)
+    fake = FakeGpus(host.root, fixtures.MACHINES[T4], start_error="timed out")
+    now = [0.0]
+    given: list[float] = []
+    open_devices = fake.open_devices
+
+    def start_persistenced(binary: str, timeout: float) -> str:
+        now[0] += timeout  # the whole bound, then it fails
+        return FakeGpus.start_persistenced(fake, binary, timeout)
+
+    def opens(paths: object, timeout: float) -> dict[str, str]:
+        given.append(timeout)
+        return open_devices(paths, timeout)  # type: ignore[arg-type]
+
+    object.__setattr__(fake, "start_persistenced", start_persistenced)
+    object.__setattr__(fake, "open_devices", opens)
+    facts = gpu_init.observe(host, [PERSISTENCED])
+    the_plan = gpu_init.plan(facts, True)
+    outcome = gpu_init.apply(host, the_plan, fake, 5, {}, [PERSISTENCED],
+                             clock=lambda: now[0], sleep=lambda s: None)
+    assert given == [gpu_init.OPEN_SECONDS] and outcome.opened == ["/dev/nvidia0"]
+    assert outcome.not_ready == {}
+
+
+def test_a_gpu_gone_between_plan_and_open_is_not_opened() -> None:
+    """open_paths takes the GPUs the driver still lists: one gone since the plan is skipped."""
+    info = driverinfo.GpuInfo(address="0001:00:00.0", model="Tesla T4", minor=0)
+    assert gpu_init.open_paths({"0001:00:00.0": info}, ["0001:00:00.0", "0002:00:00.0"]) == (
+        "/dev/nvidia0",)
+
+
+def test_an_external_driver_s_gpus_are_its_owner_s_to_bring_up(make_host: HostFactory) -> None:
+    """driver.strategy = "external": gpunode starts and opens nothing; a GPU not up yet is named
+    as its owner's to bring up."""
+    host = node(make_host, T4)
+    fake = adapters(host, T4)
+    external = AgentConfig(driver=dataclasses.replace(AgentConfig().driver, strategy="external"))
+    run = boot.boot(host, external, fake)
+    record = step(run, "gpu_init")
+    assert fake.gpus.calls == [] and record["outcome"] == "failed"
+    assert gpu_init.EXTERNAL in str(record["not_ready"]["0001:00:00.0"])  # type: ignore[index]
