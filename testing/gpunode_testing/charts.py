@@ -25,7 +25,27 @@ from typing import Any
 import yaml
 
 CHECKOUT = Path(__file__).resolve().parents[2]
-SHARED_CHARTS = CHECKOUT.parent / "shared" / "charts"
+
+
+def shared_charts() -> Path:
+    """../shared/charts beside the checkout; for a clone of a local checkout (CI clones one
+    into a directory of its own), beside the checkout it was cloned from."""
+    beside = CHECKOUT.parent / "shared" / "charts"
+    if beside.is_dir():
+        return beside
+    try:
+        origin = subprocess.run(["git", "-C", str(CHECKOUT), "config", "--get",
+                                 "remote.origin.url"], capture_output=True, text=True,
+                                timeout=30, check=False).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return beside
+    source = Path(origin.removeprefix("file://"))
+    if origin and source.is_absolute() and (source.parent / "shared" / "charts").is_dir():
+        return source.parent / "shared" / "charts"
+    return beside
+
+
+SHARED_CHARTS = shared_charts()
 RELEASE = "test-wc"  # the charts' own CI clusters are named so
 NAMESPACE = "org-giantswarm"
 CLC_LIMIT = 32768  # Cluster API's ContainerLinuxConfig.additionalConfig maxLength
@@ -63,7 +83,8 @@ def missing() -> str | None:
     absent = [str(c.path) for c in CHARTS.values() if not (c.path / "Chart.yaml").is_file()]
     if absent:
         return (f"the Giant Swarm charts are test data in ../shared/charts beside the checkout "
-                f"(shared/charts/README.md), absent here: {', '.join(absent)}")
+                f"or the checkout it was cloned from (shared/charts/README.md), absent here: "
+                f"{', '.join(absent)}")
     return None
 
 
