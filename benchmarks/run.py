@@ -282,7 +282,7 @@ def boot_path_figures() -> dict[str, float | None]:
     return {key: figures[key] for key in keys}
 
 
-HEAVY = ("tomlkit", "jeepney", "pystemd")
+HEAVY = ("tomlkit", "pystemd")
 
 
 def heavy_imports(argv: list[str], env: dict[str, str]) -> list[str]:

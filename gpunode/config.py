@@ -164,7 +164,7 @@ class GpuConfig:
 
 
 # The Xids watch.fatal_xids and watch.ignored_xids default to (gpunode/watch/xid.py says where
-# they come from); kept here, so that every command's config needs none of xid.py's patterns
+# they come from): the config's defaults, beside the keys they are the defaults of
 DEFAULT_FATAL = (48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120)
 DEFAULT_IGNORED = (13, 31, 43, 45, 68, 109)
 

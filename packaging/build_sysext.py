@@ -35,12 +35,9 @@ merged one from /usr.
 own /usr/bin/python3.X (of the 3.X running this script) where the build machine has one, else
 the interpreter running this script; the build prints which. Debian's is built with
 profile-guided and link-time optimisation, links libpython in statically and has the
-common extension modules (_socket, math, select, fcntl, ...) built in. Measured on the test
-machine, the same checkout bundled both ways, against a plain `./configure && make` build with
-a shared libpython (pyenv's 3.11.7, which the CI machine's virtualenv is made from):
-`--version` 15 against 18 ms, a GPU node's whole first boot against a fixture (`--root`) 62
-against 79 ms (hyperfine, 30 runs each, twice), and gpunode's share of the first boot in the
-real-systemd harness 149 against 163 ms (15 interleaved boots each). Either must be CPython of
+common extension modules (_socket, math, select, fcntl, ...) built in: it starts faster than a
+plain `./configure && make` build with a shared libpython (`make bench` prints the bundle's
+`python -c pass` beside the venv's). Either must be CPython of
 the same 3.X and ABI as this script's environment, whose packages (PyYAML's extension module
 among them) are bundled.
 

@@ -187,16 +187,6 @@ def replaces_builtin_runtimes(daemon: Daemon | None) -> bool | None:
     return None if daemon is None else daemon < RUNTIMES_MERGE_FROM
 
 
-def imports_merge(daemon: Daemon | None) -> bool | None:
-    """Whether an imported plugin table merges into the main file's (True) or replaces it."""
-    return None if daemon is None else daemon >= MERGES_FROM
-
-
-def reads_v1_cri(daemon: Daemon | None) -> bool | None:
-    """containerd 2.x renames a version 1 file's plugins but drops its CRI settings."""
-    return None if daemon is None else daemon < (2, 0)
-
-
 def behaviour(daemon: Daemon) -> str:
     """One of KNOWN_BEHAVIOURS as the range of versions it stands for."""
     return "containerd 2.1+" if daemon >= MERGES_FROM else show(daemon)

@@ -60,13 +60,6 @@ def set_path(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 
 
-def value_text(value: Any) -> str:
-    """`value` as TOML text, as tomlkit writes it."""
-    import tomlkit
-
-    return str(tomlkit.item(value).as_string())
-
-
 def table_block(path: tuple[str, ...], table: Mapping[str, Any], comment: str) -> str:
     """`table` under its [header] at `path` (its parents as dotted headers only), written by
     tomlkit, after the `comment` line."""

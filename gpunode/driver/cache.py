@@ -68,7 +68,6 @@ STAMP_SCHEMA = 1
 SETTLED_NS = 2_000_000_000  # a file changed this close to the stamp is hashed, never trusted
 SCHEMA_VERSION = 2
 MODULES_ONLY_SCHEMA = 1  # manifests of builds that had no user-space
-USERSPACE_DIRS = ("lib", "bin", "firmware")
 REQUIRED_LIBRARIES = ("libcuda", "libnvidia-ml")  # driver/userspace.py's REQUIRED
 STAGING_PREFIX = ".staging-"
 

@@ -33,7 +33,6 @@ from gpunode.errors import ModuleRefused
 # nvidia.ko's license → the flavour of the modules (GRID's nvidia.ko is NVIDIA's proprietary
 # tree too: the license cannot tell it from the proprietary driver).
 LICENSE_FLAVOURS = {"Dual MIT/GPL": "open", "NVIDIA": "proprietary"}
-FIELDS = ("filename", "name", "vermagic", "license", "version", "firmware", "depends")
 
 
 @dataclass(frozen=True)

@@ -139,3 +139,9 @@ def gpu_information_files(host: Host) -> dict[str, str]:
     """address (as the driver names its directory) → its information file."""
     return {address: f"{PROC_NVIDIA}/gpus/{address}/information"
             for address in host.list_dir(f"{PROC_NVIDIA}/gpus")}
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """A line the kernel printed (it prints what the driver gives it): control characters
+    become '?', for messages; at most `limit` characters."""
+    return "".join(c if c.isprintable() else "?" for c in text)[:limit]

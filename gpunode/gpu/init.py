@@ -65,18 +65,14 @@ def init_failures(records: Iterable[str], minors: dict[int, str]) -> dict[str, s
         if "NVRM" not in message:
             continue
         if (match := _FAILED_AT.search(message)) is not None:
-            failed[match.group(1).lower()] = _printable(message)
+            failed[match.group(1).lower()] = driverinfo.printable(message, 240)
         elif (match := _FAILED_MINOR.search(message)) is not None:
             address = minors.get(int(match.group(1)))
             if address is not None:
-                failed[address] = _printable(message)
+                failed[address] = driverinfo.printable(message, 240)
         elif (match := _SUCCEEDED_AT.search(message)) is not None:
             failed.pop(match.group(1).lower(), None)
     return failed
-
-
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else "?" for c in text)[:240]
 
 
 def read_failures(host: Host, infos: dict[str, driverinfo.GpuInfo]) -> dict[str, str]:

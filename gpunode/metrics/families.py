@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from gpunode.metrics.exposition import Family
 from gpunode.metrics.facts import MetricFacts
 from gpunode.platform.timestamps import TIMESTAMP_FORMAT
+from gpunode.watch.xid import FELL_OFF_BUS
 
 BOOT_OUTCOMES = ("ok", "failed", "no-gpu", "none", "unreadable")
 # A GPU's state, in the order one wins over the next (gpu_states)
 GPU_STATES = ("fell-off-bus", "xid-fatal", "missing", "passthrough", "no-driver", "not-initialized",
               "ready")
-FELL_OFF_BUS = 79  # as watch/xid.py (that module's patterns are not needed here)
 
 
 @dataclass(frozen=True)

@@ -77,10 +77,7 @@ def is_int(value: Any) -> bool:
 
 
 class Reader:
-    """Typed access to a JSON object's keys; a missing or wrong-typed key is one error.
-
-    A plain class, not a dataclass: this module is imported at boot (through tomlread), and a
-    dataclass costs a millisecond to define."""
+    """Typed access to a JSON object's keys; a missing or wrong-typed key is one error."""
 
     def __init__(self, document: dict[str, Any], shown: str, error: ErrorFactory) -> None:
         self.document = document

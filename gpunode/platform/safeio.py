@@ -23,7 +23,6 @@ import stat
 MIB = 1 << 20
 DEFAULT_LIMIT = 16 * MIB  # well above any config, record or pci.ids gpunode reads
 _CHUNK = 1 << 16
-_MAX_SYMLINKS = 40  # the kernel's own limit (MAXSYMLINKS)
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),

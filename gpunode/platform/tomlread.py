@@ -10,7 +10,7 @@ from typing import Any
 from gpunode.errors import FileError
 from gpunode.platform.records import TOO_DEEP, too_deep
 
-_LINE = r"at line (\d+)"  # in tomllib's messages; compiled only for one
+_LINE = re.compile(r"at line (\d+)")  # in tomllib's messages
 
 
 BOM = "\ufeff"  # some editors write one; it carries nothing (containerd 1.x skips it too)
@@ -37,7 +37,7 @@ def loads_toml(text: str, file: str, error: FileErrorFactory = FileError) -> dic
 
 def error_line(exc: tomllib.TOMLDecodeError) -> int | None:
     """The line tomllib names in its message ("... (at line 3, column 7)")."""
-    match = re.search(_LINE, str(exc))
+    match = _LINE.search(str(exc))
     return int(match.group(1)) if match else None
 
 

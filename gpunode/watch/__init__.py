@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def command(host: Host, config: AgentConfig, args: argparse.Namespace) -> int:
-    """`gpunode watch` as cli.py runs it: the daemon, or with --once one pass; the work
+    """`gpunode watch` as the command line runs it: the daemon, or with --once one pass; the work
     (daemon.py, once.py) is imported only now."""
     if not args.once:
         from gpunode.watch import daemon

@@ -14,9 +14,9 @@ containerd-shim-runc-v2 (TASK_COMM_LEN) — `never`, or `always`; otherwise the 
 policy allows it (restart_due), unless containerd was restarted since.
 
 CDI: gpunode's own spec (/var/run/cdi/nvidia.yaml, its header) is regenerated as boot's cdi
-step makes it (cdinode.py) when the loaded driver's version or the set of devices differs
-from what the spec names: `{"kind": "cdi", …}`. A spec that is not gpunode's, or that differs
-only otherwise, is left alone (boot's cdi step owns the rest).
+step makes it (cdi/node.py) whenever its bytes differ from what the node gives now (another
+driver version, other devices, a socket that came up after boot): `{"kind": "cdi", …}`. A spec
+that is not gpunode's is left alone (boot's cdi step decides about it).
 
 A problem (a config that cannot be read or parsed, a driver gone) is reported once as an
 Event, changes no file, and is looked at again on the next pass. With --dry-run the changes
@@ -284,8 +284,9 @@ def _problem(reason: str, message: str) -> dict[str, Any]:
 
 
 def cdi_drift(host: Host, config: AgentConfig) -> Any:
-    """(why, the spec's new bytes) when gpunode's spec names another driver version or other
-    devices than the node has now; a sentence when it cannot be judged; None otherwise."""
+    """(why, the spec's new bytes) when gpunode's spec is not what the node gives now (another
+    driver version, other devices, other mounts or hooks); a sentence when it cannot be judged;
+    None otherwise."""
     from gpunode.cdi import node as cdinode
     from gpunode.cdi import spec as cdi
 
@@ -313,7 +314,9 @@ def cdi_drift(host: Host, config: AgentConfig) -> Any:
         gone, new = sorted(was_devices - devices), sorted(devices - was_devices)
         why.append("devices" + (f" gone: {', '.join(gone)}" if gone else "")
                    + (";" if gone and new else "") + (f" new: {', '.join(new)}" if new else ""))
-    return ("; ".join(why), data) if why else None
+    if not why:  # the same devices of the same driver: its other edits (a socket that
+        why.append("its mounts or hooks differ from what the node has now")  # came up later)
+    return "; ".join(why), data
 
 
 def spec_facts(data: bytes) -> tuple[str | None, set[str]]:

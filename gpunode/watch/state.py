@@ -14,7 +14,7 @@ small however many lines the kernel logs.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from gpunode.errors import HostError
@@ -109,7 +109,7 @@ def parse(doc: Any) -> WatchState:
     for item in _list(doc, "fatal")[:MAX_FINDINGS]:
         if not isinstance(item, dict):
             raise ValueError("a fatal finding is not an object")
-        finding = Finding(**{k: item.get(k) for k in Finding.__dataclass_fields__})
+        finding = Finding(**{f.name: item.get(f.name) for f in fields(Finding)})
         if not (isinstance(finding.address, str) and records.is_int(finding.code)
                 and isinstance(finding.text, str) and records.is_int(finding.seq)):
             raise ValueError("a fatal finding has a field of the wrong type")

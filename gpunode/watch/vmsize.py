@@ -23,12 +23,12 @@ import re
 from dataclasses import dataclass
 
 from gpunode import log
+from gpunode.driver.flavour import AZURE_VENDOR
 from gpunode.errors import GpunodeError
 from gpunode.platform import envfile
 from gpunode.platform.host import Host
 
 DMI_VENDOR = "/sys/class/dmi/id/sys_vendor"
-AZURE_VENDOR = "Microsoft Corporation"  # as driver/flavour.py and driver/step.on_azure
 METADATA = (("/run/metadata/flatcar", "COREOS_AZURE_VMSIZE"),
             ("/run/metadata/coreos", "COREOS_AZURE_VMSIZE"),
             ("/run/metadata/afterburn", "AFTERBURN_AZURE_VMSIZE"))

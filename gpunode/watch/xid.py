@@ -30,6 +30,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from gpunode.gpu import driverinfo
+
 FATAL = "fatal"
 IGNORED = "ignored"
 EVENT = "event"  # neither: a Node Event, rate-limited
@@ -96,8 +98,8 @@ def parse_xid(record: Record) -> Xid | None:
         process = name if name and name != "<unknown>" else None
         rest = rest[said.end():]
     return Xid(seq=record.seq, usec=record.usec, address=match.group(1).lower() + ".0",
-               code=code, pid=pid, process=_printable(process) if process else None,
-               text=_printable(rest.strip())[:MAX_TEXT], instance=match.group(2))
+               code=code, pid=pid, process=driverinfo.printable(process) if process else None,
+               text=driverinfo.printable(rest.strip())[:MAX_TEXT], instance=match.group(2))
 
 
 def parse_uuid(record: Record) -> tuple[str, str] | None:
@@ -119,6 +121,3 @@ def classify(code: int, fatal: frozenset[int] | tuple[int, ...],
     return EVENT
 
 
-def _printable(text: str) -> str:
-    """The kernel prints what it is given: control characters become '?', for messages."""
-    return "".join(c if c.isprintable() else "?" for c in text)

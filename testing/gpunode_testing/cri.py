@@ -76,7 +76,7 @@ CRI_V2 = 'plugins."io.containerd.grpc.v1.cri"'
 RESOURCE_CONTROLLERS = {"cpu": "cpu", "memory": "memory", "pids": "pids", "blockIO": "io",
                         "hugepageLimits": "hugetlb", "rdma": "rdma"}
 
-# Run as `python -IS` (isolated, no site): the standard library only, ~20 ms a call.
+# Run as `python -IS` (isolated, no site): the standard library only.
 STANDIN = '''\
 #!{python} -IS
 """Stand-in OCI runtime {name!r} (gpunode_testing.cri): records its argv, then is runc."""

@@ -56,7 +56,7 @@ def test_configure_writes_with_tomlkit_and_a_run_without_change_reads_only(
     assert not {m for m in imported if m.split(".")[0] in ("tomlkit", "pystemd")}
 
 
-HEAVY = {"tomlkit", "structlog", "pyudev", "yaml", "jeepney", "pystemd", "http.client", "ssl",
+HEAVY = {"tomlkit", "structlog", "pyudev", "yaml", "pystemd", "http.client", "ssl",
          "gpunode.kube.client"}
 
 

@@ -304,22 +304,6 @@ def test_a_runtime_an_import_gives_every_containerd_is_not_added_again() -> None
     assert not result.changed and result.text == main
 
 
-@pytest.mark.parametrize("value", [
-    "", "io.containerd.runc.v2", 'a "quoted" \\ path', "tab\tnew\nline\r\b\f",
-    "".join(chr(c) for c in range(0x80)), "é ü 中 \u2028 \U0001f600", True, False, 0, -7,
-    10**20, [], ["a", "b"], [1, [2, [True, "x"]]], 1.5, [1.5, "a"], [{"a": 1}],
-])
-def test_values_are_written_as_tomlkit_writes_them(value: object) -> None:
-    """tomltext.value_text writes strings, booleans, integers and their arrays itself (the
-    first boot's new tables then need no tomlkit), byte for byte as tomlkit does."""
-    import tomlkit
-
-    text = tomltext.value_text(value)
-    assert text == tomlkit.item(value).as_string()
-    if not isinstance(value, list) or value != [{"a": 1}]:  # tomlkit writes that as a table
-        assert tomllib.loads(f"v = {text}")["v"] == value
-
-
 @pytest.mark.parametrize(("before", "appended"), [
     ("version = 2\n", "\n[a]\nb = 1\n"),
     ("", "version = 2\n"),

@@ -5,7 +5,9 @@ CDI spec kept current (gpunode/watch/checks.py)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -367,6 +369,19 @@ def test_a_gpu_the_driver_no_longer_has_is_taken_out_of_the_spec(
     [change] = changes(cli, host)
     assert change["kind"] == "cdi"
     assert f"devices gone: 7, {uuid}" in change["message"]
+
+
+def test_a_persistenced_socket_that_came_up_after_boot_is_mounted_by_the_next_pass(
+        cli: Cli, make_host: HostFactory) -> None:
+    """The same devices of the same driver, but the spec lacks a mount the node has now."""
+    host = make_host(T4, "ready")
+    socket_path = host.root / "run/nvidia-persistenced/socket"
+    socket_path.parent.mkdir(parents=True, exist_ok=True)
+    os.mknod(socket_path, stat.S_IFSOCK | 0o600)
+    [change] = changes(cli, host)
+    assert change["kind"] == "cdi" and "its mounts or hooks differ" in change["message"]
+    once.run(quiet_kernel(host), CONFIG, False, FakeApi)
+    assert b"/run/nvidia-persistenced/socket" in (host.root / SPEC).read_bytes()
 
 
 def test_a_current_spec_is_left_alone(cli: Cli, make_host: HostFactory) -> None:
