@@ -130,8 +130,10 @@ def generate(host: Host, prebuilt_dirs: tuple[str, ...] = DriverConfig.prebuilt_
     version = driver_version(host)
     the_gpus = gpus(host)
     if not the_gpus:
-        raise DriverError("no CDI spec: the driver sees no GPU",
-                          "look for NVRM errors in 'dmesg'")
+        seen = driverinfo.read_gpu_infos(host)
+        raise DriverError("no CDI spec: " + (
+            f"none of the driver's {len(seen)} GPUs came up (each failed to initialize)"
+            if seen else "the driver sees no GPU"), "look for NVRM errors in 'dmesg'")
     root = found if found is not None and found.version == version else \
         userspace.find(host, version, prebuilt_dirs=prebuilt_dirs)
     # Not the MIG capability nodes: they grant MIG config and monitor rights (and, for MIG

@@ -192,14 +192,13 @@ def command_name(args: argparse.Namespace) -> str:
 
 
 def log_format(argv: Sequence[str]) -> str | None:
-    """--log-format as given, read without argparse (which just refused the command line);
-    None (console on a TTY, JSON otherwise) when absent or not a valid choice."""
-    for i, word in enumerate(argv):
-        if word == "--":
-            break
-        name, eq, value = word.partition("=")
-        if len(name) >= 3 and "--log-format".startswith(name):
-            if not eq:
-                value = argv[i + 1] if i + 1 < len(argv) else ""
-            return value if value in log.FORMATS else None
-    return None
+    """--log-format as given, for the refusal of a command line the whole grammar refused
+    (argparse, with that one option only); None (console on a TTY, JSON otherwise) when absent
+    or not a valid choice."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    parser.add_argument("--log-format")
+    try:
+        given = parser.parse_known_args(argv)[0].log_format
+    except argparse.ArgumentError:
+        return None
+    return given if given in log.FORMATS else None

@@ -7,7 +7,7 @@ escaped, in a label value also a double quote. No timestamps: the textfile colle
 file that has any (node_exporter collector/textfile.go).
 
 Written here rather than with prometheus_client, whose import brings http.server, ssl and
-email into the long-running watch (about 10 MB of RSS and 40 ms, docs/metrics.md). The tests
+email into the long-running watch, whose memory stays flat (benchmarks/watch_daemon.py). The tests
 parse this output with prometheus_client's parser and with promtool, and compare it with what
 prometheus_client's own writer makes of the same families (tests/unit/test_metrics.py).
 """

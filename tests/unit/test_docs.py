@@ -11,7 +11,8 @@ import pytest
 from conftest import REPO
 from gpunode_testing import configdoc
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "ignition/README.md"]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "ignition/README.md",
+         REPO / "deploy/upstream/README.md"]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 
 
