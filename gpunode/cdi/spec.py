@@ -42,7 +42,6 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gpunode.config import CDI_CAPABILITIES
-from gpunode.driver.userspace import capability
 from gpunode.platform import nodepaths
 
 if TYPE_CHECKING:
@@ -88,6 +87,8 @@ def spec(nodes: Sequence[Node], gpus: Iterable[tuple[int, str | None, int]], roo
     devices.append({"name": "all",
                     "containerEdits": {"deviceNodes": [{"path": p} for p in sorted(every)]}})
     control = sorted(n.path for n in nodes if n.path not in gpu_nodes.values())
+    from gpunode.driver.userspace import capability  # the driver's files: only a spec needs it
+
     libraries = [lib for lib in root.libraries if capability(lib) in capabilities]
     common: dict[str, Any] = {"deviceNodes": [{"path": p} for p in control],
                               "mounts": _mounts(root, libraries, hooks, capabilities)}
@@ -118,6 +119,8 @@ def library_names(library: str, soname: str | None) -> list[str]:
 
 def _mounts(root: DriverRoot, libraries: list[str], hooks: str | None,
             capabilities: Collection[str]) -> list[dict[str, Any]]:
+    from gpunode.driver.userspace import capability
+
     mounts: list[dict[str, Any]] = []
     for library in libraries:
         if hooks is not None:

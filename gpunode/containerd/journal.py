@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import json
 import os
 import stat
@@ -76,6 +75,8 @@ class Write:
 
 def sha256(data: bytes | None) -> str | None:
     """The hex SHA-256 of `data` (the ledger's and the journal's digests)."""
+    import hashlib  # OpenSSL's: only a change that is written is digested
+
     return None if data is None else hashlib.sha256(data).hexdigest()
 
 

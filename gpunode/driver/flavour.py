@@ -10,9 +10,12 @@ need NVIDIA's GRID driver.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpunode.errors import FlavourError
-from gpunode.gpu.detect import PciFunction
+
+if TYPE_CHECKING:
+    from gpunode.gpu.detect import PciFunction
 
 # (first device id, last device id, architecture), most specific ranges first.
 _ARCH_RANGES: tuple[tuple[int, int, str], ...] = (

@@ -9,9 +9,12 @@ building allowed → build, then load; else fail with a hint.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gpunode.driver.branches import BranchChoice
 from gpunode.platform import flatcar
+
+if TYPE_CHECKING:
+    from gpunode.driver.branches import BranchChoice
 
 STRATEGIES = ("auto", "flatcar-sysext", "prebuilt", "build", "external")
 
