@@ -1,7 +1,7 @@
 """The `gpunode` command line's grammar: every command, action and option, and its help.
 
 Only the shape of the command line lives here; cli/main.py runs what it names. The allowed values
-are the constants of the modules that own them (log.FORMATS, ignition.FORMATS,
+are the constants of the modules that own them (log.FORMATS, delivery.FORMATS,
 registration.FORMATS), so help, parsing and the code that acts on them cannot disagree.
 """
 
@@ -11,10 +11,9 @@ import argparse
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from gpunode import __version__, log
+from gpunode import __version__, delivery, log
 from gpunode.cdi import spec as cdi
 from gpunode.config import DEFAULT_CONFIG_PATH
-from gpunode.delivery import ignition
 from gpunode.errors import ArgumentsError
 from gpunode.kube import registration
 
@@ -134,7 +133,7 @@ def _nodes(nodes: argparse.ArgumentParser) -> None:
 
 
 def _ignition(ignition_parser: argparse.ArgumentParser) -> None:
-    ignition_parser.add_argument("--format", choices=ignition.FORMATS, default="butane")
+    ignition_parser.add_argument("--format", choices=delivery.FORMATS, default="butane")
     ignition_parser.add_argument("--pool", help="the GPU node pool's name (cluster-azure, "
                                  "cluster-aws; default gpu00)")
     ignition_parser.add_argument("--instance-type", help="the GPU pool's instance type "

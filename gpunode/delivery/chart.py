@@ -38,13 +38,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from gpunode import __version__
+from gpunode import __version__, delivery
 from gpunode.config import DEFAULT_CONFIG_PATH, AgentConfig, parse_text
 from gpunode.delivery import chartunit, ignition
 from gpunode.errors import UsageError
 from gpunode.kube import registration
 
-FORMATS = ("cluster-azure", "cluster-aws", "cluster-secret")
+FORMATS = delivery.CHART_FORMATS
 SECRET_NAME = "gpunode-files"
 CLUSTER_CHART = "giantswarm/cluster 7.0.0 (ad135475ddd1ab0f2eb2bca6e63bbd72d879b6e3)"
 UNITS_PATH = ("cluster", "providerIntegration", "workers", "kubeadmConfig", "ignition",

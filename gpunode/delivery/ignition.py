@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpunode import __version__, log
+from gpunode import __version__, delivery, log
 from gpunode.config import DEFAULT_CONFIG_PATH, MAX_CONFIG_BYTES, parse_text
 from gpunode.driver import nouveau
 from gpunode.errors import ConfigError, GpunodeError, HostError, InputRefused, UsageError
@@ -27,9 +27,7 @@ from gpunode.platform import flatcar
 from gpunode.platform.host import Host
 
 CLC_LIMIT = 32768
-FORMATS = ("butane", "ignition", "clc", "cluster-azure", "cluster-aws", "cluster-secret")
-# Values of Giant Swarm's cluster charts and the Secret they read: rendered by delivery/chart.py.
-CHART_FORMATS = FORMATS[3:]
+FORMATS, CHART_FORMATS = delivery.FORMATS, delivery.CHART_FORMATS
 EXTENSIONS_DIR = "/opt/extensions/gpunode"
 EXTENSION_LINK = "/etc/extensions/gpunode.raw"
 UNIT_NAMES = ("gpunode.service", "gpunode-label.service", "gpunode-watch.service")
