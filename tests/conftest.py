@@ -34,8 +34,9 @@ from hostile.support import Cli, make_cli
 
 HostFactory = Callable[..., Host]
 
-# The real sysext, built once per session for every file that asks for it (`built`).
-pytest_plugins = ["helpers.sysext"]
+# The real sysext, built once per session for every file that asks for it (`built`), and the
+# fixtures on the real driver, podman and promtool that several integration files use.
+pytest_plugins = ["helpers.sysext", "helpers.real_fixtures"]
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent  # the checkout: pyproject.toml, gpunode/, docs/, units/, deploy/

@@ -43,7 +43,7 @@ import pytest
 
 # The checkout this package is installed from (editable, from testing/).
 CHECKOUT = Path(__file__).resolve().parents[2]
-DEFAULT_TEST_CACHE = "/var/cache/gpunode-tests"  # tests/real/containerd_bins.py's default
+DEFAULT_TEST_CACHE = "/var/cache/gpunode-tests"  # tests/real/cache.py's default
 
 PROCESS_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
                             "os.spawn", "os.fork", "os.forkpty"})

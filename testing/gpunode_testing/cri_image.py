@@ -1,6 +1,7 @@
 """A container image built here, for containerd's CRI: busybox-static in an OCI image layout.
 
     build_image(tmp / "busybox.tar", IMAGE)        # then: ctr -n k8s.io images import
+    image_layout(path, layer, env, entrypoint, name)  # any one-layer image (cuda_probe's)
 
 No registry can be reached from the tests, and CRI runs nothing but images from its image
 store, so the image is made locally and imported with containerd's own `ctr images import`.
@@ -23,6 +24,7 @@ import io
 import json
 import subprocess
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 BUSYBOX = Path("/bin/busybox")  # busybox-static's (gpunode_testing.podman checks it is static)
@@ -38,9 +40,15 @@ MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
 
 def build_image(path: Path, name: str = IMAGE) -> str:
     """Write the image layout tar to `path`; return the manifest's digest."""
-    layer = _layer()
+    return image_layout(path, _layer(), ENV, SANDBOX_COMMAND, name)
+
+
+def image_layout(path: Path, layer: bytes, env: Sequence[str], entrypoint: Sequence[str],
+                 name: str) -> str:
+    """Write an OCI image layout tar of one uncompressed `layer` (a tar's bytes) to `path`,
+    named `name` both ways ctr reads a name; return the manifest's digest."""
     config = _json({"architecture": "amd64", "os": "linux",
-                    "config": {"Env": list(ENV), "Entrypoint": list(SANDBOX_COMMAND)},
+                    "config": {"Env": list(env), "Entrypoint": list(entrypoint)},
                     "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]}})
     manifest = _json({"schemaVersion": 2, "mediaType": MEDIA_MANIFEST,
                       "config": _descriptor(MEDIA_CONFIG, config),

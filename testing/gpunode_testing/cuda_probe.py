@@ -48,6 +48,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpunode_testing.cri_image import image_layout
+
 RUNTIME_WHEEL = ("nvidia-cuda-runtime-cu12", "12.9.79")
 NVCC_WHEEL = ("nvidia-cuda-nvcc-cu12", "12.9.86")
 RUNTIME_VERSION = 12090  # what cudaRuntimeGetVersion answers for CUDA 12.9
@@ -247,28 +249,7 @@ def command(env: tuple[str, ...] = ENV) -> list[str]:
 def build_image(path: Path, rootfs: Path, name: str = IMAGE) -> str:
     """An OCI image layout tar of `rootfs` (one uncompressed layer, fixed mtimes and owners),
     importable with `ctr images import`; returns the manifest's digest."""
-    layer = _layer(rootfs)
-    config = _json({"architecture": "amd64", "os": "linux",
-                    "config": {"Env": list(ENV), "Entrypoint": [PROBE_PATH]},
-                    "rootfs": {"type": "layers", "diff_ids": [_digest(layer)]}})
-    manifest = _json({"schemaVersion": 2,
-                      "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                      "config": _descriptor("application/vnd.oci.image.config.v1+json", config),
-                      "layers": [_descriptor("application/vnd.oci.image.layer.v1.tar", layer)]})
-    index = _json({"schemaVersion": 2, "manifests": [{
-        **_descriptor("application/vnd.oci.image.manifest.v1+json", manifest),
-        "annotations": {"org.opencontainers.image.ref.name": name,
-                        "io.containerd.image.name": name}}]})
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for directory in ("blobs", "blobs/sha256"):
-            info = tarfile.TarInfo(directory)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        for blob in (layer, config, manifest):
-            _add(tar, "blobs/sha256/" + _digest(blob).removeprefix("sha256:"), blob)
-        _add(tar, "index.json", index)
-        _add(tar, "oci-layout", _json({"imageLayoutVersion": "1.0.0"}))
-    return _digest(manifest)
+    return image_layout(path, _layer(rootfs), ENV, (PROBE_PATH,), name)
 
 
 def _layer(rootfs: Path) -> bytes:
@@ -285,24 +266,6 @@ def _layer(rootfs: Path) -> bytes:
             else:
                 tar.addfile(info)
     return data.getvalue()
-
-
-def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = len(data), 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _descriptor(media_type: str, blob: bytes) -> dict[str, object]:
-    return {"mediaType": media_type, "digest": _digest(blob), "size": len(blob)}
-
-
-def _digest(blob: bytes) -> str:
-    return "sha256:" + hashlib.sha256(blob).hexdigest()
-
-
-def _json(value: object) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _run(argv: list[str], what: str, timeout: float, env: dict[str, str] | None = None) -> str:

@@ -5,17 +5,15 @@ written. Each is refused before anything is placed: the image root stays exactly
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from conftest import HostFactory
 from helpers.bake import make_inputs
+from helpers.raw_server import Answer, drip, raw_server, send
 from hostile.support import Cli, check_refusal
 
 
@@ -217,74 +215,25 @@ def test_a_build_url_with_credentials_is_refused(make_host: HostFactory, tmp_pat
 
 # -- servers that answer badly or slowly (a socket on 127.0.0.1) ------------------------------
 
-Answer = Callable[[socket.socket], None]
-
-
-@contextmanager
-def raw_server(answer: Answer) -> Iterator[str]:
-    """An HTTP 'server' on 127.0.0.1 that reads a request and then runs `answer` on the
-    connection; its base URL."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            with connection:
-                connection.settimeout(5)
-                try:
-                    connection.recv(65536)
-                    answer(connection)
-                except OSError:
-                    pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/"
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
-
-
-def _drip(head: bytes, body: bytes, every: float) -> Answer:
-    def answer(connection: socket.socket) -> None:
-        connection.sendall(head)
-        for byte in body:
-            connection.sendall(bytes([byte]))
-            time.sleep(every)
-
-    return answer
-
-
-def _send(data: bytes) -> Answer:
-    return lambda connection: connection.sendall(data)
-
-
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n"
 # A server's answer → the refusal (exit 1, bake-failed). The drips never trip the stall
 # timeout of 2 s: only the deadline of 2 s ends them (they used to hang for ever).
 BAD_SERVERS: dict[str, tuple[Answer, str]] = {
-    "drips-the-body": (_drip(HEAD, b"x" * 100000, 0.3),
+    "drips-the-body": (drip(HEAD, b"x" * 100000, 0.3),
                        r"not fetched within the deadline of 2 s \(\[download\] deadline"),
-    "drips-a-header": (_drip(b"HTTP/1.1 200 OK\r\nX-Slow: ", b"y" * 100000, 0.3),
+    "drips-a-header": (drip(b"HTTP/1.1 200 OK\r\nX-Slow: ", b"y" * 100000, 0.3),
                        r"not fetched within the deadline of 2 s"),
     # http.client's errors, which used to escape as tracebacks
-    "bad-status-line": (_send(b"garbage\r\n\r\n"),
+    "bad-status-line": (send(b"garbage\r\n\r\n"),
                         r"the server's answer is not HTTP.*bad status line 'garbage"),
-    "header-line-too-long": (_send(b"HTTP/1.1 200 OK\r\nX-Long: " + b"z" * 70000 + b"\r\n\r\n"),
+    "header-line-too-long": (send(b"HTTP/1.1 200 OK\r\nX-Long: " + b"z" * 70000 + b"\r\n\r\n"),
                              r"the server's answer is not HTTP.*line"),
-    "more-than-100-headers": (_send(b"HTTP/1.1 200 OK\r\n" + b"X-A: 1\r\n" * 101 + b"\r\n"),
+    "more-than-100-headers": (send(b"HTTP/1.1 200 OK\r\n" + b"X-A: 1\r\n" * 101 + b"\r\n"),
                               r"the server's answer is not HTTP.*more than 100 headers"),
-    "redirect-to-ftp": (_send(b"HTTP/1.1 302 Found\r\nLocation: ftp://h/x.raw\r\n"
+    "redirect-to-ftp": (send(b"HTTP/1.1 302 Found\r\nLocation: ftp://h/x.raw\r\n"
                               b"Content-Length: 0\r\n\r\n"),
                         r"HTTP 302: a redirect to 'ftp://h/x\.raw' that is not followed"),
-    "redirect-with-a-space": (_send(b"HTTP/1.1 302 Found\r\nLocation: /a b\r\n"
+    "redirect-with-a-space": (send(b"HTTP/1.1 302 Found\r\nLocation: /a b\r\n"
                                     b"Content-Length: 0\r\n\r\n"),
                               r"HTTP 302: a redirect to '/a b' that is not followed \(.*loop"),
 }
@@ -298,7 +247,7 @@ def test_a_server_that_answers_badly_or_slowly_is_refused_within_the_deadline(
     root = make_host("nc4as-t4-v3", "driver").root
     inputs = make_inputs(tmp_path / "in")
     with raw_server(answer) as url:
-        config = inputs.config(base=url, driver=None, extra="\n[download]\nattempts = 2\n"
+        config = inputs.config(base=url + "/", driver=None, extra="\n[download]\nattempts = 2\n"
                                "timeout = 2\ndeadline = 2\n")
         started = time.monotonic()
         result = check_refusal(cli, root, ["image", "bake", "--root", str(root), "--config",
@@ -314,10 +263,10 @@ def test_a_build_download_that_drips_ends_at_its_deadline(tmp_path: Path) -> Non
     from gpunode.driver.builders import UrlFetcher
     from gpunode.errors import DriverBuildError
 
-    with raw_server(_drip(HEAD, b"x" * 100000, 0.3)) as url:
+    with raw_server(drip(HEAD, b"x" * 100000, 0.3)) as url:
         started = time.monotonic()
         with pytest.raises(DriverBuildError, match="not complete within the deadline of 2 s"):
-            UrlFetcher(timeout=2, deadline=2).fetch(url + "NVIDIA.run", tmp_path / "out")
+            UrlFetcher(timeout=2, deadline=2).fetch(url + "/NVIDIA.run", tmp_path / "out")
     assert time.monotonic() - started < 5
     assert list(tmp_path.iterdir()) == []
 

@@ -5,12 +5,9 @@ kubeconfig whose server URL carries credentials (never logged, never sent)."""
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import ssl
-import threading
 import time
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +18,7 @@ from conftest import HostFactory
 from gpunode.platform.host import Host
 from gpunode_testing.kube_api import KUBELET_KUBECONFIG, FakeApiServer, join
 from gpunode_testing.pki import Pki
+from helpers.raw_server import drip, raw_server
 from hostile.support import Cli, assert_refused, check_refusal
 
 NODE = "nc4as-t4-v3-vmss000000"  # the fixture's hostname
@@ -28,42 +26,12 @@ integration = pytest.mark.integration
 FAST = "[kubernetes]\nrequest_timeout = 1\nwait_seconds = 2\n"
 
 
-@contextlib.contextmanager
-def dripping(pki: Pki, head: bytes) -> Iterator[str]:
+def dripping(pki: Pki, head: bytes) -> AbstractContextManager[str]:
     """A TLS server (the test API server's certificate) that reads a request, sends `head`,
-    then one byte every 0.3 s for ever; its URL."""
+    then one byte every 0.3 s for hours (longer than any test waits); its URL."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(pki.server_cert, pki.server_key)
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
-
-    def serve(connection: socket.socket) -> None:
-        with contextlib.suppress(OSError), connection:
-            connection.settimeout(5)
-            with context.wrap_socket(connection, server_side=True) as tls:
-                tls.recv(65536)
-                tls.sendall(head)
-                while not stop.is_set():
-                    tls.sendall(b"x")
-                    time.sleep(0.3)
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=serve, args=(connection,), daemon=True).start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        listener.close()
+    return raw_server(drip(head, b"x" * 100000, 0.3), tls=context)
 
 
 def point(path: Path, server: str) -> None:

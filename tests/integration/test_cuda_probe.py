@@ -13,7 +13,6 @@ re-rooted at the fixture node before podman reads it (gpunode_testing.podman).
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,22 +33,6 @@ CUDA_12_4, CUDA_12_2 = 12040, 12020  # what the 550 and the 535 libcuda answer
 @pytest.fixture(scope="module")
 def probe() -> cuda_probe.Probe:
     return cuda_probe.ensure_probe()
-
-
-@pytest.fixture(scope="module")
-def source() -> real_driver.DriverSource:
-    driver = ensure_driver("550")
-    return real_driver.read_source(driver.root, driver.version)
-
-
-@pytest.fixture
-def ready(tmp_path: Path, probe: cuda_probe.Probe) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("podman's namespace, mounts and the fixture's mknod need root")
-    if missing := podman.missing_tools():
-        pytest.fail("missing " + ", ".join(missing) + ": make setup installs them")
-    if reason := podman.probe(tmp_path / "probe", podman.make_rootfs(tmp_path / "probe-rootfs")):
-        pytest.skip(reason)
 
 
 def libcuda_dir(tmp_path: Path, release: str) -> Path:
@@ -83,7 +66,7 @@ def test_the_real_libcuda_answers_its_cuda_version_and_finds_no_gpu_here(
 
 @pytest.mark.parametrize("layout", ["sysext", "nvidia.service", "prebuilt", "build"])
 def test_a_podman_container_given_gpu_0_by_gpunodes_spec_reaches_the_real_libcuda(
-        ready: None, probe: cuda_probe.Probe, source: real_driver.DriverSource,
+        podman_ready: None, probe: cuda_probe.Probe, source: real_driver.DriverSource,
         tmp_path: Path, layout: str) -> None:
     """In a container whose only driver files are what gpunode's spec mounts (for a T4 node on
     the real 550 user-space in `layout`), the CUDA program loads libcuda, which answers 12040,

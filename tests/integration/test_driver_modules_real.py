@@ -28,7 +28,6 @@ from gpunode.gpu.detect import detect
 from gpunode.platform.host import Host
 from gpunode_testing import fixtures, real_driver
 from real.kmod_tree import kmod_tool
-from real.nvidia_driver import ensure_driver
 from real.nvidia_modules import BuiltModules, ensure_modules, module_tree
 
 A100 = "nc24ads-a100-v4"  # open modules by default (Ampere)
@@ -37,22 +36,6 @@ V100 = "nc6s-v3"  # Volta: proprietary modules only
 PARAMETER = "/sys/module/firmware_class/parameters/path"
 PREBUILT = "/opt/nvidia/modules"
 WANTED = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm")
-
-
-@pytest.fixture(scope="module")
-def source() -> real_driver.DriverSource:
-    driver = ensure_driver("550")
-    return real_driver.read_source(driver.root, driver.version)
-
-
-@pytest.fixture(scope="module", params=["open", "proprietary"])
-def built(request: pytest.FixtureRequest) -> BuiltModules:
-    return ensure_modules(request.param)
-
-
-@pytest.fixture(scope="module")
-def open_modules() -> BuiltModules:
-    return ensure_modules("open")
 
 
 @pytest.fixture(scope="module")
@@ -120,10 +103,10 @@ def modinfo(field_name: str, path: Path) -> list[str]:
 
 def test_gpunode_reads_what_the_real_modinfo_reads(tmp_path: Path,
                                                    source: real_driver.DriverSource,
-                                                   built: BuiltModules) -> None:
+                                                   compiled: BuiltModules) -> None:
     """Through KmodTools, each module's vermagic, license, version, firmware and depends are
     exactly what `modinfo -F` prints for it, for both flavours."""
-    paths = [str(built.module(m)) for m in (*WANTED, "nvidia_peermem")]
+    paths = [str(compiled.module(m)) for m in (*WANTED, "nvidia_peermem")]
     infos = modules.KmodTools().modinfo(paths)
     for path in paths:
         info = infos[path]
@@ -174,25 +157,25 @@ def test_the_plan_loads_in_the_order_depmod_and_modprobe_resolve(
 
 
 def test_prebuilt_open_modules_get_the_firmware_path_beside_them(
-        tmp_path: Path, source: real_driver.DriverSource, built: BuiltModules) -> None:
+        tmp_path: Path, source: real_driver.DriverSource, compiled: BuiltModules) -> None:
     """The kernel finds no nvidia/550.163.01/gsp_*.bin on the node; prebuilt modules of
     either flavour (both name it) bring it in firmware/ beside them: the plan points the
     kernel's firmware search path there, and boot writes it before it insmods nvidia.ko."""
-    machine = A100 if built.flavour == "open" else T4
-    host = node(tmp_path, source, built, machine=machine)
-    kmod = kmod_for(host, machine, built)
+    machine = A100 if compiled.flavour == "open" else T4
+    host = node(tmp_path, source, compiled, machine=machine)
+    kmod = kmod_for(host, machine, compiled)
     the_plan = step.plan(host, DriverConfig(), detect(host), kmod)
-    came_with = f"{PREBUILT}/{built.kernel}/firmware"
+    came_with = f"{PREBUILT}/{compiled.kernel}/firmware"
     names = ", ".join(sorted(f"nvidia/{source.version}/{f.name}" for f in source.firmware))
     assert the_plan.describe()[1] == (f"set the kernel's firmware search path ({PARAMETER}) "
                                       f"to {came_with} (for {names})")
-    assert the_plan.flavour.flavour == built.flavour
-    assert f"nvidia.ko's license '{'Dual MIT/GPL' if built.flavour == 'open' else 'NVIDIA'}'" \
+    assert the_plan.flavour.flavour == compiled.flavour
+    assert f"nvidia.ko's license '{'Dual MIT/GPL' if compiled.flavour == 'open' else 'NVIDIA'}'" \
         in the_plan.flavour.reason
     outcome = step.apply(host, the_plan, DriverConfig(), kmod)
     first = next(i for i, argv in enumerate(kmod.calls) if argv[0] == "insmod")
     assert kmod.parameter[first] == came_with  # set before nvidia.ko loads
-    assert outcome.flavour == built.flavour
+    assert outcome.flavour == compiled.flavour
 
 
 def test_proprietary_modules_told_to_run_without_gsp_need_no_firmware(
@@ -312,13 +295,13 @@ def test_a_build_cache_entrys_modules_load_with_its_firmware(
 
 
 def test_a_merged_sysexts_modules_are_read_where_it_put_them(
-        tmp_path: Path, source: real_driver.DriverSource, built: BuiltModules) -> None:
+        tmp_path: Path, source: real_driver.DriverSource, compiled: BuiltModules) -> None:
     """The Flatcar driver sysext's modules in /usr/lib/modules/<kernel>/video/ are checked like
     any others (a -open sysext with proprietary modules is refused); its firmware is in
     /lib/firmware, where the kernel finds it: no search path to set."""
-    host = node(tmp_path, source, built, layout="sysext", flavour="open")
-    kmod = kmod_for(host, A100, built)
-    if built.flavour == "open":
+    host = node(tmp_path, source, compiled, layout="sysext", flavour="open")
+    kmod = kmod_for(host, A100, compiled)
+    if compiled.flavour == "open":
         the_plan = step.plan(host, DriverConfig(), detect(host), kmod)
         assert the_plan.firmware is None and the_plan.flavour.flavour == "open"
         assert [s.argv[0] for s in the_plan.load.steps] == ["modprobe"] * 3

@@ -14,15 +14,8 @@ from helpers.watch_api import FakeApi
 from hostile.support import Cli
 from real import promtool
 
+pytestmark = pytest.mark.usefixtures("real_promtool")
 MACHINE_STATES = [(m.name, s) for m in fixtures.MACHINES.values() for s in m.states]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _promtool() -> None:
-    try:
-        promtool.ensure_promtool()
-    except Exception as err:  # a failure, never a skip: the Makefile fetches it first
-        pytest.fail(f"could not get the real promtool:\n{err}", pytrace=False)
 
 
 @pytest.mark.parametrize(("machine", "state"), MACHINE_STATES,

@@ -18,20 +18,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpunode_testing import alertrules, metricsfleet
 from real import promtool
 
+pytestmark = pytest.mark.usefixtures("real_promtool")
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy/gpunode-alerts.rules.yaml"
 MANIFEST = REPO / "deploy/gpunode-alerts.prometheusrule.yaml"
 RULE_TESTS = REPO / "tests/data/metrics/gpunode-alerts.test.yaml"
 DASHBOARD = REPO / "deploy/gpunode-dashboard.json"
 SCRAPE_LABELS = {"instance", "job"}  # what node-exporter's scrape adds to every series
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _promtool() -> None:
-    try:
-        promtool.ensure_promtool()
-    except Exception as err:  # a failure, never a skip: the Makefile fetches it first
-        pytest.fail(f"could not get the real promtool:\n{err}", pytrace=False)
 
 
 @pytest.fixture(scope="module")

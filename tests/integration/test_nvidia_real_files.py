@@ -19,7 +19,7 @@ import pytest
 from gpunode_testing import real_driver
 from real.kmod_tree import kmod_tool
 from real.nvidia_driver import ensure_driver
-from real.nvidia_modules import BuiltModules, ensure_modules, module_tree
+from real.nvidia_modules import BuiltModules, module_tree
 
 MODINFO = kmod_tool("modinfo")
 MODPROBE = kmod_tool("modprobe")
@@ -61,17 +61,6 @@ DEPENDS = {"nvidia.ko": "drm", "nvidia-uvm.ko": "nvidia", "nvidia-modeset.ko": "
            "nvidia-peermem.ko": ""}
 
 
-@pytest.fixture(scope="module")
-def source_550() -> real_driver.DriverSource:
-    driver = ensure_driver("550")
-    return real_driver.read_source(driver.root, driver.version)
-
-
-@pytest.fixture(scope="module", params=["open", "proprietary"])
-def modules(request: pytest.FixtureRequest) -> BuiltModules:
-    return ensure_modules(request.param)
-
-
 def modinfo(field: str, path: Path) -> list[str]:
     out = subprocess.run([MODINFO, "-F", field, str(path)], capture_output=True, text=True,
                          check=True, timeout=60).stdout
@@ -79,25 +68,25 @@ def modinfo(field: str, path: Path) -> list[str]:
 
 
 def test_a_full_550_install_has_27_versioned_libraries_10_of_them_compute_and_utility(
-        source_550: real_driver.DriverSource) -> None:
+        source: real_driver.DriverSource) -> None:
     """Debian's 550 user-space, classified by NVIDIA_DRIVER_CAPABILITIES set as libnvidia-
     container does, is 27 `lib*.so.<version>` libraries (+ the X server's module and
     libnvidia-api.so.1), of which compute and utility are 10."""
-    found = {cap: {lib.stem for lib in source_550.select([cap])} for cap in real_driver.ALL}
+    found = {cap: {lib.stem for lib in source.select([cap])} for cap in real_driver.ALL}
     assert found == LIBRARIES_550
-    versioned = [lib for lib in source_550.select(real_driver.ALL)
-                 if lib.name.endswith(f".so.{source_550.version}")
+    versioned = [lib for lib in source.select(real_driver.ALL)
+                 if lib.name.endswith(f".so.{source.version}")
                  and lib.capability != "display"]
     assert len(versioned) == 27
-    assert len(source_550.select(real_driver.DEFAULT_CAPABILITIES)) == 10
+    assert len(source.select(real_driver.DEFAULT_CAPABILITIES)) == 10
 
 
 def test_the_sonames_are_what_the_loader_asks_for_not_one_rule(
-        source_550: real_driver.DriverSource) -> None:
+        source: real_driver.DriverSource) -> None:
     """Most SONAMEs are lib<name>.so.1, but eight libraries carry the full version as their
     SONAME (libnvidia-gpucomp, libnvidia-pkcs11-openssl3 among them), nvvm is .so.4, EGL and
     GLX .so.0, GLESv2 .so.2: a `.so.1` name for those is one the loader never asks for."""
-    for lib in source_550.libraries:
+    for lib in source.libraries:
         if lib.stem in FULL_VERSION_SONAME:
             expected: str | None = lib.name
         else:
@@ -106,11 +95,11 @@ def test_the_sonames_are_what_the_loader_asks_for_not_one_rule(
 
 
 def test_libcuda_asks_the_loader_for_its_helpers_by_their_sonames(
-        source_550: real_driver.DriverSource) -> None:
+        source: real_driver.DriverSource) -> None:
     """libcuda's DT_NEEDED entries are glibc's only; the driver libraries it needs it
     dlopen()s by name, and each name is that library's SONAME: libnvidia-ptxjitcompiler.so.1,
     libnvidia-nvvm.so.4 and libnvidia-pkcs11-openssl3.so.<version>, the full version."""
-    libs = {lib.stem: lib for lib in source_550.libraries}
+    libs = {lib.stem: lib for lib in source.libraries}
     dynamic = subprocess.run(["readelf", "-d", str(libs["libcuda"].path)], capture_output=True,
                              text=True, check=True, timeout=60).stdout
     needed = {line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line}
@@ -137,41 +126,41 @@ def test_the_535_branch_has_libcuda_nvml_and_nvidia_smi(release: str) -> None:
 
 
 def test_the_modules_carry_vermagic_license_version_and_the_firmware_debian_ships(
-        modules: BuiltModules, source_550: real_driver.DriverSource) -> None:
+        compiled: BuiltModules, source: real_driver.DriverSource) -> None:
     """Each compiled module says, in its .modinfo, the kernel it was built for, its flavour's
     license and the driver version; nvidia.ko names exactly the GSP firmware files Debian's
     firmware-nvidia-gsp ships (both flavours name them)."""
-    for name, license_ in LICENSES[modules.flavour].items():
-        path = modules.module(name)
+    for name, license_ in LICENSES[compiled.flavour].items():
+        path = compiled.module(name)
         (vermagic,) = modinfo("vermagic", path)
-        assert vermagic.split()[0] == modules.kernel, name
+        assert vermagic.split()[0] == compiled.kernel, name
         assert modinfo("license", path) == [license_], name
-        assert modinfo("version", path) == [source_550.version], name
+        assert modinfo("version", path) == [source.version], name
         assert modinfo("depends", path) == [DEPENDS[name]], name
-    firmware = sorted(modinfo("firmware", modules.module("nvidia")))
-    assert firmware == sorted(f"nvidia/{source_550.version}/{f.name}" for f in source_550.firmware)
+    firmware = sorted(modinfo("firmware", compiled.module("nvidia")))
+    assert firmware == sorted(f"nvidia/{source.version}/{f.name}" for f in source.firmware)
 
 
 def test_the_modules_are_stripped_of_debug_info_as_distributions_ship_them(
-        modules: BuiltModules) -> None:
+        compiled: BuiltModules) -> None:
     """Stripped, every module is smaller than what the compiler left (and keeps its .modinfo,
     see above); the open nvidia.ko, all of it compiled here, shrinks more than tenfold, the
     proprietary one is mostly NVIDIA's prebuilt object, which has no debug info to lose."""
-    sizes = modules.build["modules"]
+    sizes = compiled.build["modules"]
     assert isinstance(sizes, dict)
     for name, size in sizes.items():
-        assert modules.module(name).stat().st_size == size["stripped"] < size["unstripped"]
-    if modules.flavour == "open":
+        assert compiled.module(name).stat().st_size == size["stripped"] < size["unstripped"]
+    if compiled.flavour == "open":
         assert sizes["nvidia.ko"]["stripped"] * 10 < sizes["nvidia.ko"]["unstripped"]
 
 
 def test_real_modprobe_loads_the_real_modules_after_the_kernel_modules_they_need(
-        modules: BuiltModules, tmp_path: Path) -> None:
+        compiled: BuiltModules, tmp_path: Path) -> None:
     """depmod reads the real modules' symbol dependencies: modprobe would load drm and its
     helpers, then nvidia, then nvidia-modeset (after video), then nvidia-drm."""
-    root = module_tree(modules, tmp_path / "tree")
+    root = module_tree(compiled, tmp_path / "tree")
     out = subprocess.run([MODPROBE, "-C", str(root / "modprobe.d"), "-d", str(root), "-S",
-                          modules.kernel, "--dry-run", "--show-depends", "nvidia_drm"],
+                          compiled.kernel, "--dry-run", "--show-depends", "nvidia_drm"],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     order = [Path(line.split()[1]).name for line in out.splitlines()
              if line.startswith("insmod ")]

@@ -7,7 +7,6 @@ of it is changed. Harness: gpunode_testing.podman (and tests/integration/test_po
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -23,16 +22,6 @@ pytestmark = pytest.mark.allow_paths(str(podman.BUSYBOX))
 LIB64 = "/usr/local/nvidia/lib64"
 
 
-@pytest.fixture
-def ready(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("podman's namespace, mounts and the fixture's mknod need root")
-    if missing := podman.missing_tools():
-        pytest.fail("missing " + ", ".join(missing) + ": make setup installs them")
-    if reason := podman.probe(tmp_path / "probe", podman.make_rootfs(tmp_path / "probe-rootfs")):
-        pytest.skip(reason)
-
-
 def run(tmp_path: Path, spec_dir: Path, device: str, script: str) -> str:
     rootfs = podman.make_rootfs(tmp_path / f"rootfs-{device.replace('/', '_')}")
     rc, out, err = podman.run_with_cdi(spec_dir, device, ["/bin/sh", "-c", script], rootfs,
@@ -42,7 +31,7 @@ def run(tmp_path: Path, spec_dir: Path, device: str, script: str) -> str:
 
 
 def test_podman_gives_a_container_the_gpu_gpunodes_spec_declares(
-        ready: None, make_host: HostFactory, tmp_path: Path) -> None:
+        podman_ready: None, make_host: HostFactory, tmp_path: Path) -> None:
     host = make_host("nc4as-t4-v3", "driver")
     document = cdinode.generate(host)
     spec_dir = tmp_path / "cdi"

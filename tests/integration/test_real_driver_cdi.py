@@ -34,7 +34,7 @@ from gpunode_testing.driver_files import elf_library
 from helpers.fake_kernel import FakeGpus
 from hostile.support import Cli
 from real.nvidia_driver import ensure_driver
-from real.nvidia_modules import BuiltModules, ensure_modules
+from real.nvidia_modules import BuiltModules
 
 T4 = "nc4as-t4-v3"
 LAYOUTS = {  # layout → (module flavour, driver root gpunode should report, firmware files)
@@ -54,22 +54,6 @@ ISSUE = "issue 35"
 # (no version in its name; the toolkit takes it only behind a feature flag)
 NOT_TAKEN = {"libglxserver_nvidia", "libnvidia-api"}
 VIDEO = ("libnvcuvid", "libnvidia-encode", "libnvidia-opticalflow")
-
-
-@pytest.fixture(scope="module")
-def source() -> real_driver.DriverSource:
-    driver = ensure_driver("550")
-    return real_driver.read_source(driver.root, driver.version)
-
-
-@pytest.fixture(scope="module")
-def open_modules() -> BuiltModules:
-    return ensure_modules("open")
-
-
-@pytest.fixture(scope="module")
-def proprietary_modules() -> BuiltModules:
-    return ensure_modules("proprietary")
 
 
 @pytest.fixture

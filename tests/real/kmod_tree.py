@@ -44,10 +44,8 @@ its text); an edit of this file rebuilds it. Remove the directory to pick up a n
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -57,12 +55,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from real.containerd_bins import (
-    DEFAULT_CACHE,
-    FETCH_TIMEOUT_S,
-    _private_apt,
-    _run,
-)
+from real import cache
+from real.containerd_bins import FETCH_TIMEOUT_S, _private_apt, _run
 
 SUITE = "bookworm"
 METAPACKAGE = "linux-image-amd64"  # Depends on linux-image-<kver> of the current ABI
@@ -249,21 +243,19 @@ def kmod_tool(name: str) -> str:
 
 def cache_root() -> Path:
     """Where the trees live; GPUNODE_TEST_CACHE moves the whole test cache (CI may cache it)."""
-    return Path(os.environ.get("GPUNODE_TEST_CACHE") or DEFAULT_CACHE) / "kmod"
+    return cache.root() / "kmod"
 
 
 def recipe() -> str:
     """What a cached tree must have been built by: a hash of this file's text."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    return cache.file_recipe(__file__)
 
 
 def ensure_module_tree() -> ModuleTree:
     """The cached tree, built (fetched, assembled, depmod'ed) the first time; needs no network
     once built."""
     base = cache_root()
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with cache.locked(base):
         tree = _cached(base)
         if tree is None:
             tree = _build(base)
@@ -272,24 +264,16 @@ def ensure_module_tree() -> ModuleTree:
 
 def _cached(base: Path) -> ModuleTree | None:
     """The newest complete tree of the current recipe, if any."""
-    found = []
-    for marker in base.glob("*/BUILD"):
-        try:
-            built = json.loads(marker.read_text())
-        except (OSError, ValueError):
-            continue
-        if built.get("recipe") == recipe() and marker.parent.name == built.get("kver"):
-            found.append((built.get("built", 0), marker.parent, built))
-    if not found:
+    found = cache.newest(base, recipe(), "kver", "built")
+    if found is None:
         return None
-    _, root, built = max(found, key=lambda item: item[0])
+    root, built = found
     return ModuleTree(root, built["kver"], built.get("package", ""))
 
 
 def _build(base: Path) -> ModuleTree:
     """Fetch, unpack, add the fakes and depmod in a temporary directory; rename into place."""
-    for stale in [*base.glob("fetch-*"), *base.glob("build-*"), *base.glob("stale-*")]:
-        shutil.rmtree(stale, ignore_errors=True)  # left by a killed build; we hold the lock
+    cache.remove_leftovers(base, "fetch-*", "build-*", "stale-*")
     with tempfile.TemporaryDirectory(dir=base, prefix="fetch-") as tmp_name:
         tmp = Path(tmp_name)
         image, headers, kver = _fetch(tmp)
@@ -311,18 +295,12 @@ def _build(base: Path) -> ModuleTree:
             }
             (staging / "BUILD").write_text(json.dumps(built, indent=1) + "\n")
             final = base / kver
-            if final.exists():  # an older recipe's tree: out of the way, then gone
-                old = Path(tempfile.mkdtemp(dir=base, prefix="stale-"))
-                final.replace(old / kver)
-                shutil.rmtree(old, ignore_errors=True)
             staging.chmod(0o755)  # mkdtemp made it private
-            staging.replace(final)
+            cache.put_in_place(staging, final)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    for marker in base.glob("*/BUILD"):  # trees of older recipes (other kernels too) are dead
-        if marker.parent != final:
-            shutil.rmtree(marker.parent, ignore_errors=True)
+    cache.drop_others(base, final)  # trees of older recipes (other kernels too) are dead
     return ModuleTree(final, kver, image.name)
 
 

@@ -38,10 +38,7 @@ the directory to pick up a newer version of the branch.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -49,7 +46,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from real.containerd_bins import DEFAULT_CACHE, FETCH_TIMEOUT_S, _private_apt, _run
+from real import cache
+from real.containerd_bins import FETCH_TIMEOUT_S, _private_apt, _run
 
 COMPONENTS = "contrib non-free non-free-firmware"
 
@@ -130,12 +128,12 @@ class DriverFiles:
 
 def cache_root(release: str) -> Path:
     """Where one release lives; GPUNODE_TEST_CACHE moves the whole test cache."""
-    return Path(os.environ.get("GPUNODE_TEST_CACHE") or DEFAULT_CACHE) / "nvidia" / release
+    return cache.root() / "nvidia" / release
 
 
 def recipe() -> str:
     """What a cached tree must have been fetched by: a hash of this file's text."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    return cache.file_recipe(__file__)
 
 
 def ensure_driver(release: str) -> DriverFiles:
@@ -143,9 +141,7 @@ def ensure_driver(release: str) -> DriverFiles:
     if release not in RELEASES:
         raise ValueError(f"unknown release {release!r}; expected one of {sorted(RELEASES)}")
     base = cache_root(release)
-    base.mkdir(parents=True, exist_ok=True)
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with cache.locked(base):
         found = _cached(base, release)
         if found is None:
             found = _fetch(base, RELEASES[release])
@@ -153,23 +149,15 @@ def ensure_driver(release: str) -> DriverFiles:
 
 
 def _cached(base: Path, release: str) -> DriverFiles | None:
-    found = []
-    for marker in base.glob("*/BUILD"):
-        try:
-            build = json.loads(marker.read_text())
-        except (OSError, ValueError):
-            continue
-        if build.get("recipe") == recipe() and marker.parent.name == build.get("version"):
-            found.append((build.get("fetched", 0), marker.parent, build))
-    if not found:
+    found = cache.newest(base, recipe(), "version", "fetched")
+    if found is None:
         return None
-    _, directory, build = max(found, key=lambda item: item[0])
+    directory, build = found
     return DriverFiles(release, build["version"], directory / "root", build)
 
 
 def _fetch(base: Path, release: Release) -> DriverFiles:
-    for stale in [*base.glob("fetch-*"), *base.glob("stale-*")]:
-        shutil.rmtree(stale, ignore_errors=True)  # left by a killed fetch; we hold the lock
+    cache.remove_leftovers(base, "fetch-*", "stale-*")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(dir=base, prefix="fetch-") as tmp_name:
         tmp = Path(tmp_name)
@@ -197,14 +185,8 @@ def _fetch(base: Path, release: Release) -> DriverFiles:
         }
         (staging / "BUILD").write_text(json.dumps(build, indent=1) + "\n")
         final = base / version
-        if final.exists():  # an older recipe's tree: out of the way, then gone
-            old = Path(tempfile.mkdtemp(dir=base, prefix="stale-"))
-            final.replace(old / version)
-            shutil.rmtree(old, ignore_errors=True)
-        staging.replace(final)
-    for marker in base.glob("*/BUILD"):  # trees of older recipes or versions are dead
-        if marker.parent != final:
-            shutil.rmtree(marker.parent, ignore_errors=True)
+        cache.put_in_place(staging, final)
+    cache.drop_others(base, final)
     return DriverFiles(release.name, version, final / "root", build)
 
 

@@ -38,7 +38,6 @@ it is for the kmod tree's kernel.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -50,7 +49,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from real.containerd_bins import DEFAULT_CACHE, FETCH_TIMEOUT_S, _private_apt, _run
+from real import cache
+from real.containerd_bins import FETCH_TIMEOUT_S, _private_apt, _run
 from real.kmod_tree import SUITE, ensure_module_tree, kmod_tool
 from real.nvidia_driver import ensure_driver
 
@@ -85,7 +85,7 @@ class BuiltModules:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("GPUNODE_TEST_CACHE") or DEFAULT_CACHE) / "nvidia-modules"
+    return cache.root() / "nvidia-modules"
 
 
 def recipe() -> str:
@@ -102,13 +102,11 @@ def ensure_modules(flavour: str, release: str = "550") -> BuiltModules:
     tree = ensure_module_tree()
     driver = ensure_driver(release)
     base = cache_root()
-    base.mkdir(parents=True, exist_ok=True)
     final = base / tree.kver / f"{driver.version}-{flavour}"
     built = _cached(final)  # a build is renamed into place whole: no lock needed to use one
     if built is not None:
         return built
-    with open(base / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with cache.locked(base):
         built = _cached(final)
         if built is None:
             headers = _headers_version(tree.root / "BUILD", tree.kver)
@@ -118,11 +116,8 @@ def ensure_modules(flavour: str, release: str = "550") -> BuiltModules:
 
 
 def _cached(final: Path) -> BuiltModules | None:
-    try:
-        build = json.loads((final / "BUILD").read_text())
-    except (OSError, ValueError):
-        return None
-    if build.get("recipe") != recipe():
+    build = cache.read_build(final)
+    if build is None or build.get("recipe") != recipe():
         return None
     return BuiltModules(final, build["kernel"], build["version"], build["flavour"], build)
 
@@ -139,8 +134,7 @@ def _headers_version(marker: Path, kver: str) -> str:
 def _build(final: Path, kver: str, headers_version: str, source: Path, version: str,
            flavour: str) -> BuiltModules:
     final.parent.mkdir(parents=True, exist_ok=True)
-    for stale in [*final.parent.glob(f".build-{final.name}-*"), *final.parent.glob(".stale-*")]:
-        shutil.rmtree(stale, ignore_errors=True)  # left by a killed build; we hold the lock
+    cache.remove_leftovers(final.parent, f".build-{final.name}-*", ".stale-*")
     work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".build-{final.name}-"))
     try:
         started = time.monotonic()
@@ -178,11 +172,7 @@ def _build(final: Path, kver: str, headers_version: str, source: Path, version: 
             "recipe": recipe(),
         }
         (out / "BUILD").write_text(json.dumps(build, indent=1) + "\n")
-        if final.exists():  # an older recipe's build: out of the way, then gone
-            old = Path(tempfile.mkdtemp(dir=final.parent, prefix=".stale-"))
-            final.replace(old / final.name)
-            shutil.rmtree(old, ignore_errors=True)
-        out.replace(final)
+        cache.put_in_place(out, final, stale_prefix=".stale-")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BuiltModules(final, kver, version, flavour, build)
@@ -199,9 +189,7 @@ def ensure_headers() -> Path:
     final = cache_root().parent / "kernel-headers" / tree.kver
     if (final / "BUILD").is_file():
         return final / "root"
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with open(cache_root().parent / "kernel-headers" / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with cache.locked(final.parent):
         if (final / "BUILD").is_file():
             return final / "root"
         work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".fetch-{tree.kver}-"))

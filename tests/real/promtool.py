@@ -18,9 +18,7 @@ fetches (the Makefile's test target does so before pytest) and prints the versio
 
 from __future__ import annotations
 
-import fcntl
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,7 +28,8 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: make `tests/` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from real.containerd_bins import DEFAULT_CACHE, FETCH_TIMEOUT_S, _private_apt, _run
+from real import cache
+from real.containerd_bins import FETCH_TIMEOUT_S, _private_apt, _run
 
 SUITE = "bookworm"
 PACKAGE = "prometheus"
@@ -38,16 +37,14 @@ RUN_TIMEOUT_S = 60
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("GPUNODE_TEST_CACHE") or DEFAULT_CACHE) / "promtool"
+    return cache.root() / "promtool"
 
 
 def ensure_promtool() -> Path:
     """The path of a working promtool; fetched once into the test cache."""
     directory = cache_dir()
     binary = directory / "bin" / "promtool"
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with cache.locked(directory):
         if not binary.exists():
             _fetch(directory)
     return binary
@@ -61,8 +58,7 @@ def run(args: Sequence[str | os.PathLike[str]], stdin: str | None = None,
 
 
 def _fetch(directory: Path) -> None:
-    for stale in directory.glob("fetch-*"):  # left by a killed fetch; we hold the lock
-        shutil.rmtree(stale, ignore_errors=True)
+    cache.remove_leftovers(directory, "fetch-*")  # left by a killed fetch; we hold the lock
     with tempfile.TemporaryDirectory(dir=directory, prefix="fetch-") as tmp_name:
         tmp = Path(tmp_name)
         apt = _private_apt(tmp, SUITE)
